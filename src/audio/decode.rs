@@ -1,0 +1,291 @@
+//! Audio decoding to mono f32: PCM/float WAV through `hound` (simple, exact integer scaling),
+//! everything else (FLAC, MP3, Ogg Vorbis, AIFF, CAF, MP4/AAC/ALAC, and WAV flavours `hound` does
+//! not read: μ-law, A-law, 64-bit float, ...) through `symphonia`.
+//!
+//! Integer PCM is scaled by `2^-(bits-1)` (16-bit: `i16 / 32768`), the same as NeMo's reader
+//! (libsndfile), so 16-bit input reaches the features bit-exact. Channels are averaged to mono.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::{self, Cursor, Read, Seek, SeekFrom};
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow, bail};
+use symphonia::core::codecs::audio::{AudioDecoder, AudioDecoderOptions};
+use symphonia::core::errors::Error as SymphoniaError;
+use symphonia::core::formats::probe::Hint;
+use symphonia::core::formats::{FormatOptions, FormatReader, TrackType};
+use symphonia::core::io::{MediaSource, MediaSourceStream};
+use symphonia::core::meta::MetadataOptions;
+
+/// Decoded audio, mixed down to mono at its original sample rate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Audio {
+    /// Mono samples in [-1, 1].
+    pub samples: Vec<f32>,
+    pub sample_rate: u32,
+    /// Channel count of the source, before the mixdown.
+    pub channels_in: u16,
+    pub duration_s: f64,
+}
+
+impl Audio {
+    fn new(samples: Vec<f32>, sample_rate: u32, channels_in: u16) -> Result<Self> {
+        if samples.is_empty() {
+            bail!("contains no audio samples");
+        }
+        if sample_rate == 0 {
+            bail!("sample rate is 0");
+        }
+        let duration_s = samples.len() as f64 / f64::from(sample_rate);
+        Ok(Self {
+            samples,
+            sample_rate,
+            channels_in,
+            duration_s,
+        })
+    }
+}
+
+/// Decodes an audio file of any supported format.
+pub fn decode_file(path: &Path) -> Result<Audio> {
+    let decode = || {
+        let file = File::open(path)?;
+        decode_source(file, extension(path))
+    };
+    decode().with_context(|| format!("cannot decode audio file {}", path.display()))
+}
+
+/// Decodes an in-memory audio file (e.g. read from stdin). `name` names it in errors, and its
+/// extension, if any, hints the container format.
+pub fn decode_bytes(bytes: &[u8], name: &str) -> Result<Audio> {
+    let bytes = with_streamed_wav_length(bytes);
+    decode_source(Cursor::new(bytes), extension(Path::new(name)))
+        .with_context(|| format!("cannot decode audio from {name}"))
+}
+
+fn extension(path: &Path) -> Option<&str> {
+    path.extension().and_then(|e| e.to_str())
+}
+
+/// Uses `hound` for RIFF/WAVE PCM and float, and falls back to `symphonia` for anything `hound`
+/// rejects at the header (other codecs, 64-bit float, unusual `fmt` chunks) or that is not WAV.
+fn decode_source<'a, S: MediaSource + 'a>(mut source: S, ext: Option<&str>) -> Result<Audio> {
+    if source.byte_len() == Some(0) {
+        bail!("the file is empty");
+    }
+    if !is_riff_wave(&mut source)? {
+        return decode_symphonia(source, ext);
+    }
+    let hound_err = match hound::WavReader::new(io::BufReader::new(&mut source)) {
+        Ok(reader) => return decode_wav(reader),
+        Err(e) => e,
+    };
+    source.seek(SeekFrom::Start(0))?;
+    decode_symphonia(source, ext).map_err(|e| anyhow!("{e:#} (as WAV, hound: {hound_err})"))
+}
+
+/// Peeks at the first 12 bytes for `RIFF....WAVE`, then rewinds.
+fn is_riff_wave<S: Read + Seek>(source: &mut S) -> io::Result<bool> {
+    let mut header = [0u8; 12];
+    let mut filled = 0;
+    while filled < header.len() {
+        match source.read(&mut header[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    source.seek(SeekFrom::Start(0))?;
+    Ok(filled == header.len() && &header[..4] == b"RIFF" && &header[8..] == b"WAVE")
+}
+
+fn decode_wav<R: Read>(mut reader: hound::WavReader<R>) -> Result<Audio> {
+    let spec = reader.spec();
+    let channels = usize::from(spec.channels);
+    if channels == 0 {
+        bail!("WAV header declares 0 channels");
+    }
+    let declared = reader.len();
+    let mono = match spec.sample_format {
+        hound::SampleFormat::Float => read_mono(reader.samples::<f32>(), channels, declared)?,
+        hound::SampleFormat::Int => {
+            // Exact power-of-two scale: i16 / 32768, i24 / 2^23, ...
+            let scale = 2f32.powi(1 - i32::from(spec.bits_per_sample));
+            let scaled = reader.samples::<i32>().map(|s| s.map(|s| s as f32 * scale));
+            read_mono(scaled, channels, declared)?
+        }
+    };
+    Audio::new(mono, spec.sample_rate, spec.channels)
+}
+
+/// Mixes interleaved WAV samples down to mono as they are read, so a long multichannel file is
+/// never held interleaved. A read error means the data ends before its declared length.
+fn read_mono(
+    samples: impl Iterator<Item = hound::Result<f32>>,
+    channels: usize,
+    declared: u32,
+) -> Result<Vec<f32>> {
+    // The header's length is untrusted: reserve at most 1 GiB up front.
+    let mut mono = Vec::with_capacity((declared as usize / channels).min(1 << 28));
+    let mut frame = Vec::with_capacity(channels);
+    for (read, sample) in samples.enumerate() {
+        let sample = sample.map_err(|e| {
+            anyhow!("truncated WAV data: {read} of {declared} declared samples ({e})")
+        })?;
+        frame.push(sample);
+        if frame.len() == channels {
+            mono.push(mean(&frame));
+            frame.clear();
+        }
+    }
+    Ok(mono)
+}
+
+/// The mono mix of one frame: f32 sum, then divide (numpy's `mean` over 2 channels, as NeMo).
+fn mean(frame: &[f32]) -> f32 {
+    frame.iter().sum::<f32>() / frame.len() as f32
+}
+
+fn decode_symphonia<'a, S: MediaSource + 'a>(source: S, ext: Option<&str>) -> Result<Audio> {
+    let stream = MediaSourceStream::new(Box::new(source), Default::default());
+    let mut hint = Hint::new();
+    if let Some(ext) = ext {
+        hint.with_extension(ext);
+    }
+    let mut format = symphonia::default::get_probe()
+        .probe(
+            &hint,
+            stream,
+            FormatOptions::default(),
+            MetadataOptions::default(),
+        )
+        .map_err(|e| match e {
+            SymphoniaError::IoError(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                anyhow!("truncated file (it ends while the container is being read)")
+            }
+            e => anyhow!("not a recognised audio format ({e})"),
+        })?;
+    let track = format
+        .default_track(TrackType::Audio)
+        .ok_or_else(|| anyhow!("no audio track"))?;
+    let track_id = track.id;
+    let declared_frames = track.num_frames;
+    let params = track
+        .codec_params
+        .as_ref()
+        .and_then(|p| p.audio())
+        .ok_or_else(|| anyhow!("audio track has no codec parameters"))?;
+    let mut decoder = symphonia::default::get_codecs()
+        .make_audio_decoder(params, &AudioDecoderOptions::default())
+        .map_err(|e| anyhow!("unsupported codec ({e})"))?;
+
+    let mut mixer = Mixer::default();
+    decode_packets(format.as_mut(), decoder.as_mut(), track_id, &mut mixer)?;
+    if let Some(declared) = declared_frames
+        && (mixer.samples.len() as u64) < declared
+    {
+        bail!(
+            "truncated audio: decoded {} of {declared} frames",
+            mixer.samples.len()
+        );
+    }
+    let channels = u16::try_from(mixer.channels).context("too many channels")?;
+    Audio::new(mixer.samples, mixer.sample_rate, channels)
+}
+
+fn decode_packets(
+    format: &mut dyn FormatReader,
+    decoder: &mut dyn AudioDecoder,
+    track_id: u32,
+    mixer: &mut Mixer,
+) -> Result<()> {
+    loop {
+        let packet = match format.next_packet() {
+            Ok(Some(packet)) => packet,
+            // End of stream; for chained Ogg streams (`ResetRequired`), the first one.
+            Ok(None) | Err(SymphoniaError::ResetRequired) => return Ok(()),
+            Err(SymphoniaError::IoError(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                bail!("truncated audio: the stream ends inside a packet")
+            }
+            Err(e) => bail!("cannot read the container: {e}"),
+        };
+        if packet.track_id != track_id {
+            continue;
+        }
+        let buffer = decoder
+            .decode(&packet)
+            .map_err(|e| anyhow!("corrupt audio data ({e})"))?;
+        mixer.push(&buffer)?;
+    }
+}
+
+/// Accumulates decoded buffers as mono, checking the stream keeps one rate and layout.
+#[derive(Default)]
+struct Mixer {
+    samples: Vec<f32>,
+    sample_rate: u32,
+    channels: usize,
+    planes: Vec<Vec<f32>>,
+}
+
+impl Mixer {
+    fn push(&mut self, buffer: &symphonia::core::audio::GenericAudioBufferRef<'_>) -> Result<()> {
+        if buffer.frames() == 0 {
+            return Ok(());
+        }
+        let rate = buffer.spec().rate();
+        let channels = buffer.spec().channels().count();
+        if channels == 0 {
+            bail!("decoded audio has no channels");
+        }
+        if self.channels == 0 {
+            (self.sample_rate, self.channels) = (rate, channels);
+        } else if (rate, channels) != (self.sample_rate, self.channels) {
+            bail!("the sample rate or channel count changes mid-stream");
+        }
+        buffer.copy_to_vecs_planar::<f32>(&mut self.planes);
+        let mut frame = Vec::with_capacity(channels);
+        for i in 0..buffer.frames() {
+            frame.clear();
+            frame.extend(self.planes.iter().map(|plane| plane[i]));
+            self.samples.push(mean(&frame));
+        }
+        Ok(())
+    }
+}
+
+/// A WAV piped from a streaming writer (`ffmpeg ... -f wav -`) cannot go back to fill in its
+/// lengths, so its `data` chunk says 0 or `u32::MAX`. For in-memory input the real length is
+/// known: patch it in, so such streams decode instead of reading as empty or truncated.
+fn with_streamed_wav_length(bytes: &[u8]) -> Cow<'_, [u8]> {
+    let Some((size_at, data_len)) = streamed_data_chunk(bytes) else {
+        return Cow::Borrowed(bytes);
+    };
+    let mut patched = bytes.to_vec();
+    let len = u32::try_from(data_len).unwrap_or(u32::MAX);
+    patched[size_at..size_at + 4].copy_from_slice(&len.to_le_bytes());
+    Cow::Owned(patched)
+}
+
+/// Offset of the size field of a RIFF/WAVE `data` chunk whose size is a streaming placeholder,
+/// and the number of bytes actually following it.
+fn streamed_data_chunk(bytes: &[u8]) -> Option<(usize, usize)> {
+    if bytes.len() < 12 || &bytes[..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
+        return None;
+    }
+    let mut pos = 12;
+    while pos + 8 <= bytes.len() {
+        let id = &bytes[pos..pos + 4];
+        let size = u32::from_le_bytes(bytes[pos + 4..pos + 8].try_into().ok()?);
+        let body = pos + 8;
+        if id == b"data" {
+            let placeholder = size == 0 || size == u32::MAX;
+            return placeholder.then_some((pos + 4, bytes.len() - body));
+        }
+        // Chunks are padded to an even length.
+        pos = body
+            .checked_add(size as usize)?
+            .checked_add(size as usize & 1)?;
+    }
+    None
+}

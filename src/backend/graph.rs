@@ -1,0 +1,665 @@
+//! Safe graph building over a metadata-only ggml context.
+//!
+//! Every op checks what ggml would `GGML_ASSERT` (shapes, contiguity) and panics with a readable
+//! message instead: an abort cannot be caught, a panic can, and a mismatch here is a bug in the
+//! model code, not bad user input (inputs are validated before a graph is built).
+
+use super::{Capture, DType, MAX_NAME, gguf::Weight};
+use anyhow::{Result, bail};
+use llama_cpp_sys_2 as sys;
+use std::ffi::CString;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// A tensor of the graph being built. `'g` ties it to its [`Graph`] (invariant, so tensors of
+/// two graphs never mix).
+#[derive(Clone, Copy)]
+pub struct Tensor<'g> {
+    ptr: NonNull<sys::ggml_tensor>,
+    _graph: PhantomData<fn(&'g ()) -> &'g ()>,
+}
+
+impl<'g> Tensor<'g> {
+    fn new(ptr: *mut sys::ggml_tensor, what: &str) -> Tensor<'g> {
+        let ptr = NonNull::new(ptr).unwrap_or_else(|| panic!("ggml returned no tensor for {what}"));
+        Tensor {
+            ptr,
+            _graph: PhantomData,
+        }
+    }
+
+    pub(crate) fn raw(self) -> *mut sys::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
+    fn t(&self) -> &sys::ggml_tensor {
+        // SAFETY: the tensor lives in the graph context for all of 'g.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// Shape in ggml order, `ne0` fastest.
+    pub fn shape(self) -> [usize; 4] {
+        self.t().ne.map(|n| n as usize)
+    }
+
+    pub fn ne(self, i: usize) -> usize {
+        self.t().ne[i] as usize
+    }
+
+    pub fn dtype(self) -> Option<DType> {
+        DType::from_ggml(self.t().type_)
+    }
+
+    fn nb(self) -> [usize; 4] {
+        self.t().nb
+    }
+
+    pub fn elements(self) -> usize {
+        self.shape().iter().product()
+    }
+
+    pub fn is_contiguous(self) -> bool {
+        // SAFETY: reads tensor metadata only.
+        unsafe { sys::ggml_is_contiguous(self.raw()) }
+    }
+
+    fn rows_contiguous(self) -> bool {
+        // SAFETY: reads tensor metadata only.
+        unsafe { sys::ggml_is_contiguous_1(self.raw()) }
+    }
+}
+
+enum HostData {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+}
+
+/// A graph under construction: a `no_alloc` ggml context, the host data to write into its inputs
+/// once allocated, and the tensors to read back.
+pub struct Graph<'g> {
+    ctx: NonNull<sys::ggml_context>,
+    max_nodes: usize,
+    inputs: Vec<(NonNull<sys::ggml_tensor>, HostData)>,
+    captures: Vec<(String, NonNull<sys::ggml_tensor>)>,
+    _graph: PhantomData<fn(&'g ()) -> &'g ()>,
+}
+
+fn check(cond: bool, msg: impl FnOnce() -> String) {
+    if !cond {
+        panic!("graph shape error: {}", msg());
+    }
+}
+
+fn can_repeat(small: [usize; 4], big: [usize; 4]) -> bool {
+    (0..4).all(|i| small[i] != 0 && big[i] % small[i] == 0)
+}
+
+impl<'g> Graph<'g> {
+    pub(super) fn new(max_nodes: usize) -> Result<Graph<'g>> {
+        // SAFETY: size queries, then a metadata-only context (no tensor data is allocated here).
+        let ctx = unsafe {
+            let mem_size = sys::ggml_tensor_overhead() * max_nodes * 2
+                + sys::ggml_graph_overhead_custom(max_nodes, false);
+            sys::ggml_init(sys::ggml_init_params {
+                mem_size,
+                mem_buffer: std::ptr::null_mut(),
+                no_alloc: true,
+            })
+        };
+        let Some(ctx) = NonNull::new(ctx) else {
+            bail!("ggml: could not create a graph context");
+        };
+        Ok(Graph {
+            ctx,
+            max_nodes,
+            inputs: Vec::new(),
+            captures: Vec::new(),
+            _graph: PhantomData,
+        })
+    }
+
+    fn ctx(&self) -> *mut sys::ggml_context {
+        self.ctx.as_ptr()
+    }
+
+    fn wrap(&self, ptr: *mut sys::ggml_tensor, what: &str) -> Tensor<'g> {
+        Tensor::new(ptr, what)
+    }
+
+    // ---- leaves -------------------------------------------------------------------------
+
+    fn new_tensor(&mut self, ty: DType, shape: &[usize]) -> Tensor<'g> {
+        check((1..=4).contains(&shape.len()), || format!("tensor rank {}", shape.len()));
+        let ne: Vec<i64> = shape.iter().map(|&n| n as i64).collect();
+        // SAFETY: ctx is live; ne has shape.len() entries.
+        let p = unsafe {
+            sys::ggml_new_tensor(self.ctx(), ty.to_ggml(), shape.len() as i32, ne.as_ptr())
+        };
+        self.wrap(p, "new tensor")
+    }
+
+    /// A graph input holding `data` (ggml order: `shape[0]` fastest). Written after allocation.
+    pub fn input_f32(&mut self, data: &[f32], shape: &[usize]) -> Tensor<'g> {
+        check(shape.iter().product::<usize>() == data.len(), || {
+            format!("input of {} values for shape {shape:?}", data.len())
+        });
+        let t = self.new_tensor(DType::F32, shape);
+        self.register_input(t, HostData::F32(data.to_vec()));
+        t
+    }
+
+    pub fn input_i32(&mut self, data: &[i32], shape: &[usize]) -> Tensor<'g> {
+        check(shape.iter().product::<usize>() == data.len(), || {
+            format!("input of {} values for shape {shape:?}", data.len())
+        });
+        let t = self.new_tensor(DType::I32, shape);
+        self.register_input(t, HostData::I32(data.to_vec()));
+        t
+    }
+
+    fn register_input(&mut self, t: Tensor<'g>, data: HostData) {
+        // SAFETY: t belongs to this context.
+        unsafe { sys::ggml_set_input(t.raw()) };
+        self.inputs.push((t.ptr, data));
+    }
+
+    /// A loader weight used in place as a graph leaf: no copy, its buffer is the model's.
+    pub fn weight(&mut self, w: &Weight) -> Tensor<'g> {
+        self.wrap(w.raw(), "weight")
+    }
+
+    /// Read `t` back after the compute (several results from one graph).
+    pub fn capture(&mut self, name: &str, t: Tensor<'g>) {
+        let t = if t.is_contiguous() { t } else { self.cont(t) };
+        // SAFETY: t belongs to this graph; outputs are never overwritten by the allocator.
+        unsafe { sys::ggml_set_output(t.raw()) };
+        self.captures.push((name.to_string(), t.ptr));
+    }
+
+    /// Mark `t` as the graph's result; returns the (contiguous) tensor to read back.
+    pub(super) fn mark_output(&mut self, t: Tensor<'g>) -> Tensor<'g> {
+        let t = if t.is_contiguous() { t } else { self.cont(t) };
+        // SAFETY: as above.
+        unsafe { sys::ggml_set_output(t.raw()) };
+        t
+    }
+
+    pub fn set_name(&mut self, t: Tensor<'g>, name: &str) {
+        let name: String = name.chars().take(MAX_NAME).collect();
+        let c = CString::new(name).unwrap_or_default();
+        // SAFETY: ggml copies the name (at most 63 bytes).
+        unsafe { sys::ggml_set_name(t.raw(), c.as_ptr()) };
+    }
+
+    // ---- arithmetic ---------------------------------------------------------------------
+
+    fn binary(
+        &mut self,
+        a: Tensor<'g>,
+        b: Tensor<'g>,
+        what: &str,
+        f: unsafe extern "C" fn(
+            *mut sys::ggml_context,
+            *mut sys::ggml_tensor,
+            *mut sys::ggml_tensor,
+        ) -> *mut sys::ggml_tensor,
+    ) -> Tensor<'g> {
+        check(can_repeat(b.shape(), a.shape()), || {
+            format!("{what}: {:?} does not broadcast into {:?}", b.shape(), a.shape())
+        });
+        check(a.dtype() == Some(DType::F32) && b.dtype() == Some(DType::F32), || {
+            format!("{what} needs f32 operands")
+        });
+        // SAFETY: shapes checked above.
+        let p = unsafe { f(self.ctx(), a.raw(), b.raw()) };
+        self.wrap(p, what)
+    }
+
+    /// `a + b`, `b` broadcast over `a`.
+    pub fn add(&mut self, a: Tensor<'g>, b: Tensor<'g>) -> Tensor<'g> {
+        self.binary(a, b, "add", sys::ggml_add)
+    }
+
+    pub fn sub(&mut self, a: Tensor<'g>, b: Tensor<'g>) -> Tensor<'g> {
+        self.binary(a, b, "sub", sys::ggml_sub)
+    }
+
+    /// Elementwise `a * b`, `b` broadcast over `a`.
+    pub fn mul(&mut self, a: Tensor<'g>, b: Tensor<'g>) -> Tensor<'g> {
+        self.binary(a, b, "mul", sys::ggml_mul)
+    }
+
+    pub fn scale(&mut self, a: Tensor<'g>, s: f32) -> Tensor<'g> {
+        // SAFETY: any f32 tensor.
+        let p = unsafe { sys::ggml_scale(self.ctx(), a.raw(), s) };
+        self.wrap(p, "scale")
+    }
+
+    /// `w^T x` over `ne0`: `w` [k, m], `x` [k, n, ...] -> [m, n, ...]. With `w` a torch Linear
+    /// weight ([out, in] in torch = ne [in, out]) this is `x @ W^T`.
+    pub fn matmul(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
+        let (ws, xs) = (w.shape(), x.shape());
+        check(ws[0] == xs[0], || format!("matmul: inner dims {ws:?} x {xs:?}"));
+        check(xs[2] % ws[2] == 0 && xs[3] % ws[3] == 0, || {
+            format!("matmul: batch dims {ws:?} x {xs:?}")
+        });
+        // SAFETY: ggml_is_transposed reads metadata only.
+        check(!unsafe { sys::ggml_is_transposed(w.raw()) }, || {
+            "matmul: transposed left operand".into()
+        });
+        // SAFETY: shapes checked.
+        let p = unsafe { sys::ggml_mul_mat(self.ctx(), w.raw(), x.raw()) };
+        self.wrap(p, "matmul")
+    }
+
+    /// A torch `Linear`: `x @ W^T + b` over `x` [in, n, ...], weight [in, out].
+    pub fn linear(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
+        let w = self.weight(w);
+        let y = self.matmul(w, x);
+        match b {
+            Some(b) => {
+                let b = self.weight(b);
+                self.add(y, b)
+            }
+            None => y,
+        }
+    }
+
+    // ---- unary --------------------------------------------------------------------------
+
+    fn unary(
+        &mut self,
+        a: Tensor<'g>,
+        what: &str,
+        f: unsafe extern "C" fn(*mut sys::ggml_context, *mut sys::ggml_tensor) -> *mut sys::ggml_tensor,
+    ) -> Tensor<'g> {
+        let a = if a.rows_contiguous() { a } else { self.cont(a) };
+        // SAFETY: rows are contiguous as ggml's unary kernels require.
+        let p = unsafe { f(self.ctx(), a.raw()) };
+        self.wrap(p, what)
+    }
+
+    pub fn relu(&mut self, a: Tensor<'g>) -> Tensor<'g> {
+        self.unary(a, "relu", sys::ggml_relu)
+    }
+
+    /// Swish / SiLU: `x * sigmoid(x)`.
+    pub fn silu(&mut self, a: Tensor<'g>) -> Tensor<'g> {
+        self.unary(a, "silu", sys::ggml_silu)
+    }
+
+    pub fn sigmoid(&mut self, a: Tensor<'g>) -> Tensor<'g> {
+        self.unary(a, "sigmoid", sys::ggml_sigmoid)
+    }
+
+    pub fn tanh(&mut self, a: Tensor<'g>) -> Tensor<'g> {
+        self.unary(a, "tanh", sys::ggml_tanh)
+    }
+
+    /// LayerNorm over `ne0` without affine parameters.
+    pub fn norm(&mut self, a: Tensor<'g>, eps: f32) -> Tensor<'g> {
+        // SAFETY: any f32 tensor.
+        let p = unsafe { sys::ggml_norm(self.ctx(), a.raw(), eps) };
+        self.wrap(p, "norm")
+    }
+
+    /// A torch `LayerNorm` over `ne0`.
+    pub fn layer_norm(&mut self, x: Tensor<'g>, w: &Weight, b: &Weight, eps: f32) -> Tensor<'g> {
+        let n = self.norm(x, eps);
+        let w = self.weight(w);
+        let n = self.mul(n, w);
+        let b = self.weight(b);
+        self.add(n, b)
+    }
+
+    /// `softmax(a * scale)` over `ne0`.
+    pub fn softmax(&mut self, a: Tensor<'g>, scale: f32) -> Tensor<'g> {
+        let a = if a.is_contiguous() { a } else { self.cont(a) };
+        // SAFETY: contiguous f32 input, no mask.
+        let p = unsafe {
+            sys::ggml_soft_max_ext(self.ctx(), a.raw(), std::ptr::null_mut(), scale, 0.0)
+        };
+        self.wrap(p, "softmax")
+    }
+
+    /// Rows of `table` ([n, rows]) picked by the i32 `ids`.
+    pub fn get_rows(&mut self, table: Tensor<'g>, ids: Tensor<'g>) -> Tensor<'g> {
+        check(ids.dtype() == Some(DType::I32), || "get_rows: ids must be i32".into());
+        check(ids.ne(2) == 1 && ids.ne(3) == 1 && table.ne(2) == 1, || {
+            "get_rows: 2-D table and 1-D ids only".into()
+        });
+        // SAFETY: checked above.
+        let p = unsafe { sys::ggml_get_rows(self.ctx(), table.raw(), ids.raw()) };
+        self.wrap(p, "get_rows")
+    }
+
+    // ---- layout -------------------------------------------------------------------------
+
+    pub fn cont(&mut self, a: Tensor<'g>) -> Tensor<'g> {
+        // SAFETY: any tensor.
+        let p = unsafe { sys::ggml_cont(self.ctx(), a.raw()) };
+        self.wrap(p, "cont")
+    }
+
+    /// Reshape (copies first when `a` is not contiguous).
+    pub fn reshape(&mut self, a: Tensor<'g>, shape: &[usize]) -> Tensor<'g> {
+        check(shape.iter().product::<usize>() == a.elements(), || {
+            format!("reshape {:?} -> {shape:?}", a.shape())
+        });
+        let a = if a.is_contiguous() { a } else { self.cont(a) };
+        let n: Vec<i64> = shape.iter().map(|&v| v as i64).collect();
+        // SAFETY: contiguous, same element count.
+        let p = unsafe {
+            match n.len() {
+                1 => sys::ggml_reshape_1d(self.ctx(), a.raw(), n[0]),
+                2 => sys::ggml_reshape_2d(self.ctx(), a.raw(), n[0], n[1]),
+                3 => sys::ggml_reshape_3d(self.ctx(), a.raw(), n[0], n[1], n[2]),
+                4 => sys::ggml_reshape_4d(self.ctx(), a.raw(), n[0], n[1], n[2], n[3]),
+                r => panic!("graph shape error: reshape to rank {r}"),
+            }
+        };
+        self.wrap(p, "reshape")
+    }
+
+    /// ggml's permute: axis `i` of `a` becomes axis `axes[i]` of the result.
+    pub fn permute(&mut self, a: Tensor<'g>, axes: [usize; 4]) -> Tensor<'g> {
+        let mut seen = [false; 4];
+        axes.iter().for_each(|&x| seen[x.min(3)] = true);
+        check(seen.iter().all(|&s| s) && axes.iter().all(|&x| x < 4), || {
+            format!("permute axes {axes:?}")
+        });
+        // SAFETY: a valid permutation.
+        let p = unsafe {
+            sys::ggml_permute(
+                self.ctx(),
+                a.raw(),
+                axes[0] as i32,
+                axes[1] as i32,
+                axes[2] as i32,
+                axes[3] as i32,
+            )
+        };
+        self.wrap(p, "permute")
+    }
+
+    /// Swap `ne0` and `ne1` (a view).
+    pub fn transpose(&mut self, a: Tensor<'g>) -> Tensor<'g> {
+        // SAFETY: any tensor.
+        let p = unsafe { sys::ggml_transpose(self.ctx(), a.raw()) };
+        self.wrap(p, "transpose")
+    }
+
+    /// A strided view: `shape` elements, byte strides `strides` for axes 1.., starting `offset`
+    /// bytes into `a`. Bounds are checked against `a`'s data.
+    pub fn view(
+        &mut self,
+        a: Tensor<'g>,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Tensor<'g> {
+        check(
+            (1..=4).contains(&shape.len()) && strides.len() + 1 == shape.len(),
+            || format!("view shape {shape:?} strides {strides:?}"),
+        );
+        let elem = a.nb()[0];
+        let last = offset
+            + (shape[0].max(1) - 1) * elem
+            + shape[1..]
+                .iter()
+                .zip(strides)
+                .map(|(&n, &s)| (n.max(1) - 1) * s)
+                .sum::<usize>();
+        // SAFETY: metadata only.
+        let bytes = unsafe { sys::ggml_nbytes(a.raw()) };
+        check(last + elem <= bytes, || {
+            format!("view {shape:?}/{strides:?}+{offset} past the end of {:?}", a.shape())
+        });
+        let ne: Vec<i64> = shape.iter().map(|&v| v as i64).collect();
+        // SAFETY: bounds checked above.
+        let p = unsafe {
+            match ne.len() {
+                1 => sys::ggml_view_1d(self.ctx(), a.raw(), ne[0], offset),
+                2 => sys::ggml_view_2d(self.ctx(), a.raw(), ne[0], ne[1], strides[0], offset),
+                3 => sys::ggml_view_3d(
+                    self.ctx(),
+                    a.raw(),
+                    ne[0],
+                    ne[1],
+                    ne[2],
+                    strides[0],
+                    strides[1],
+                    offset,
+                ),
+                _ => sys::ggml_view_4d(
+                    self.ctx(),
+                    a.raw(),
+                    ne[0],
+                    ne[1],
+                    ne[2],
+                    ne[3],
+                    strides[0],
+                    strides[1],
+                    strides[2],
+                    offset,
+                ),
+            }
+        };
+        self.wrap(p, "view")
+    }
+
+    /// Rows `start..start + len` along `ne1` of a 2-D tensor (a view).
+    pub fn rows(&mut self, a: Tensor<'g>, start: usize, len: usize) -> Tensor<'g> {
+        check(start + len <= a.ne(1) && a.ne(2) == 1, || {
+            format!("rows {start}..{} of {:?}", start + len, a.shape())
+        });
+        let nb = a.nb();
+        self.view(a, &[a.ne(0), len], &[nb[1]], start * nb[1])
+    }
+
+    /// Elements `start..start + len` along `ne0`, all other axes kept (a view).
+    pub fn cols(&mut self, a: Tensor<'g>, start: usize, len: usize) -> Tensor<'g> {
+        check(start + len <= a.ne(0), || {
+            format!("cols {start}..{} of {:?}", start + len, a.shape())
+        });
+        let s = a.shape();
+        let nb = a.nb();
+        self.view(a, &[len, s[1], s[2], s[3]], &nb[1..], start * nb[0])
+    }
+
+    /// Concatenate along `dim`.
+    pub fn concat(&mut self, a: Tensor<'g>, b: Tensor<'g>, dim: usize) -> Tensor<'g> {
+        let (sa, sb) = (a.shape(), b.shape());
+        check(
+            dim < 4 && (0..4).all(|i| i == dim || sa[i] == sb[i]),
+            || format!("concat {sa:?} + {sb:?} on {dim}"),
+        );
+        // SAFETY: checked.
+        let p = unsafe { sys::ggml_concat(self.ctx(), a.raw(), b.raw(), dim as i32) };
+        self.wrap(p, "concat")
+    }
+
+    /// Zero padding: `(before, after)` per axis.
+    pub fn pad(&mut self, a: Tensor<'g>, pads: [(usize, usize); 4]) -> Tensor<'g> {
+        let a = if a.is_contiguous() { a } else { self.cont(a) };
+        let p = pads.map(|(l, r)| (l as i32, r as i32));
+        // SAFETY: contiguous f32.
+        let t = unsafe {
+            sys::ggml_pad_ext(
+                self.ctx(),
+                a.raw(),
+                p[0].0,
+                p[0].1,
+                p[1].0,
+                p[1].1,
+                p[2].0,
+                p[2].1,
+                p[3].0,
+                p[3].1,
+            )
+        };
+        self.wrap(t, "pad")
+    }
+
+    // ---- convolutions -------------------------------------------------------------------
+
+    /// 2-D convolution in f32, torch semantics, channels-fastest output.
+    /// `kernel` [KW, KH, Cin, Cout] (a torch Conv2d weight), `x` [W, H, Cin, N] ->
+    /// [Cout, W', H', N]. (ggml_conv_2d would round its im2col through f16.)
+    pub fn conv2d(
+        &mut self,
+        kernel: Tensor<'g>,
+        x: Tensor<'g>,
+        stride: usize,
+        pad: usize,
+    ) -> Tensor<'g> {
+        check(kernel.ne(2) == x.ne(2) && kernel.is_contiguous(), || {
+            format!("conv2d: kernel {:?} for input {:?}", kernel.shape(), x.shape())
+        });
+        let (s, p) = (stride as i32, pad as i32);
+        // SAFETY: channel counts checked; im2col gives [KW*KH*Cin, W', H', N].
+        let cols = unsafe {
+            sys::ggml_im2col(
+                self.ctx(),
+                kernel.raw(),
+                x.raw(),
+                s,
+                s,
+                p,
+                p,
+                1,
+                1,
+                true,
+                sys::GGML_TYPE_F32,
+            )
+        };
+        let cols = self.wrap(cols, "im2col");
+        let [k, w, h, n] = cols.shape();
+        let flat = self.reshape(cols, &[k, w * h * n]);
+        let kern = self.reshape(kernel, &[k, kernel.ne(3)]);
+        let y = self.matmul(kern, flat);
+        self.reshape(y, &[kernel.ne(3), w, h, n])
+    }
+
+    /// Depthwise 2-D convolution in f32. `kernel` [KW, KH, 1, C], `x` [W, H, C, N].
+    pub fn conv2d_depthwise(
+        &mut self,
+        kernel: Tensor<'g>,
+        x: Tensor<'g>,
+        stride: usize,
+        pad: usize,
+    ) -> Tensor<'g> {
+        check(kernel.ne(2) == 1 && kernel.ne(3) == x.ne(2), || {
+            format!("conv2d_dw: kernel {:?} for input {:?}", kernel.shape(), x.shape())
+        });
+        // ggml runs two layouts: WHCN contiguous, or channels-contiguous (CWHN) input with a
+        // kernel laid out the same way.
+        let (xn, kn) = (x.nb(), kernel.nb());
+        let cwhn = xn[0] > xn[2] && xn[1] > xn[0] && xn[2] == 4;
+        check(x.is_contiguous() || (cwhn && kn[0] >= kn[2] && kn[1] >= kn[0]), || {
+            format!("conv2d_dw: unsupported layouts {xn:?} / {kn:?}")
+        });
+        let (s, p) = (stride as i32, pad as i32);
+        // SAFETY: shapes checked.
+        let t = unsafe {
+            sys::ggml_conv_2d_dw_direct(self.ctx(), kernel.raw(), x.raw(), s, s, p, p, 1, 1)
+        };
+        self.wrap(t, "conv2d_dw")
+    }
+
+    /// Depthwise 1-D convolution over time in f32 ('same' padding, odd kernel).
+    /// `x` [C, T] (channels fastest), `kernel` [K, C] -> [C, T].
+    pub fn conv1d_depthwise_same(&mut self, x: Tensor<'g>, kernel: Tensor<'g>) -> Tensor<'g> {
+        let (k, c, t) = (kernel.ne(0), x.ne(0), x.ne(1));
+        check(kernel.ne(1) == c && k % 2 == 1 && x.ne(2) == 1, || {
+            format!("conv1d_dw: kernel {:?} for input {:?}", kernel.shape(), x.shape())
+        });
+        // ggml_ssm_conv slides a [K, C] kernel along a time-fastest [T + K - 1, C] input in f32
+        // (ggml_conv_1d_dw would round through an f16 im2col).
+        let xt = self.transpose(x);
+        let xt = self.cont(xt);
+        let half = k / 2;
+        let xp = self.pad(xt, [(half, half), (0, 0), (0, 0), (0, 0)]);
+        let xp = self.reshape(xp, &[t + k - 1, c, 1]);
+        // SAFETY: xp is [T + K - 1, C, 1] and kernel [K, C].
+        let y = unsafe { sys::ggml_ssm_conv(self.ctx(), xp.raw(), kernel.raw()) };
+        let y = self.wrap(y, "ssm_conv");
+        self.reshape(y, &[c, t])
+    }
+
+    // ---- finishing ----------------------------------------------------------------------
+
+    /// Expand the graph from `out` and every capture.
+    ///
+    /// # Safety
+    /// Called once, before allocation.
+    pub(super) unsafe fn finish(&mut self, out: Tensor<'g>) -> *mut sys::ggml_cgraph {
+        // SAFETY: ctx has room for max_nodes nodes (sized in `new`).
+        unsafe {
+            let gf = sys::ggml_new_graph_custom(self.ctx(), self.max_nodes, false);
+            for (_, t) in &self.captures {
+                sys::ggml_build_forward_expand(gf, t.as_ptr());
+            }
+            sys::ggml_build_forward_expand(gf, out.raw());
+            gf
+        }
+    }
+
+    /// Copy host data into the allocated input tensors.
+    ///
+    /// # Safety
+    /// The graph has been allocated.
+    pub(super) unsafe fn upload_inputs(&mut self) {
+        for (t, data) in &self.inputs {
+            let (ptr, bytes) = match data {
+                HostData::F32(v) => (v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+                HostData::I32(v) => (v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
+            };
+            // SAFETY: sizes match by construction (checked in input_*); the tensor is allocated.
+            unsafe { sys::ggml_backend_tensor_set(t.as_ptr(), ptr, 0, bytes) };
+        }
+    }
+
+    /// # Safety
+    /// The graph has been computed.
+    pub(super) unsafe fn read_captures(&self) -> Vec<Capture> {
+        self.captures
+            .iter()
+            .map(|(name, t)| {
+                // SAFETY: computed tensor of this graph.
+                let (data, shape) = unsafe { read_f32(t.as_ptr()) };
+                Capture {
+                    name: name.clone(),
+                    data,
+                    shape,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Copy a contiguous f32 tensor to the host, ggml order.
+///
+/// # Safety
+/// `t` is an allocated, computed f32 tensor.
+pub(super) unsafe fn read_f32(t: *mut sys::ggml_tensor) -> (Vec<f32>, [usize; 4]) {
+    // SAFETY: per the contract.
+    unsafe {
+        let tr = &*t;
+        assert_eq!(tr.type_, sys::GGML_TYPE_F32, "read back of a non-f32 tensor");
+        let shape = tr.ne.map(|n| n as usize);
+        let n: usize = shape.iter().product();
+        let mut out = vec![0f32; n];
+        assert!(sys::ggml_is_contiguous(t), "read back of a strided tensor");
+        sys::ggml_backend_tensor_get(t, out.as_mut_ptr().cast(), 0, n * 4);
+        (out, shape)
+    }
+}
+
+impl Drop for Graph<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the context was created in `new` and is freed once; computed data lives in the
+        // gallocr's buffer, not here.
+        unsafe { sys::ggml_free(self.ctx()) };
+    }
+}

@@ -1,0 +1,276 @@
+//! The only room where ggml's FFI is used. Everything else in the crate sees a safe API:
+//!
+//! - [`Backend`]: ONE ggml CPU backend and ONE graph allocator (gallocr) for the whole process.
+//!   [`Backend::compute`] builds a graph in a metadata-only context, allocates it with the
+//!   persistent gallocr, writes the registered host inputs, runs it and reads back the output and
+//!   any captures.
+//! - [`Graph`] / [`Tensor`]: shape-checked graph-building ops. A mismatch is a bug in the caller
+//!   and panics with a message (a Rust panic unwinds; a `GGML_ASSERT` would abort the process).
+//! - [`gguf`]: GGUF reading (metadata + weights realised once into a backend buffer).
+
+pub mod gguf;
+pub mod gguf_writer;
+mod graph;
+
+pub use graph::{Graph, Tensor};
+
+use anyhow::{Result, bail};
+use llama_cpp_sys_2 as sys;
+use std::ffi::CStr;
+use std::time::{Duration, Instant};
+
+/// Element types the rest of the crate needs to name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    Q8_0,
+    I32,
+}
+
+impl DType {
+    pub(crate) fn to_ggml(self) -> sys::ggml_type {
+        match self {
+            DType::F32 => sys::GGML_TYPE_F32,
+            DType::F16 => sys::GGML_TYPE_F16,
+            DType::Q8_0 => sys::GGML_TYPE_Q8_0,
+            DType::I32 => sys::GGML_TYPE_I32,
+        }
+    }
+
+    pub(crate) fn from_ggml(t: sys::ggml_type) -> Option<DType> {
+        match t {
+            sys::GGML_TYPE_F32 => Some(DType::F32),
+            sys::GGML_TYPE_F16 => Some(DType::F16),
+            sys::GGML_TYPE_Q8_0 => Some(DType::Q8_0),
+            sys::GGML_TYPE_I32 => Some(DType::I32),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Q8_0 => "q8_0",
+            DType::I32 => "i32",
+        }
+    }
+
+    /// Bytes of a row of `n` elements (n must be a multiple of the block size for q8_0).
+    pub fn row_bytes(self, n: usize) -> usize {
+        // SAFETY: pure function of its arguments.
+        unsafe { sys::ggml_row_size(self.to_ggml(), n as i64) }
+    }
+
+    /// Elements per quantization block (1 for plain types).
+    pub fn block_size(self) -> usize {
+        // SAFETY: pure function of its argument.
+        unsafe { sys::ggml_blck_size(self.to_ggml()) as usize }
+    }
+}
+
+/// Counters behind `--profile`.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub graphs_computed: u64,
+    pub compute_time: Duration,
+    /// Size of the gallocr's compute buffer now.
+    pub compute_buffer_bytes: usize,
+    /// Largest size the compute buffer has had.
+    pub peak_compute_buffer_bytes: usize,
+}
+
+/// Results of one [`Backend::compute`].
+#[derive(Debug)]
+pub struct Computed {
+    /// The graph's output tensor as f32, ggml order (`ne0` fastest).
+    pub output: Vec<f32>,
+    /// Its shape, `[ne0, ne1, ne2, ne3]`.
+    pub shape: [usize; 4],
+    /// Captured tensors, in the order they were registered with [`Graph::capture`].
+    pub captures: Vec<Capture>,
+}
+
+#[derive(Debug)]
+pub struct Capture {
+    pub name: String,
+    pub data: Vec<f32>,
+    pub shape: [usize; 4],
+}
+
+impl Computed {
+    pub fn capture(&self, name: &str) -> Option<&Capture> {
+        self.captures.iter().find(|c| c.name == name)
+    }
+}
+
+/// One persistent ggml backend and its graph allocator.
+pub struct Backend {
+    backend: sys::ggml_backend_t,
+    galloc: sys::ggml_gallocr_t,
+    n_threads: usize,
+    stats: Stats,
+}
+
+// The raw handles are only touched through &mut self.
+unsafe impl Send for Backend {}
+
+/// Nodes a single graph may hold; the encoder of a 42-layer model needs a few thousand.
+const GRAPH_NODES: usize = 16 * 1024;
+
+impl Backend {
+    /// A CPU backend running `n_threads` threads (0 -> 1).
+    pub fn cpu(n_threads: usize) -> Result<Backend> {
+        // SAFETY: plain constructors; null results are checked.
+        unsafe {
+            let backend = sys::ggml_backend_cpu_init();
+            if backend.is_null() {
+                bail!("ggml: could not initialise the CPU backend");
+            }
+            let buft = sys::ggml_backend_get_default_buffer_type(backend);
+            let galloc = sys::ggml_gallocr_new(buft);
+            if galloc.is_null() {
+                sys::ggml_backend_free(backend);
+                bail!("ggml: could not create the graph allocator");
+            }
+            let mut b = Backend {
+                backend,
+                galloc,
+                n_threads: 1,
+                stats: Stats::default(),
+            };
+            b.set_threads(n_threads);
+            Ok(b)
+        }
+    }
+
+    /// Threads used by every following compute (values below 1 mean 1).
+    pub fn set_threads(&mut self, n: usize) {
+        self.n_threads = n.max(1);
+        // SAFETY: `backend` is a live CPU backend.
+        unsafe { sys::ggml_backend_cpu_set_n_threads(self.backend, self.n_threads as i32) };
+    }
+
+    pub fn threads(&self) -> usize {
+        self.n_threads
+    }
+
+    pub fn device_name(&self) -> String {
+        // SAFETY: returns a static C string owned by ggml.
+        unsafe { cstr(sys::ggml_backend_name(self.backend)) }
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Build a graph with `build`, allocate it with the persistent gallocr, write its inputs,
+    /// run it, and read back the tensor `build` returns plus every capture it registered.
+    pub fn compute<F>(&mut self, build: F) -> Result<Computed>
+    where
+        F: for<'g> FnOnce(&mut Graph<'g>) -> Result<Tensor<'g>>,
+    {
+        let mut graph = Graph::new(GRAPH_NODES)?;
+        let out = build(&mut graph)?;
+        let out = graph.mark_output(out);
+        let start = Instant::now();
+        // SAFETY: the graph and all its tensors live in `graph`'s context (or in weight buffers
+        // that outlive this call); tensors are only written after allocation.
+        let result = unsafe {
+            let gf = graph.finish(out);
+            if !sys::ggml_gallocr_alloc_graph(self.galloc, gf) {
+                bail!("ggml: could not allocate the compute graph (out of memory?)");
+            }
+            graph.upload_inputs();
+            let status = sys::ggml_backend_graph_compute(self.backend, gf);
+            if status != sys::GGML_STATUS_SUCCESS {
+                bail!("ggml: graph compute failed (status {status})");
+            }
+            let captures = graph.read_captures();
+            let (output, shape) = graph::read_f32(out.raw());
+            Computed {
+                output,
+                shape,
+                captures,
+            }
+        };
+        self.stats.graphs_computed += 1;
+        self.stats.compute_time += start.elapsed();
+        // SAFETY: galloc is live.
+        let bytes = unsafe { sys::ggml_gallocr_get_buffer_size(self.galloc, 0) };
+        self.stats.compute_buffer_bytes = bytes;
+        self.stats.peak_compute_buffer_bytes = self.stats.peak_compute_buffer_bytes.max(bytes);
+        Ok(result)
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: both handles were created in `cpu` and are freed once.
+        unsafe {
+            sys::ggml_gallocr_free(self.galloc);
+            sys::ggml_backend_free(self.backend);
+        }
+    }
+}
+
+/// A backend device known to ggml's registry.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub description: String,
+    pub kind: &'static str,
+}
+
+/// Every device in ggml's backend registry (CPU here; GPU backends appear when compiled in).
+pub fn devices() -> Vec<DeviceInfo> {
+    // SAFETY: registry queries return static data owned by ggml.
+    unsafe {
+        (0..sys::ggml_backend_dev_count())
+            .map(|i| {
+                let dev = sys::ggml_backend_dev_get(i);
+                let kind = match sys::ggml_backend_dev_type(dev) {
+                    sys::GGML_BACKEND_DEVICE_TYPE_CPU => "cpu",
+                    sys::GGML_BACKEND_DEVICE_TYPE_GPU => "gpu",
+                    sys::GGML_BACKEND_DEVICE_TYPE_ACCEL => "accel",
+                    _ => "other",
+                };
+                DeviceInfo {
+                    name: cstr(sys::ggml_backend_dev_name(dev)),
+                    description: cstr(sys::ggml_backend_dev_description(dev)),
+                    kind,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Quiet ggml's own logging (it prints every buffer allocation at info level).
+pub fn silence_ggml_logs() {
+    unsafe extern "C" fn quiet(
+        level: sys::ggml_log_level,
+        text: *const std::os::raw::c_char,
+        _: *mut std::os::raw::c_void,
+    ) {
+        if level >= sys::GGML_LOG_LEVEL_ERROR && !text.is_null() {
+            // SAFETY: ggml passes a NUL-terminated message.
+            eprint!("{}", unsafe { cstr(text) });
+        }
+    }
+    // SAFETY: installs a static callback.
+    unsafe { sys::ggml_log_set(Some(quiet), std::ptr::null_mut()) };
+}
+
+/// ggml's tensor names hold at most 63 bytes.
+pub(crate) const MAX_NAME: usize = 63;
+
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+unsafe fn cstr(p: *const std::os::raw::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: per the contract above.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}

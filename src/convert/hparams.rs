@@ -1,0 +1,959 @@
+//! `model_config.yaml` -> the hyperparameters the runtime needs (docs/GGUF.md, "Metadata").
+//!
+//! Every value is cross-checked against the checkpoint's tensor shapes where a shape pins it
+//! down, so a config that doesn't describe its weights is rejected here, not at inference time.
+//! Setups the runtime doesn't implement are rejected with the config key that selects them.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use serde_yaml::Value;
+
+use crate::backend::gguf_writer::GgufWriter;
+
+/// Tensor name -> shape (torch order).
+pub type Shapes<'a> = HashMap<&'a str, &'a [usize]>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelType {
+    Tdt,
+    Rnnt,
+    Ctc,
+    TdtCtc,
+    RnntCtc,
+}
+
+impl ModelType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tdt => "tdt",
+            Self::Rnnt => "rnnt",
+            Self::Ctc => "ctc",
+            Self::TdtCtc => "tdt_ctc",
+            Self::RnntCtc => "rnnt_ctc",
+        }
+    }
+
+    fn has_transducer(self) -> bool {
+        self != Self::Ctc
+    }
+}
+
+/// Prediction network and joint sizes (transducer models only).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transducer {
+    pub pred_hidden: u32,
+    pub pred_rnn_layers: u32,
+    pub joint_hidden: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hparams {
+    pub model_type: ModelType,
+    pub sample_rate: u32,
+    pub n_mels: u32,
+    pub n_fft: u32,
+    pub win_length: u32,
+    pub hop_length: u32,
+    pub preemph: f32,
+    pub log_zero_guard_value: f32,
+    pub normalize: String,
+    pub feat_in: u32,
+    pub n_layers: u32,
+    pub d_model: u32,
+    pub n_heads: u32,
+    pub ff_expansion_factor: u32,
+    pub subsampling: String,
+    pub subsampling_factor: u32,
+    pub subsampling_conv_channels: u32,
+    pub conv_kernel_size: u32,
+    pub xscaling: bool,
+    pub use_bias: bool,
+    pub self_attention_model: String,
+    pub att_context_size: [i32; 2],
+    pub transducer: Option<Transducer>,
+    /// SentencePiece pieces in id order; the blank id is `vocab.len()`.
+    pub vocab: Vec<String>,
+    /// TDT durations (empty unless TDT).
+    pub durations: Vec<i32>,
+    pub max_symbols: u32,
+}
+
+impl Hparams {
+    /// Reads and validates the hyperparameters. `tokenizer_vocab` (a SentencePiece `.vocab`
+    /// file) is used only when the config lists no vocabulary.
+    pub fn from_config(
+        config: &Value,
+        shapes: &Shapes,
+        tokenizer_vocab: Option<&str>,
+    ) -> Result<Self> {
+        let cfg = Cfg(config);
+        let t = Tensors(shapes);
+        let model_type = model_type(&cfg, &t)?;
+        let pre = preprocessor(&cfg, &t)?;
+        let enc = encoder(&cfg, &t, pre.n_mels)?;
+        let transducer = if model_type.has_transducer() {
+            Some(transducer(&cfg, &t)?)
+        } else {
+            None
+        };
+        let vocab = vocabulary(&cfg, tokenizer_vocab)?;
+        let durations = durations(&cfg)?;
+        check_heads(&cfg, &t, model_type, vocab.len(), &durations)?;
+        let max_symbols = match cfg.get("decoding.greedy.max_symbols") {
+            Some(_) => cfg.u32("decoding.greedy.max_symbols")?,
+            None => cfg.u32_or("decoding.greedy.max_symbols_per_step", 10)?,
+        };
+        ensure!(
+            max_symbols > 0,
+            "model_config.yaml: decoding.greedy.max_symbols must be positive"
+        );
+        Ok(Self {
+            model_type,
+            sample_rate: pre.sample_rate,
+            n_mels: pre.n_mels,
+            n_fft: pre.n_fft,
+            win_length: pre.win_length,
+            hop_length: pre.hop_length,
+            preemph: pre.preemph,
+            log_zero_guard_value: pre.log_zero_guard_value,
+            normalize: pre.normalize,
+            feat_in: enc.feat_in,
+            n_layers: enc.n_layers,
+            d_model: enc.d_model,
+            n_heads: enc.n_heads,
+            ff_expansion_factor: enc.ff_expansion_factor,
+            subsampling: enc.subsampling,
+            subsampling_factor: enc.subsampling_factor,
+            subsampling_conv_channels: enc.subsampling_conv_channels,
+            conv_kernel_size: enc.conv_kernel_size,
+            xscaling: enc.xscaling,
+            use_bias: enc.use_bias,
+            self_attention_model: enc.self_attention_model,
+            att_context_size: enc.att_context_size,
+            transducer,
+            vocab,
+            durations: if model_type_is_tdt(model_type) {
+                durations
+            } else {
+                Vec::new()
+            },
+            max_symbols,
+        })
+    }
+
+    /// Writes every `parakeet.*` / `tokenizer.*` key of docs/GGUF.md.
+    pub fn write_metadata(&self, w: &mut GgufWriter) -> Result<()> {
+        w.set_str("parakeet.model_type", self.model_type.as_str())?;
+        w.set_u32("parakeet.preprocessor.sample_rate", self.sample_rate)?;
+        w.set_u32("parakeet.preprocessor.n_mels", self.n_mels)?;
+        w.set_u32("parakeet.preprocessor.n_fft", self.n_fft)?;
+        w.set_u32("parakeet.preprocessor.win_length", self.win_length)?;
+        w.set_u32("parakeet.preprocessor.hop_length", self.hop_length)?;
+        w.set_f32("parakeet.preprocessor.preemph", self.preemph)?;
+        w.set_f32(
+            "parakeet.preprocessor.log_zero_guard_value",
+            self.log_zero_guard_value,
+        )?;
+        w.set_str("parakeet.preprocessor.normalize", &self.normalize)?;
+        w.set_u32("parakeet.encoder.feat_in", self.feat_in)?;
+        w.set_u32("parakeet.encoder.n_layers", self.n_layers)?;
+        w.set_u32("parakeet.encoder.d_model", self.d_model)?;
+        w.set_u32("parakeet.encoder.n_heads", self.n_heads)?;
+        w.set_u32(
+            "parakeet.encoder.ff_expansion_factor",
+            self.ff_expansion_factor,
+        )?;
+        w.set_str("parakeet.encoder.subsampling", &self.subsampling)?;
+        w.set_u32(
+            "parakeet.encoder.subsampling_factor",
+            self.subsampling_factor,
+        )?;
+        w.set_u32(
+            "parakeet.encoder.subsampling_conv_channels",
+            self.subsampling_conv_channels,
+        )?;
+        w.set_u32("parakeet.encoder.conv_kernel_size", self.conv_kernel_size)?;
+        w.set_bool("parakeet.encoder.xscaling", self.xscaling)?;
+        w.set_bool("parakeet.encoder.use_bias", self.use_bias)?;
+        w.set_str(
+            "parakeet.encoder.self_attention_model",
+            &self.self_attention_model,
+        )?;
+        w.set_i32_array("parakeet.encoder.att_context_size", &self.att_context_size)?;
+        if let Some(t) = &self.transducer {
+            w.set_u32("parakeet.decoder.pred_hidden", t.pred_hidden)?;
+            w.set_u32("parakeet.decoder.pred_rnn_layers", t.pred_rnn_layers)?;
+            w.set_u32("parakeet.joint.joint_hidden", t.joint_hidden)?;
+        }
+        w.set_u32("parakeet.vocab_size", self.vocab.len() as u32)?;
+        if model_type_is_tdt(self.model_type) {
+            w.set_i32_array("parakeet.tdt.durations", &self.durations)?;
+        }
+        w.set_u32("parakeet.decoding.max_symbols", self.max_symbols)?;
+        w.set_str("tokenizer.ggml.model", "sentencepiece")?;
+        w.set_str_array("tokenizer.ggml.tokens", &self.vocab)?;
+        Ok(())
+    }
+}
+
+fn model_type_is_tdt(t: ModelType) -> bool {
+    matches!(t, ModelType::Tdt | ModelType::TdtCtc)
+}
+
+/// Which heads the checkpoint carries decides the type; the config only says TDT vs RNN-T.
+fn model_type(cfg: &Cfg, t: &Tensors) -> Result<ModelType> {
+    let transducer = t.has("joint.joint_net.2.weight") || t.any_prefixed("decoder.prediction.");
+    let hybrid_ctc = t.has("ctc_decoder.decoder_layers.0.weight");
+    let pure_ctc = t.has("decoder.decoder_layers.0.weight");
+    if !transducer {
+        ensure!(
+            pure_ctc,
+            "the checkpoint has no decoder: expected decoder.prediction.* and joint.* (transducer) \
+             or decoder.decoder_layers.0.* (CTC)"
+        );
+        return Ok(ModelType::Ctc);
+    }
+    for key in [
+        "decoder.prediction.embed.weight",
+        "joint.joint_net.2.weight",
+    ] {
+        ensure!(t.has(key), "transducer checkpoint without tensor {key}");
+    }
+    let tdt = !durations(cfg)?.is_empty();
+    if cfg.str_or("decoding.model_type", "")? == "tdt" {
+        ensure!(
+            tdt,
+            "model_config.yaml: decoding.model_type is tdt but no durations are given \
+             (decoding.durations / model_defaults.tdt_durations)"
+        );
+    }
+    Ok(match (tdt, hybrid_ctc) {
+        (true, false) => ModelType::Tdt,
+        (true, true) => ModelType::TdtCtc,
+        (false, false) => ModelType::Rnnt,
+        (false, true) => ModelType::RnntCtc,
+    })
+}
+
+/// `decoding.durations` and `model_defaults.tdt_durations` (whichever is set; they must agree).
+fn durations(cfg: &Cfg) -> Result<Vec<i32>> {
+    let a = cfg.i32_list("decoding.durations")?.unwrap_or_default();
+    let b = cfg
+        .i32_list("model_defaults.tdt_durations")?
+        .unwrap_or_default();
+    ensure!(
+        a.is_empty() || b.is_empty() || a == b,
+        "model_config.yaml: decoding.durations {a:?} and model_defaults.tdt_durations {b:?} differ"
+    );
+    let d = if a.is_empty() { b } else { a };
+    ensure!(
+        d.iter().all(|&x| x >= 0),
+        "model_config.yaml: negative TDT duration in {d:?}"
+    );
+    let big_blank = cfg
+        .i32_list("decoding.big_blank_durations")?
+        .unwrap_or_default();
+    ensure!(
+        big_blank.is_empty(),
+        "model_config.yaml: decoding.big_blank_durations (multi-blank transducers) is not supported"
+    );
+    Ok(d)
+}
+
+struct Preprocessor {
+    sample_rate: u32,
+    n_mels: u32,
+    n_fft: u32,
+    win_length: u32,
+    hop_length: u32,
+    preemph: f32,
+    log_zero_guard_value: f32,
+    normalize: String,
+}
+
+fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<Preprocessor> {
+    let target = cfg.str_or("preprocessor._target_", "AudioToMelSpectrogramPreprocessor")?;
+    ensure!(
+        target.ends_with("AudioToMelSpectrogramPreprocessor"),
+        "model_config.yaml: preprocessor._target_ {target} is not supported (mel spectrogram only)"
+    );
+    let sample_rate = match cfg.get("preprocessor.sample_rate") {
+        Some(_) => cfg.u32("preprocessor.sample_rate")?,
+        None => cfg
+            .u32("sample_rate")
+            .map_err(|_| cfg.missing("preprocessor.sample_rate"))?,
+    };
+    let n_mels = cfg.u32("preprocessor.features")?;
+    // `n_window_size` / `n_window_stride` (samples) override the durations in seconds.
+    let samples = |n_key: &str, s_key: &str| -> Result<u32> {
+        if cfg.get(n_key).is_some() {
+            return cfg.u32(n_key);
+        }
+        let seconds = cfg.f64(s_key)?;
+        let n = (seconds * f64::from(sample_rate)).round();
+        ensure!(
+            n >= 1.0 && n <= f64::from(u32::MAX),
+            "model_config.yaml: {s_key} = {seconds} is out of range"
+        );
+        Ok(n as u32)
+    };
+    let win_length = samples("preprocessor.n_window_size", "preprocessor.window_size")?;
+    let hop_length = samples("preprocessor.n_window_stride", "preprocessor.window_stride")?;
+    // NeMo: n_fft defaults to the next power of two above the window.
+    let n_fft = match cfg.get_raw("preprocessor.n_fft") {
+        Some(Value::Null) | None => win_length.next_power_of_two(),
+        Some(_) => cfg.u32("preprocessor.n_fft")?,
+    };
+    ensure!(
+        win_length <= n_fft,
+        "model_config.yaml: window of {win_length} samples exceeds n_fft {n_fft}"
+    );
+    // An explicit null switches pre-emphasis off.
+    let preemph = match cfg.get_raw("preprocessor.preemph") {
+        Some(Value::Null) => 0.0,
+        None => 0.97,
+        Some(_) => cfg.f64("preprocessor.preemph")? as f32,
+    };
+    let normalize = cfg
+        .str_or("preprocessor.normalize", "per_feature")?
+        .to_owned();
+    ensure!(
+        normalize == "per_feature",
+        "model_config.yaml: preprocessor.normalize {normalize} is not supported (per_feature only)"
+    );
+    require_setting(cfg, "preprocessor.log", &Value::Bool(true), "true")?;
+    require_setting(cfg, "preprocessor.frame_splicing", &Value::from(1), "1")?;
+    require_setting(cfg, "preprocessor.exact_pad", &Value::Bool(false), "false")?;
+    require_setting(
+        cfg,
+        "preprocessor.log_zero_guard_type",
+        &Value::from("add"),
+        "add",
+    )?;
+    let mag_power = cfg.f64_or("preprocessor.mag_power", 2.0)?;
+    ensure!(
+        mag_power == 2.0,
+        "model_config.yaml: preprocessor.mag_power {mag_power} is not supported (2.0 only)"
+    );
+    t.check_dim(
+        "preprocessor.features",
+        n_mels,
+        "preprocessor.featurizer.fb",
+        1,
+    )?;
+    t.check_dim(
+        "preprocessor.window_size",
+        win_length,
+        "preprocessor.featurizer.window",
+        0,
+    )?;
+    t.check_dim(
+        "preprocessor.n_fft",
+        n_fft / 2 + 1,
+        "preprocessor.featurizer.fb",
+        2,
+    )?;
+    Ok(Preprocessor {
+        sample_rate,
+        n_mels,
+        n_fft,
+        win_length,
+        hop_length,
+        preemph,
+        log_zero_guard_value: log_zero_guard_value(cfg)?,
+        normalize,
+    })
+}
+
+/// A number, or NeMo's names for float32 limits.
+fn log_zero_guard_value(cfg: &Cfg) -> Result<f32> {
+    const KEY: &str = "preprocessor.log_zero_guard_value";
+    Ok(match cfg.get_raw(KEY) {
+        None | Some(Value::Null) => 2f32.powi(-24),
+        Some(Value::String(s)) if s == "tiny" => f32::MIN_POSITIVE,
+        Some(Value::String(s)) if s == "eps" => f32::EPSILON,
+        Some(_) => cfg.f64(KEY)? as f32,
+    })
+}
+
+struct Encoder {
+    feat_in: u32,
+    n_layers: u32,
+    d_model: u32,
+    n_heads: u32,
+    ff_expansion_factor: u32,
+    subsampling: String,
+    subsampling_factor: u32,
+    subsampling_conv_channels: u32,
+    conv_kernel_size: u32,
+    xscaling: bool,
+    use_bias: bool,
+    self_attention_model: String,
+    att_context_size: [i32; 2],
+}
+
+fn encoder(cfg: &Cfg, t: &Tensors, n_mels: u32) -> Result<Encoder> {
+    let target = cfg.str_or("encoder._target_", "ConformerEncoder")?;
+    ensure!(
+        target.contains("ConformerEncoder"),
+        "model_config.yaml: encoder._target_ {target} is not supported (FastConformer only)"
+    );
+    let feat_in = cfg.u32("encoder.feat_in")?;
+    ensure!(
+        feat_in == n_mels,
+        "model_config.yaml: encoder.feat_in {feat_in} differs from preprocessor.features {n_mels}"
+    );
+    let d_model = cfg.u32("encoder.d_model")?;
+    let n_layers = cfg.u32("encoder.n_layers")?;
+    let n_heads = cfg.u32("encoder.n_heads")?;
+    ensure!(
+        n_heads > 0 && d_model.is_multiple_of(n_heads),
+        "model_config.yaml: encoder.d_model {d_model} is not divisible by encoder.n_heads {n_heads}"
+    );
+    let ff_expansion_factor = cfg.u32("encoder.ff_expansion_factor")?;
+    let conv_kernel_size = cfg.u32("encoder.conv_kernel_size")?;
+    ensure!(
+        conv_kernel_size % 2 == 1,
+        "model_config.yaml: encoder.conv_kernel_size must be odd"
+    );
+    let subsampling = cfg.str("encoder.subsampling")?.to_owned();
+    ensure!(
+        subsampling == "dw_striding",
+        "model_config.yaml: encoder.subsampling {subsampling} is not supported (dw_striding only)"
+    );
+    let subsampling_factor = cfg.u32("encoder.subsampling_factor")?;
+    ensure!(
+        subsampling_factor == 8,
+        "model_config.yaml: encoder.subsampling_factor {subsampling_factor} is not supported (8 only)"
+    );
+    // NeMo: -1 (the default) means d_model channels.
+    let channels = cfg.i64_or("encoder.subsampling_conv_channels", -1)?;
+    let subsampling_conv_channels = if channels == -1 {
+        d_model
+    } else {
+        u32::try_from(channels)?
+    };
+    let self_attention_model = cfg
+        .str_or("encoder.self_attention_model", "rel_pos")?
+        .to_owned();
+    ensure!(
+        matches!(
+            self_attention_model.as_str(),
+            "rel_pos" | "rel_pos_local_attn"
+        ),
+        "model_config.yaml: encoder.self_attention_model {self_attention_model} is not supported \
+         (rel_pos, rel_pos_local_attn)"
+    );
+    reject_streaming_setups(cfg, conv_kernel_size)?;
+
+    let use_bias = cfg.bool_or("encoder.use_bias", true)?;
+    let has_bias = t.has("encoder.layers.0.self_attn.linear_q.bias");
+    ensure!(
+        use_bias == has_bias,
+        "model_config.yaml: encoder.use_bias is {use_bias} but the checkpoint {} biases \
+         (encoder.layers.0.self_attn.linear_q.bias)",
+        if has_bias { "has" } else { "has no" }
+    );
+    t.check_dim(
+        "encoder.d_model",
+        d_model,
+        "encoder.pre_encode.out.weight",
+        0,
+    )?;
+    t.check_dim(
+        "encoder.n_heads",
+        n_heads,
+        "encoder.layers.0.self_attn.pos_bias_u",
+        0,
+    )?;
+    t.check_dim(
+        "encoder.ff_expansion_factor",
+        ff_expansion_factor * d_model,
+        "encoder.layers.0.feed_forward1.linear1.weight",
+        0,
+    )?;
+    t.check_dim(
+        "encoder.conv_kernel_size",
+        conv_kernel_size,
+        "encoder.layers.0.conv.depthwise_conv.weight",
+        2,
+    )?;
+    t.check_dim(
+        "encoder.subsampling_conv_channels",
+        subsampling_conv_channels,
+        "encoder.pre_encode.conv.0.weight",
+        0,
+    )?;
+    let found = t.count_indexed("encoder.layers.");
+    ensure!(
+        found == n_layers as usize,
+        "model_config.yaml: encoder.n_layers is {n_layers} but the checkpoint has {found} encoder layers"
+    );
+    Ok(Encoder {
+        feat_in,
+        n_layers,
+        d_model,
+        n_heads,
+        ff_expansion_factor,
+        subsampling,
+        subsampling_factor,
+        subsampling_conv_channels,
+        conv_kernel_size,
+        xscaling: cfg.bool_or("encoder.xscaling", true)?,
+        use_bias,
+        self_attention_model,
+        att_context_size: att_context_size(cfg)?,
+    })
+}
+
+/// Cache-aware streaming models and other encoder variants the runtime doesn't implement.
+fn reject_streaming_setups(cfg: &Cfg, kernel: u32) -> Result<()> {
+    require_setting(
+        cfg,
+        "encoder.causal_downsampling",
+        &Value::Bool(false),
+        "false",
+    )?;
+    require_setting(
+        cfg,
+        "encoder.att_context_style",
+        &Value::from("regular"),
+        "regular",
+    )?;
+    require_setting(
+        cfg,
+        "encoder.conv_norm_type",
+        &Value::from("batch_norm"),
+        "batch_norm",
+    )?;
+    require_setting(cfg, "encoder.untie_biases", &Value::Bool(true), "true")?;
+    require_setting(cfg, "encoder.feat_out", &Value::from(-1), "-1")?;
+    for key in ["encoder.reduction", "encoder.reduction_position"] {
+        ensure!(
+            cfg.get(key).is_none(),
+            "model_config.yaml: {key} (time reduction) is not supported"
+        );
+    }
+    ensure!(
+        cfg.i64_or("encoder.global_tokens", 0)? == 0,
+        "model_config.yaml: encoder.global_tokens (Longformer attention) is not supported"
+    );
+    if let Some(ctx) = cfg.i32_list("encoder.conv_context_size").ok().flatten() {
+        let half = (kernel as i32 - 1) / 2;
+        ensure!(
+            ctx == [half, half],
+            "model_config.yaml: encoder.conv_context_size {ctx:?} is not supported (symmetric only)"
+        );
+    } else if cfg.get("encoder.conv_context_size").is_some() {
+        bail!(
+            "model_config.yaml: encoder.conv_context_size (causal convolutions) is not supported"
+        );
+    }
+    Ok(())
+}
+
+fn att_context_size(cfg: &Cfg) -> Result<[i32; 2]> {
+    const KEY: &str = "encoder.att_context_size";
+    if let Some(Value::Sequence(items)) = cfg.get(KEY)
+        && items.iter().any(|v| v.is_sequence())
+    {
+        bail!(
+            "model_config.yaml: {KEY} lists several contexts (multi-lookahead streaming); not supported"
+        );
+    }
+    match cfg.i32_list(KEY)?.as_deref() {
+        None => Ok([-1, -1]),
+        Some(&[left, right]) => {
+            ensure!(
+                left >= -1 && right >= -1,
+                "model_config.yaml: bad {KEY} [{left}, {right}]"
+            );
+            Ok([left, right])
+        }
+        Some(other) => bail!("model_config.yaml: {KEY} should have two entries, found {other:?}"),
+    }
+}
+
+fn transducer(cfg: &Cfg, t: &Tensors) -> Result<Transducer> {
+    let target = cfg.str_or("decoder._target_", "RNNTDecoder")?;
+    ensure!(
+        target.ends_with("RNNTDecoder"),
+        "model_config.yaml: decoder._target_ {target} is not supported (LSTM RNNTDecoder only)"
+    );
+    require_setting(
+        cfg,
+        "decoder.prednet.rnn_type",
+        &Value::from("lstm"),
+        "lstm",
+    )?;
+    require_setting(cfg, "decoder.blank_as_pad", &Value::Bool(true), "true")?;
+    ensure!(
+        cfg.get("decoder.normalization_mode").is_none(),
+        "model_config.yaml: decoder.normalization_mode (normalised LSTM) is not supported"
+    );
+    require_setting(
+        cfg,
+        "joint.jointnet.activation",
+        &Value::from("relu"),
+        "relu",
+    )?;
+    let pred_hidden = cfg.u32("decoder.prednet.pred_hidden")?;
+    let pred_rnn_layers = cfg.u32("decoder.prednet.pred_rnn_layers")?;
+    let joint_hidden = cfg.u32("joint.jointnet.joint_hidden")?;
+    t.check_dim(
+        "decoder.prednet.pred_hidden",
+        pred_hidden,
+        "decoder.prediction.embed.weight",
+        1,
+    )?;
+    t.check_dim(
+        "joint.jointnet.joint_hidden",
+        joint_hidden,
+        "joint.enc.weight",
+        0,
+    )?;
+    t.check_dim(
+        "decoder.prednet.pred_hidden",
+        4 * pred_hidden,
+        "decoder.prediction.dec_rnn.lstm.weight_hh_l0",
+        0,
+    )?;
+    let layers = (0..)
+        .take_while(|l| t.has(&format!("decoder.prediction.dec_rnn.lstm.weight_ih_l{l}")))
+        .count();
+    ensure!(
+        layers == pred_rnn_layers as usize,
+        "model_config.yaml: decoder.prednet.pred_rnn_layers is {pred_rnn_layers} but the checkpoint \
+         has {layers} LSTM layers"
+    );
+    Ok(Transducer {
+        pred_hidden,
+        pred_rnn_layers,
+        joint_hidden,
+    })
+}
+
+/// The SentencePiece pieces in id order.
+fn vocabulary(cfg: &Cfg, tokenizer_vocab: Option<&str>) -> Result<Vec<String>> {
+    for key in [
+        "joint.vocabulary",
+        "decoder.vocabulary",
+        "aux_ctc.decoder.vocabulary",
+        "labels",
+    ] {
+        if let Some(v) = cfg.str_list(key)?
+            && !v.is_empty()
+        {
+            return Ok(v);
+        }
+    }
+    let text = tokenizer_vocab.context(
+        "no vocabulary: model_config.yaml has none of joint.vocabulary, decoder.vocabulary, labels, \
+         and the archive has no *tokenizer.vocab file",
+    )?;
+    // SentencePiece `.vocab`: `piece<TAB>score` per line, in id order.
+    let pieces: Vec<String> = text
+        .lines()
+        .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
+        .collect();
+    ensure!(!pieces.is_empty(), "the tokenizer .vocab file is empty");
+    Ok(pieces)
+}
+
+/// Vocabulary size and head output widths must agree with the config and the weights.
+fn check_heads(cfg: &Cfg, t: &Tensors, ty: ModelType, v: usize, durations: &[i32]) -> Result<()> {
+    let v = v as u32;
+    for key in [
+        "decoder.vocab_size",
+        "joint.num_classes",
+        "decoder.num_classes",
+        "aux_ctc.decoder.num_classes",
+    ] {
+        if cfg.get(key).is_some() {
+            let n = cfg.u32(key)?;
+            ensure!(
+                n == v,
+                "model_config.yaml: {key} is {n} but the vocabulary has {v} pieces"
+            );
+        }
+    }
+    let blank = v + 1;
+    match ty {
+        ModelType::Ctc => t.check_dim(
+            "vocabulary size + blank",
+            blank,
+            "decoder.decoder_layers.0.weight",
+            0,
+        )?,
+        ModelType::TdtCtc | ModelType::RnntCtc => t.check_dim(
+            "vocabulary size + blank",
+            blank,
+            "ctc_decoder.decoder_layers.0.weight",
+            0,
+        )?,
+        ModelType::Tdt | ModelType::Rnnt => {}
+    }
+    if ty.has_transducer() {
+        t.check_dim(
+            "vocabulary size + blank",
+            blank,
+            "decoder.prediction.embed.weight",
+            0,
+        )?;
+        let extra = if model_type_is_tdt(ty) {
+            durations.len() as u32
+        } else {
+            0
+        };
+        let configured = cfg.u32_or("joint.num_extra_outputs", extra)?;
+        ensure!(
+            configured == extra,
+            "model_config.yaml: joint.num_extra_outputs is {configured} but there are {extra} TDT durations"
+        );
+        t.check_dim(
+            "vocabulary + blank + durations",
+            blank + extra,
+            "joint.joint_net.2.weight",
+            0,
+        )?;
+    }
+    Ok(())
+}
+
+/// A config setting that, when present, must have the one value the runtime implements.
+fn require_setting(cfg: &Cfg, key: &str, want: &Value, shown: &str) -> Result<()> {
+    match cfg.get(key) {
+        None => Ok(()),
+        Some(v) if v == want || yaml_num_eq(v, want) => Ok(()),
+        Some(v) => bail!(
+            "model_config.yaml: {key} = {} is not supported ({shown} only)",
+            show(v)
+        ),
+    }
+}
+
+fn yaml_num_eq(a: &Value, b: &Value) -> bool {
+    matches!((a.as_f64(), b.as_f64()), (Some(x), Some(y)) if x == y)
+}
+
+fn show(v: &Value) -> String {
+    serde_yaml::to_string(v)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| format!("{v:?}"))
+}
+
+/// Dotted-path access to the config with typed, key-naming errors. A `null` value reads as
+/// absent, except through [`Cfg::get_raw`] (where NeMo gives null a meaning of its own).
+struct Cfg<'a>(&'a Value);
+
+impl Cfg<'_> {
+    /// The value at `key`, including an explicit null (`None` only when absent).
+    fn get_raw(&self, key: &str) -> Option<&Value> {
+        key.split('.').try_fold(self.0, |v, part| v.get(part))
+    }
+
+    /// The value at `key`; an explicit null counts as absent.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.get_raw(key).filter(|v| !v.is_null())
+    }
+
+    fn missing(&self, key: &str) -> anyhow::Error {
+        anyhow!("model_config.yaml: missing key {key}")
+    }
+
+    fn wrong(&self, key: &str, want: &str) -> anyhow::Error {
+        let got = self.get_raw(key).map(show).unwrap_or_default();
+        anyhow!("model_config.yaml: {key} should be {want}, found {got}")
+    }
+
+    fn required(&self, key: &str) -> Result<&Value> {
+        self.get(key).ok_or_else(|| self.missing(key))
+    }
+
+    fn u32(&self, key: &str) -> Result<u32> {
+        let v = self.required(key)?;
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| self.wrong(key, "a non-negative integer"))
+    }
+
+    fn u32_or(&self, key: &str, default: u32) -> Result<u32> {
+        if self.get(key).is_some() {
+            self.u32(key)
+        } else {
+            Ok(default)
+        }
+    }
+
+    fn i64_or(&self, key: &str, default: i64) -> Result<i64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_i64().ok_or_else(|| self.wrong(key, "an integer")),
+        }
+    }
+
+    fn f64(&self, key: &str) -> Result<f64> {
+        self.required(key)?
+            .as_f64()
+            .ok_or_else(|| self.wrong(key, "a number"))
+    }
+
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+        if self.get(key).is_some() {
+            self.f64(key)
+        } else {
+            Ok(default)
+        }
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| self.wrong(key, "true or false")),
+        }
+    }
+
+    fn str(&self, key: &str) -> Result<&str> {
+        self.required(key)?
+            .as_str()
+            .ok_or_else(|| self.wrong(key, "a string"))
+    }
+
+    fn str_or<'a>(&'a self, key: &str, default: &'a str) -> Result<&'a str> {
+        if self.get(key).is_some() {
+            self.str(key)
+        } else {
+            Ok(default)
+        }
+    }
+
+    fn i32_list(&self, key: &str) -> Result<Option<Vec<i32>>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let items = v
+            .as_sequence()
+            .ok_or_else(|| self.wrong(key, "a list of integers"))?;
+        items
+            .iter()
+            .map(|x| x.as_i64().and_then(|n| i32::try_from(n).ok()))
+            .collect::<Option<Vec<_>>>()
+            .map(Some)
+            .ok_or_else(|| self.wrong(key, "a list of integers"))
+    }
+
+    fn str_list(&self, key: &str) -> Result<Option<Vec<String>>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let items = v
+            .as_sequence()
+            .ok_or_else(|| self.wrong(key, "a list of strings"))?;
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                x.as_str().map(str::to_owned).ok_or_else(|| {
+                    anyhow!("model_config.yaml: {key}[{i}] is not a string: {}", show(x))
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+}
+
+/// Shape queries on the checkpoint.
+struct Tensors<'a, 'b>(&'a Shapes<'b>);
+
+impl Tensors<'_, '_> {
+    fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    fn any_prefixed(&self, prefix: &str) -> bool {
+        self.0.keys().any(|k| k.starts_with(prefix))
+    }
+
+    /// Distinct `N` in `<prefix>N.*`.
+    fn count_indexed(&self, prefix: &str) -> usize {
+        let mut seen: Vec<&str> = self
+            .0
+            .keys()
+            .filter_map(|k| k.strip_prefix(prefix)?.split('.').next())
+            .filter(|n| n.parse::<usize>().is_ok())
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len()
+    }
+
+    /// `what` (from the config) must equal `tensor`'s size along `axis` (torch order).
+    fn check_dim(&self, what: &str, expected: u32, tensor: &str, axis: usize) -> Result<()> {
+        let shape = self
+            .0
+            .get(tensor)
+            .with_context(|| format!("the checkpoint has no tensor {tensor}"))?;
+        let got = shape.get(axis).copied();
+        ensure!(
+            got == Some(expected as usize),
+            "model_config.yaml {what} gives {expected}, but the checkpoint's {tensor} has shape {shape:?}"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yaml(s: &str) -> Value {
+        serde_yaml::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn cfg_reads_typed_values_and_names_keys() {
+        let v = yaml("a:\n  b: 3\n  f: 0.5\n  s: x\n  n: null\n  l: ['on', 'n', '''']\n");
+        let c = Cfg(&v);
+        assert_eq!(c.u32("a.b").unwrap(), 3);
+        assert_eq!(c.f64("a.f").unwrap(), 0.5);
+        assert_eq!(c.str("a.s").unwrap(), "x");
+        assert_eq!(c.str_list("a.l").unwrap().unwrap(), ["on", "n", "'"]);
+        assert_eq!(c.u32_or("a.n", 7).unwrap(), 7, "null reads as absent");
+        let e = c.u32("a.missing").unwrap_err().to_string();
+        assert!(e.contains("missing key a.missing"), "{e}");
+        let e = c.u32("a.f").unwrap_err().to_string();
+        assert!(e.contains("a.f should be a non-negative integer"), "{e}");
+    }
+
+    #[test]
+    fn att_context_size_forms() {
+        let full = yaml("encoder: {}");
+        assert_eq!(att_context_size(&Cfg(&full)).unwrap(), [-1, -1]);
+        let local = yaml("encoder: {att_context_size: [128, 128]}");
+        assert_eq!(att_context_size(&Cfg(&local)).unwrap(), [128, 128]);
+        let multi = yaml("encoder: {att_context_size: [[70, 13], [70, 6]]}");
+        assert!(
+            att_context_size(&Cfg(&multi))
+                .unwrap_err()
+                .to_string()
+                .contains("several contexts")
+        );
+    }
+
+    #[test]
+    fn durations_must_agree() {
+        let v = yaml("decoding: {durations: [0, 1, 2]}\nmodel_defaults: {tdt_durations: [0, 1]}");
+        assert!(durations(&Cfg(&v)).is_err());
+        let v = yaml("decoding: {durations: []}\nmodel_defaults: {tdt_durations: [0, 1]}");
+        assert_eq!(durations(&Cfg(&v)).unwrap(), [0, 1]);
+    }
+
+    #[test]
+    fn vocabulary_falls_back_to_the_tokenizer_file() {
+        let v = yaml("joint: {}");
+        let got = vocabulary(&Cfg(&v), Some("<unk>\t0\n▁t\t-0\n")).unwrap();
+        assert_eq!(got, ["<unk>", "▁t"]);
+        assert!(vocabulary(&Cfg(&v), None).is_err());
+    }
+}

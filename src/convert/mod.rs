@@ -1,0 +1,306 @@
+//! `.nemo` -> GGUF conversion (docs/GGUF.md is the contract).
+//!
+//! The checkpoint is streamed: tensor shapes come from the pickle, the GGUF header is laid out
+//! from them, and each tensor is then read, converted and written before the next is loaded, so
+//! peak memory is about one tensor, whatever the model size.
+
+mod hparams;
+mod nemo;
+mod pickle;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+
+use crate::backend::DType;
+use crate::backend::gguf_writer::GgufWriter;
+
+pub use hparams::{Hparams, ModelType, Transducer};
+pub use nemo::{NemoArchive, NemoModel, NemoTensor, TensorEntry, read_nemo};
+
+/// Storage type for the large matmul weights (everything else stays f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum OutType {
+    #[value(name = "f32")]
+    F32,
+    #[value(name = "f16")]
+    F16,
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl OutType {
+    /// `general.file_type` (llama.cpp's numbering: all f32, mostly f16, mostly q8_0).
+    pub fn file_type(self) -> u32 {
+        match self {
+            Self::F32 => 0,
+            Self::F16 => 1,
+            Self::Q8_0 => 7,
+        }
+    }
+
+    fn dtype(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::F16 => DType::F16,
+            Self::Q8_0 => DType::Q8_0,
+        }
+    }
+}
+
+impl std::str::FromStr for OutType {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        <Self as clap::ValueEnum>::from_str(s, true)
+            .map_err(|_| anyhow::anyhow!("unknown output type {s:?} (f32, f16, q8_0)"))
+    }
+}
+
+/// What [`convert`] did.
+#[derive(Clone, Debug)]
+pub struct ConvertReport {
+    pub model_type: ModelType,
+    pub tensors: usize,
+    pub params: usize,
+    /// Tensors stored as f32, f16 and q8_0.
+    pub f32_tensors: usize,
+    pub f16_tensors: usize,
+    pub q8_0_tensors: usize,
+    /// Size of the written GGUF.
+    pub bytes: u64,
+    pub elapsed: Duration,
+}
+
+/// Converts `nemo` to a GGUF at `out`.
+pub fn convert(nemo: &Path, out: &Path, ty: OutType) -> Result<ConvertReport> {
+    convert_with_progress(nemo, out, ty, |_, _| {})
+}
+
+/// [`convert`], calling `progress(done, total)` after each tensor is written.
+pub fn convert_with_progress(
+    nemo: &Path,
+    out: &Path,
+    ty: OutType,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<ConvertReport> {
+    let start = Instant::now();
+    ensure!(
+        !same_file(nemo, out),
+        "refusing to overwrite the input {} with the output",
+        nemo.display()
+    );
+    let archive = NemoArchive::open(nemo)?;
+    let shapes: HashMap<&str, &[usize]> = archive
+        .tensors()
+        .iter()
+        .map(|t| (t.name.as_str(), t.shape()))
+        .collect();
+    let hp = Hparams::from_config(archive.config(), &shapes, archive.tokenizer_vocab())
+        .with_context(|| format!("{}: unsupported or inconsistent model", nemo.display()))?;
+
+    let mut w = GgufWriter::new();
+    let name = nemo
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    w.set_str("general.architecture", "parakeet")?;
+    w.set_str("general.name", &name)?;
+    w.set_u32("general.file_type", ty.file_type())?;
+    hp.write_metadata(&mut w)?;
+
+    let mut report = ConvertReport {
+        model_type: hp.model_type,
+        tensors: archive.tensors().len(),
+        params: 0,
+        f32_tensors: 0,
+        f16_tensors: 0,
+        q8_0_tensors: 0,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+    };
+    for t in archive.tensors() {
+        let ne = ggml_shape(&t.name, t.shape())?;
+        let dtype = storage_type(&t.name, &ne, ty);
+        w.add_tensor(&t.name, &ne, dtype)?;
+        report.params += ne.iter().product::<usize>();
+        match dtype {
+            DType::F16 => report.f16_tensors += 1,
+            DType::Q8_0 => report.q8_0_tensors += 1,
+            _ => report.f32_tensors += 1,
+        }
+    }
+    let total = archive.tensors().len();
+    report.bytes = w
+        .write(out, |i| {
+            let data = archive.load(&archive.tensors()[i]);
+            progress(i + 1, total);
+            data
+        })
+        .with_context(|| format!("writing {}", out.display()))?;
+    report.elapsed = start.elapsed();
+    Ok(report)
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
+/// ggml order is torch's reversed (`[out, in]` -> `ne = [in, out]`), except that kernel-size-1
+/// Conv1d weights (`[out, in, 1]`) drop the kernel axis and become plain `[in, out]` matrices:
+/// they are matmuls, and q8_0 needs the row (`ne[0]`) to be the input axis.
+pub fn ggml_shape(name: &str, torch: &[usize]) -> Result<Vec<usize>> {
+    let mut ne: Vec<usize> = torch.iter().rev().copied().collect();
+    if is_pointwise_conv1d(name) {
+        ensure!(
+            torch.len() == 3 && torch[2] == 1,
+            "tensor {name}: expected a kernel-size-1 Conv1d weight [out, in, 1], got {torch:?}"
+        );
+        ne.remove(0);
+    }
+    if ne.is_empty() {
+        ne.push(1); // a 0-d tensor is one value
+    }
+    Ok(ne)
+}
+
+fn is_pointwise_conv1d(name: &str) -> bool {
+    let (parent, leaf) = last_two(name.strip_suffix(".weight").unwrap_or_default());
+    (parent == "conv" && matches!(leaf, "pointwise_conv1" | "pointwise_conv2"))
+        || (parent == "decoder_layers" && leaf == "0")
+}
+
+/// The GGUF type of a tensor for `--type ty` (docs/GGUF.md, "Tensors").
+pub fn storage_type(name: &str, ne: &[usize], ty: OutType) -> DType {
+    if ty == OutType::F32 || !is_matmul_weight(name) {
+        return DType::F32;
+    }
+    let want = ty.dtype();
+    if ne[0].is_multiple_of(want.block_size()) {
+        want
+    } else {
+        DType::F16
+    }
+}
+
+/// The large matmul weights that `--type f16|q8_0` converts.
+fn is_matmul_weight(name: &str) -> bool {
+    let leaf = name.rsplit('.').next().unwrap_or_default();
+    if name.starts_with("decoder.prediction.dec_rnn.lstm.")
+        && (leaf.starts_with("weight_ih_l") || leaf.starts_with("weight_hh_l"))
+    {
+        return true;
+    }
+    let Some(stem) = name.strip_suffix(".weight") else {
+        return false;
+    };
+    let (parent, leaf) = last_two(stem);
+    match parent {
+        "feed_forward1" | "feed_forward2" => matches!(leaf, "linear1" | "linear2"),
+        "self_attn" => matches!(
+            leaf,
+            "linear_q" | "linear_k" | "linear_v" | "linear_out" | "linear_pos"
+        ),
+        "conv" => matches!(leaf, "pointwise_conv1" | "pointwise_conv2"),
+        _ => matches!(
+            stem,
+            "encoder.pre_encode.out" | "joint.enc" | "joint.pred" | "joint.joint_net.2"
+        ),
+    }
+}
+
+/// `("b", "c")` for `"a.b.c"`.
+fn last_two(path: &str) -> (&str, &str) {
+    let mut parts = path.rsplit('.');
+    let leaf = parts.next().unwrap_or_default();
+    (parts.next().unwrap_or_default(), leaf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_weights_follow_the_contract() {
+        for name in [
+            "encoder.layers.3.feed_forward1.linear1.weight",
+            "encoder.layers.3.feed_forward2.linear2.weight",
+            "encoder.layers.0.self_attn.linear_pos.weight",
+            "encoder.layers.0.self_attn.linear_out.weight",
+            "encoder.layers.0.conv.pointwise_conv2.weight",
+            "encoder.pre_encode.out.weight",
+            "joint.enc.weight",
+            "joint.pred.weight",
+            "joint.joint_net.2.weight",
+            "decoder.prediction.dec_rnn.lstm.weight_ih_l0",
+            "decoder.prediction.dec_rnn.lstm.weight_hh_l1",
+        ] {
+            assert!(is_matmul_weight(name), "{name}");
+        }
+        for name in [
+            "encoder.layers.3.feed_forward1.linear1.bias",
+            "encoder.layers.0.self_attn.pos_bias_u",
+            "encoder.layers.0.conv.depthwise_conv.weight",
+            "encoder.layers.0.norm_out.weight",
+            "encoder.pre_encode.conv.3.weight",
+            "decoder.prediction.embed.weight",
+            "decoder.prediction.dec_rnn.lstm.bias_ih_l0",
+            "decoder.decoder_layers.0.weight",
+            "preprocessor.featurizer.fb",
+            "joint.enc.bias",
+        ] {
+            assert!(!is_matmul_weight(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn shapes_reverse_and_squeeze_pointwise_convs() {
+        assert_eq!(
+            ggml_shape("x.linear_q.weight", &[64, 32]).unwrap(),
+            [32, 64]
+        );
+        assert_eq!(
+            ggml_shape("preprocessor.featurizer.fb", &[1, 80, 257]).unwrap(),
+            [257, 80, 1]
+        );
+        assert_eq!(
+            ggml_shape("l.0.conv.pointwise_conv1.weight", &[128, 64, 1]).unwrap(),
+            [64, 128]
+        );
+        assert_eq!(
+            ggml_shape("ctc_decoder.decoder_layers.0.weight", &[49, 64, 1]).unwrap(),
+            [64, 49]
+        );
+        assert_eq!(
+            ggml_shape("ctc_decoder.decoder_layers.0.bias", &[49]).unwrap(),
+            [49]
+        );
+        assert_eq!(
+            ggml_shape("encoder.pre_encode.conv.3.weight", &[16, 16, 1, 1]).unwrap(),
+            [1, 1, 16, 16]
+        );
+        assert!(ggml_shape("l.0.conv.pointwise_conv1.weight", &[128, 64, 3]).is_err());
+        assert_eq!(ggml_shape("scalar", &[]).unwrap(), [1]);
+    }
+
+    #[test]
+    fn q8_0_falls_back_to_f16_on_odd_rows() {
+        let name = "joint.joint_net.2.weight";
+        assert_eq!(storage_type(name, &[640, 1030], OutType::Q8_0), DType::Q8_0);
+        assert_eq!(storage_type(name, &[40, 1030], OutType::Q8_0), DType::F16);
+        assert_eq!(storage_type(name, &[40, 1030], OutType::F32), DType::F32);
+        assert_eq!(
+            storage_type("joint.enc.bias", &[640], OutType::Q8_0),
+            DType::F32
+        );
+    }
+
+    #[test]
+    fn out_type_parses() {
+        assert_eq!("q8_0".parse::<OutType>().unwrap(), OutType::Q8_0);
+        assert_eq!("F16".parse::<OutType>().unwrap(), OutType::F16);
+        assert!("q4_0".parse::<OutType>().is_err());
+    }
+}

@@ -1,0 +1,117 @@
+//! Greedy decoding: TDT and RNN-T (label looping, as NeMo) and CTC, plus detokenisation and
+//! word timings.
+//!
+//! The prediction network and the joint run as small graphs on the same persistent backend as
+//! the encoder; the joint's encoder projection comes precomputed from the encoder graph.
+
+mod ctc;
+mod transducer;
+
+pub use ctc::{ctc_greedy, log_softmax_rows};
+pub use transducer::{Step, TransducerDecoder};
+
+/// Seconds per encoder frame (8 x 10 ms hops).
+pub const FRAME_SECONDS: f64 = 0.08;
+
+/// One emitted token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Token {
+    pub id: usize,
+    /// Encoder frame where it was emitted.
+    pub frame: usize,
+    /// TDT duration in frames (0 for RNN-T / CTC).
+    pub duration: usize,
+}
+
+/// A word with its time span in seconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Word {
+    pub text: String,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// SentencePiece's word-boundary marker.
+const WORD_MARK: char = '\u{2581}';
+/// What SentencePiece prints for `<unk>`.
+const UNK_SURFACE: &str = " \u{2047} ";
+
+fn piece_text(vocab: &[String], id: usize) -> &str {
+    match vocab.get(id).map(String::as_str) {
+        Some("<unk>") | None => UNK_SURFACE,
+        Some(p) => p,
+    }
+}
+
+/// Text of a token sequence as SentencePiece decodes it: pieces joined, `▁` -> space, the
+/// leading space dropped.
+pub fn detokenize(vocab: &[String], ids: impl IntoIterator<Item = usize>) -> String {
+    let joined: String = ids
+        .into_iter()
+        .map(|id| piece_text(vocab, id))
+        .collect::<String>()
+        .replace(WORD_MARK, " ");
+    joined.strip_prefix(' ').unwrap_or(&joined).to_string()
+}
+
+/// Group tokens into words: a word starts at a piece beginning with `▁`; anything else
+/// (continuations, punctuation) attaches to the word before it. A token spans
+/// `[frame, frame + duration]` frames (at least one frame for RNN-T / CTC).
+pub fn words(vocab: &[String], tokens: &[Token]) -> Vec<Word> {
+    let mut out: Vec<Word> = Vec::new();
+    for tok in tokens {
+        let piece = piece_text(vocab, tok.id);
+        let start = tok.frame as f64 * FRAME_SECONDS;
+        let end = (tok.frame + tok.duration.max(1)) as f64 * FRAME_SECONDS;
+        let text = piece.replace(WORD_MARK, "");
+        match out.last_mut() {
+            Some(w) if !piece.starts_with(WORD_MARK) => {
+                w.text.push_str(text.trim());
+                w.end = w.end.max(end);
+            }
+            _ => out.push(Word {
+                text: text.trim().to_string(),
+                start,
+                end,
+            }),
+        }
+    }
+    out.retain(|w| !w.text.is_empty());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vocab() -> Vec<String> {
+        ["<unk>", "▁he", "llo", "▁world", ",", "▁", "a"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn detokenize_joins_pieces_like_sentencepiece() {
+        let v = vocab();
+        assert_eq!(detokenize(&v, [1, 2, 4, 3]), "hello, world");
+        assert_eq!(detokenize(&v, [5, 1]), " he");
+        assert_eq!(detokenize(&v, [1, 0, 2]), "he \u{2047} llo");
+    }
+
+    #[test]
+    fn words_carry_time_spans() {
+        let v = vocab();
+        let t = |id, frame, duration| Token {
+            id,
+            frame,
+            duration,
+        };
+        let w = words(&v, &[t(1, 0, 2), t(2, 2, 1), t(4, 3, 1), t(3, 10, 4)]);
+        assert_eq!(w.len(), 2);
+        assert_eq!(w[0].text, "hello,");
+        assert!((w[0].start - 0.0).abs() < 1e-9 && (w[0].end - 0.32).abs() < 1e-9);
+        assert_eq!(w[1].text, "world");
+        assert!((w[1].start - 0.8).abs() < 1e-9 && (w[1].end - 1.12).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,215 @@
+//! TDT and RNN-T greedy decoding with NeMo's label-looping semantics.
+//!
+//! Two small graphs, both on the persistent backend with its one gallocr and with the weights
+//! used in place: `predict` (embedding + stacked LSTM + `joint.pred`), run once per emitted token
+//! and cached until the next emission, and `joint` (`relu(enc + pred)` -> `joint_net.2`), run
+//! once per step.
+
+use super::Token;
+use super::ctc::argmax;
+use crate::backend::{Backend, Graph, Tensor};
+use crate::model::{Joint, LstmLayer, Model, PredictionNetwork};
+use anyhow::{Result, bail};
+
+/// One decoding step, for traces and tests (NeMo's `decode_trace.json` fields).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Encoder frame.
+    pub t: usize,
+    /// Last emitted token fed to the prediction net (`None` at the start).
+    pub input: Option<usize>,
+    /// Chosen label (blank = vocab size).
+    pub token: usize,
+    /// TDT duration chosen (RNN-T: 0).
+    pub duration: usize,
+}
+
+/// Greedy transducer decoder state for one utterance.
+pub struct TransducerDecoder<'m> {
+    pred: &'m PredictionNetwork,
+    joint: &'m Joint,
+    blank: usize,
+    hidden: usize,
+    durations: &'m [usize],
+    max_symbols: usize,
+    /// (h, c) per LSTM layer.
+    state: Vec<(Vec<f32>, Vec<f32>)>,
+    /// `joint.pred` of the last LSTM output: reused until the next emission.
+    pred_out: Vec<f32>,
+    last: Option<usize>,
+    /// Steps taken (joint evaluations) and prediction-net updates, for `--profile`.
+    pub joint_steps: u64,
+    pub predictor_steps: u64,
+}
+
+impl<'m> TransducerDecoder<'m> {
+    pub fn new(model: &'m Model) -> Result<TransducerDecoder<'m>> {
+        let (Some(pred), Some(joint)) = (&model.prediction, &model.joint) else {
+            bail!("{}: the model has no transducer decoder", model.path.display());
+        };
+        let hp = &model.hparams;
+        Ok(TransducerDecoder {
+            pred,
+            joint,
+            blank: hp.blank_id(),
+            hidden: hp.pred_hidden,
+            durations: &hp.durations,
+            max_symbols: hp.max_symbols,
+            state: Vec::new(),
+            pred_out: Vec::new(),
+            last: None,
+            joint_steps: 0,
+            predictor_steps: 0,
+        })
+    }
+
+    fn is_tdt(&self) -> bool {
+        !self.durations.is_empty()
+    }
+
+    /// Start of utterance: zero state, and the prediction for the start symbol (the blank,
+    /// whose embedding row is zero).
+    fn reset(&mut self, backend: &mut Backend) -> Result<()> {
+        let h = self.hidden;
+        self.state = vec![(vec![0.0; h], vec![0.0; h]); self.pred.lstm.len()];
+        self.last = None;
+        self.predict(backend, self.blank)
+    }
+
+    /// Feed `token` through the prediction network; updates the state and `pred_out`.
+    fn predict(&mut self, backend: &mut Backend, token: usize) -> Result<()> {
+        let (pred, joint, state, h) = (self.pred, self.joint, &self.state, self.hidden);
+        let out = backend.compute(|g| {
+            let id = g.input_i32(&[token as i32], &[1]);
+            let embed = g.weight(&pred.embed);
+            let mut x = g.get_rows(embed, id); // [H, 1]
+            for (l, (layer, (h0, c0))) in pred.lstm.iter().zip(state).enumerate() {
+                let h0 = g.input_f32(h0, &[h, 1]);
+                let c0 = g.input_f32(c0, &[h, 1]);
+                let (h1, c1) = lstm_cell(g, layer, x, h0, c0, h);
+                g.capture(&format!("h{l}"), h1);
+                g.capture(&format!("c{l}"), c1);
+                x = h1;
+            }
+            Ok(g.linear(x, &joint.pred.weight, joint.pred.bias.as_ref()))
+        })?;
+        for (l, slot) in self.state.iter_mut().enumerate() {
+            let take = |name: String| {
+                out.capture(&name)
+                    .map(|c| c.data.clone())
+                    .expect("captured above")
+            };
+            *slot = (take(format!("h{l}")), take(format!("c{l}")));
+        }
+        self.pred_out = out.output;
+        self.predictor_steps += 1;
+        Ok(())
+    }
+
+    /// Joint logits for one encoder frame's projection and the cached prediction.
+    fn joint_logits(&mut self, backend: &mut Backend, enc_row: &[f32]) -> Result<Vec<f32>> {
+        let (joint, pred_out) = (self.joint, &self.pred_out);
+        let n = enc_row.len();
+        let out = backend.compute(|g| {
+            let e = g.input_f32(enc_row, &[n, 1]);
+            let p = g.input_f32(pred_out, &[n, 1]);
+            let s = g.add(e, p);
+            let s = g.relu(s);
+            Ok(g.linear(s, &joint.joint_net.weight, joint.joint_net.bias.as_ref()))
+        })?;
+        self.joint_steps += 1;
+        Ok(out.output)
+    }
+
+    /// Greedy decode of one utterance. `joint_enc` is `joint.enc(encoder output)`,
+    /// `[frames][joint_hidden]`. With `trace`, every step is recorded.
+    pub fn decode(
+        &mut self,
+        backend: &mut Backend,
+        joint_enc: &[f32],
+        frames: usize,
+        mut trace: Option<&mut Vec<Step>>,
+    ) -> Result<Vec<Token>> {
+        let width = self.joint.enc.weight.shape()[1];
+        if joint_enc.len() != frames * width {
+            bail!(
+                "encoder projection holds {} values, expected {frames} x {width}",
+                joint_enc.len()
+            );
+        }
+        self.reset(backend)?;
+        let classes = self.blank + 1;
+        let mut tokens = Vec::new();
+        let (mut t, mut at_frame) = (0usize, 0usize);
+        while t < frames {
+            let logits = self.joint_logits(backend, &joint_enc[t * width..(t + 1) * width])?;
+            let k = argmax(&logits[..classes]);
+            let d = if self.is_tdt() {
+                self.durations[argmax(&logits[classes..classes + self.durations.len()])]
+            } else {
+                0
+            };
+            if let Some(tr) = trace.as_deref_mut() {
+                tr.push(Step {
+                    t,
+                    input: self.last,
+                    token: k,
+                    duration: d,
+                });
+            }
+            if k == self.blank {
+                // A blank always moves on (TDT: by its duration, at least one frame).
+                t += d.max(1);
+                at_frame = 0;
+                continue;
+            }
+            tokens.push(Token {
+                id: k,
+                frame: t,
+                duration: d,
+            });
+            self.last = Some(k);
+            self.predict(backend, k)?;
+            if d > 0 {
+                t += d;
+                at_frame = 0;
+            } else {
+                at_frame += 1;
+                if at_frame >= self.max_symbols {
+                    t += 1;
+                    at_frame = 0;
+                }
+            }
+        }
+        Ok(tokens)
+    }
+}
+
+/// One LSTM cell step (PyTorch gate order i, f, g, o; both biases).
+fn lstm_cell<'g>(
+    g: &mut Graph<'g>,
+    w: &LstmLayer,
+    x: Tensor<'g>,
+    h: Tensor<'g>,
+    c: Tensor<'g>,
+    hidden: usize,
+) -> (Tensor<'g>, Tensor<'g>) {
+    let gx = g.linear(x, &w.weight_ih, Some(&w.bias_ih));
+    let gh = g.linear(h, &w.weight_hh, Some(&w.bias_hh));
+    let gates = g.add(gx, gh); // [4H, 1]
+    let gate = |g: &mut Graph<'g>, i: usize| g.cols(gates, i * hidden, hidden);
+    let i = gate(g, 0);
+    let i = g.sigmoid(i);
+    let f = gate(g, 1);
+    let f = g.sigmoid(f);
+    let cell = gate(g, 2);
+    let cell = g.tanh(cell);
+    let o = gate(g, 3);
+    let o = g.sigmoid(o);
+    let fc = g.mul(f, c);
+    let ig = g.mul(i, cell);
+    let c1 = g.add(fc, ig);
+    let tc = g.tanh(c1);
+    let h1 = g.mul(o, tc);
+    (h1, c1)
+}

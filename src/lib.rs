@@ -1,0 +1,13 @@
+//! parakeet: NVIDIA Parakeet speech recognition (FastConformer + TDT/RNN-T/CTC) on ggml.
+//!
+//! Pipeline: [`audio`] (decode, resample, log-mel) -> [`encoder`] (one fused ggml graph) ->
+//! [`decoder`] (TDT / RNN-T / CTC greedy). [`backend`] is the only place that touches ggml's FFI;
+//! [`model`] loads a GGUF written by [`convert`].
+
+pub mod audio;
+pub mod backend;
+pub mod convert;
+pub mod decoder;
+pub mod encoder;
+pub mod model;
+pub mod transcribe;

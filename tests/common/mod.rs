@@ -1,0 +1,84 @@
+//! Shared test helpers: fixture paths, .npy/.json readers, and tiny models converted once.
+#![allow(dead_code)]
+
+use parakeet::convert::{OutType, convert};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+pub const MODELS: [&str; 4] = ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt", "tiny_ctc"];
+/// Reference output directories: each model on the 10 s clip and on the 2 s clip.
+pub const CLIPS: [(&str, &str); 2] = [("", "speech_10s.wav"), ("_2s", "speech_2s.wav")];
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+pub fn reference(dir: &str) -> PathBuf {
+    fixtures().join("reference").join(dir)
+}
+
+pub fn nemo(model: &str) -> PathBuf {
+    fixtures().join(format!("{model}.nemo"))
+}
+
+/// The fixture model converted to GGUF (once per test process and type).
+pub fn gguf(model: &str, ty: OutType) -> PathBuf {
+    static DONE: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let key = format!("{model}-{ty:?}");
+    let mut done = DONE.get_or_init(Default::default).lock().unwrap();
+    if let Some(p) = done.get(&key) {
+        return p.clone();
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("models-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{key}.gguf"));
+    convert(&nemo(model), &out, ty).unwrap_or_else(|e| panic!("converting {model}: {e:#}"));
+    done.insert(key, out.clone());
+    out
+}
+
+/// A .npy file as (shape, f32 data in C order). NeMo's transposed tensors are saved in
+/// Fortran order; those are reordered here.
+pub fn npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape: Vec<usize> = arr.shape().iter().map(|&n| n as usize).collect();
+    let fortran = arr.order() == npyz::Order::Fortran;
+    let data = arr.into_vec::<f32>().unwrap();
+    if !fortran || shape.len() < 2 {
+        return (shape, data);
+    }
+    assert_eq!(shape.len(), 2, "{}: Fortran-order arrays of rank > 2", path.display());
+    let (rows, cols) = (shape[0], shape[1]);
+    let c_order = (0..rows)
+        .flat_map(|r| (0..cols).map(move |c| (r, c)))
+        .map(|(r, c)| data[c * rows + r])
+        .collect();
+    (shape, c_order)
+}
+
+pub fn json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+pub fn max_abs_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(&x, &y)| (x - y).abs() as f64).fold(0.0, f64::max)
+}
+
+/// The 16 kHz samples of a reference clip.
+pub fn clip_samples(clip: &str) -> Vec<f32> {
+    let audio = parakeet::audio::load_audio(&reference("").join(clip)).unwrap();
+    assert_eq!(audio.sample_rate, 16000);
+    audio.samples
+}
