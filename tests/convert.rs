@@ -20,9 +20,6 @@ fn fixture(model: &str) -> PathBuf {
 }
 
 fn tmp() -> tempfile::TempDir {
-    // ggml's abort handler would try to attach gdb; a failure should just fail.
-    // SAFETY: set before any thread reads the environment in this process's ggml calls.
-    unsafe { std::env::set_var("GGML_NO_BACKTRACE", "1") };
     tempfile::tempdir().unwrap()
 }
 
@@ -303,6 +300,25 @@ fn truncated_archive_is_an_error() {
 }
 
 #[test]
+fn every_cut_through_the_archive_is_an_error() {
+    let dir = tmp();
+    let bytes = std::fs::read(fixture("tiny_ctc")).unwrap();
+    let path = dir.path().join("cut.nemo");
+    // Past the last member only tar's end-of-archive padding is lost, which is harmless.
+    let mut tar = tar::Archive::new(bytes.as_slice());
+    let last_member_end = tar
+        .entries()
+        .unwrap()
+        .map(|e| e.map(|e| e.raw_file_position() + e.size()).unwrap())
+        .max()
+        .unwrap() as usize;
+    for cut in (0..last_member_end).step_by(4099) {
+        std::fs::write(&path, &bytes[..cut]).unwrap();
+        assert!(read_nemo(&path).is_err(), "cut at {cut}");
+    }
+}
+
+#[test]
 fn archive_without_weights_is_an_error() {
     let dir = tmp();
     let path = dir.path().join("noweights.nemo");
@@ -381,4 +397,85 @@ fn converts_the_model_in_parakeet_nemo() {
         }
         eprintln!("{ty:?}: all {} tensors match", archive.tensors().len());
     }
+}
+
+/// A copy of fixture `model` whose `model_config.yaml` has `from` replaced by `to`.
+fn with_config_edit(model: &str, dir: &Path, from: &str, to: &str) -> PathBuf {
+    let path = dir.join(format!("{model}-edited.nemo"));
+    let mut src = tar::Archive::new(std::fs::File::open(fixture(model)).unwrap());
+    let mut dst = tar::Builder::new(std::fs::File::create(&path).unwrap());
+    for entry in src.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let mut header = entry.header().clone();
+        let name = entry.path().unwrap().into_owned();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+        if name.ends_with("model_config.yaml") {
+            let text = String::from_utf8(data).unwrap();
+            assert!(text.contains(from), "{from:?} not in the config");
+            data = text.replacen(from, to, 1).into_bytes();
+            header.set_size(data.len() as u64);
+            header.set_cksum();
+        }
+        dst.append_data(&mut header, &name, data.as_slice())
+            .unwrap();
+    }
+    dst.finish().unwrap();
+    path
+}
+
+#[test]
+fn unsupported_or_inconsistent_configs_are_rejected_naming_the_key() {
+    let dir = tmp();
+    let out = dir.path().join("out.gguf");
+    let cases = [
+        (
+            "subsampling: dw_striding",
+            "subsampling: striding",
+            "encoder.subsampling striding is not supported",
+        ),
+        (
+            "  d_model: 64",
+            "  d_model: 96",
+            "encoder.d_model = 96 disagrees",
+        ),
+        ("  n_heads: 2\n", "", "missing key encoder.n_heads"),
+        (
+            "  use_bias: false",
+            "  use_bias: true",
+            "encoder.use_bias is true",
+        ),
+        (
+            "    pred_rnn_layers: 2",
+            "    pred_rnn_layers: 1",
+            "pred_rnn_layers is 1",
+        ),
+        (
+            "  num_extra_outputs: 5",
+            "  num_extra_outputs: 4",
+            "joint.num_extra_outputs is 4",
+        ),
+        (
+            "  normalize: per_feature",
+            "  normalize: all_features",
+            "preprocessor.normalize",
+        ),
+        (
+            "  att_context_style: regular",
+            "  att_context_style: chunked_limited",
+            "att_context_style",
+        ),
+    ];
+    for (from, to, problem) in cases {
+        let path = with_config_edit("tiny_tdt", dir.path(), from, to);
+        let e = err_text(convert::convert(&path, &out, OutType::F32));
+        assert!(
+            e.contains("tiny_tdt-edited.nemo") && e.contains(problem),
+            "{to:?}: {e}"
+        );
+        assert!(!out.exists());
+    }
+    // An unedited copy converts: the edits above are what's rejected.
+    let path = with_config_edit("tiny_tdt", dir.path(), "xscaling: false", "xscaling: false");
+    convert::convert(&path, &out, OutType::F32).unwrap();
 }

@@ -897,7 +897,7 @@ impl Tensors<'_, '_> {
         let got = shape.get(axis).copied();
         ensure!(
             got == Some(expected as usize),
-            "model_config.yaml {what} gives {expected}, but the checkpoint's {tensor} has shape {shape:?}"
+            "model_config.yaml: {what} = {expected} disagrees with the checkpoint: {tensor} has shape {shape:?}"
         );
         Ok(())
     }

@@ -65,7 +65,7 @@ pub fn read_nemo(path: &Path) -> Result<NemoModel> {
 #[derive(Clone, Debug)]
 pub struct TensorEntry {
     pub name: String,
-    pub desc: TensorDesc,
+    pub(crate) desc: TensorDesc,
 }
 
 impl TensorEntry {
@@ -88,7 +88,7 @@ pub struct NemoArchive {
 
 const CONFIG_NAME: &str = "model_config.yaml";
 const WEIGHTS_NAME: &str = "model_weights.ckpt";
-/// Small text members are read into memory; anything larger is a corrupt header.
+/// Text members (config, vocab) are read into memory; one this large means a corrupt archive.
 const MAX_TEXT_MEMBER: u64 = 64 << 20;
 
 impl NemoArchive {
@@ -171,7 +171,8 @@ impl NemoArchive {
         file.read_exact(&mut bytes)
             .with_context(|| format!("reading storage {member}"))?;
         let values = decode(&storage.dtype, &bytes)?;
-        Ok(gather(&values, desc))
+        drop(bytes);
+        Ok(gather(values, desc))
     }
 }
 
@@ -194,11 +195,13 @@ fn scan_tar(path: &Path) -> Result<TarMembers> {
     file.rewind()?;
     let mut tar = tar::Archive::new(file);
     let mut members = TarMembers::default();
+    // A bad first header means this isn't a tar at all; a bad later one, a damaged tar.
     let not_tar = "not a .nemo (tar) archive";
-    for entry in tar.entries_with_seek().context(not_tar)? {
-        let mut entry = entry.context(not_tar)?;
+    let damaged = "damaged or truncated .nemo (tar) archive";
+    for (i, entry) in tar.entries_with_seek().context(not_tar)?.enumerate() {
+        let mut entry = entry.context(if i == 0 { not_tar } else { damaged })?;
         let (start, size) = (entry.raw_file_position(), entry.size());
-        let name = member_name(&entry.path().context(not_tar)?);
+        let name = member_name(&entry.path().context(damaged)?);
         // Seeking past entry data never fails, so truncation must be checked explicitly.
         ensure!(
             start.saturating_add(size) <= file_len,
@@ -314,11 +317,17 @@ fn decode(dtype: &DType, bytes: &[u8]) -> Result<Vec<f32>> {
     })
 }
 
-/// Copies a strided view out of `storage` into row-major order.
-fn gather(storage: &[f32], desc: &TensorDesc) -> Vec<f32> {
+/// The strided view `desc` of `storage`, in row-major order. A contiguous view (the usual case)
+/// reuses the storage's allocation.
+fn gather(mut storage: Vec<f32>, desc: &TensorDesc) -> Vec<f32> {
     let numel: usize = desc.shape.iter().product();
+    if numel == 0 {
+        return Vec::new();
+    }
     if is_contiguous(&desc.shape, &desc.stride) {
-        return storage[desc.offset..desc.offset + numel].to_vec();
+        storage.truncate(desc.offset + numel);
+        storage.drain(..desc.offset);
+        return storage;
     }
     let mut out = Vec::with_capacity(numel);
     let mut index = vec![0usize; desc.shape.len()];
@@ -429,7 +438,7 @@ mod tests {
         // A [3, 2] transpose of a contiguous [2, 3] matrix.
         let d = desc(0, &[3, 2], &[1, 3]);
         assert!(!is_contiguous(&d.shape, &d.stride));
-        assert_eq!(gather(&storage, &d), [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        assert_eq!(gather(storage.clone(), &d), [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
         assert_eq!(view_reach(&d).unwrap(), 6);
     }
 
@@ -438,15 +447,16 @@ mod tests {
         let storage: Vec<f32> = (0..12).map(|i| i as f32).collect();
         // Column 1 of a [4, 3] matrix.
         let d = desc(1, &[4], &[3]);
-        assert_eq!(gather(&storage, &d), [1.0, 4.0, 7.0, 10.0]);
+        assert_eq!(gather(storage.clone(), &d), [1.0, 4.0, 7.0, 10.0]);
         assert_eq!(view_reach(&d).unwrap(), 11);
         // Contiguous with a size-1 dimension whose stride is arbitrary.
         let d = desc(2, &[1, 3], &[99, 1]);
         assert!(is_contiguous(&d.shape, &d.stride));
-        assert_eq!(gather(&storage, &d), [2.0, 3.0, 4.0]);
+        assert_eq!(gather(storage.clone(), &d), [2.0, 3.0, 4.0]);
         // Scalars and empty tensors.
-        assert_eq!(gather(&storage, &desc(5, &[], &[])), [5.0]);
+        assert_eq!(gather(storage.clone(), &desc(5, &[], &[])), [5.0]);
         assert_eq!(view_reach(&desc(0, &[0, 3], &[3, 1])).unwrap(), 0);
+        assert!(gather(Vec::new(), &desc(5, &[0], &[1])).is_empty());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -76,10 +77,10 @@ pub enum Value {
     Float(f64),
     Str(String),
     Bytes(Vec<u8>),
-    Tuple(Rc<Vec<Value>>),
-    List(Rc<RefCell<Vec<Value>>>),
+    Tuple(Rc<Seq>),
+    List(Rc<RefCell<Seq>>),
     /// Insertion-ordered; also used for `collections.OrderedDict`.
-    Dict(Rc<RefCell<Vec<(Value, Value)>>>),
+    Dict(Rc<RefCell<Pairs>>),
     /// A `module.name` reference pushed by GLOBAL / STACK_GLOBAL.
     Global(Rc<(String, String)>),
     Storage(Rc<StorageRef>),
@@ -105,7 +106,7 @@ impl Value {
     }
 
     fn new_dict() -> Self {
-        Self::Dict(Rc::new(RefCell::new(Vec::new())))
+        Self::Dict(Rc::default())
     }
 
     pub fn as_str(&self) -> Option<&str> {
@@ -130,6 +131,79 @@ impl Value {
     }
 }
 
+/// The items of a tuple or list. Dropping one frees nested containers iteratively: a crafted
+/// pickle can nest values deeper than a recursive drop could unwind.
+#[derive(Debug, Default)]
+pub struct Seq(Vec<Value>);
+
+/// The entries of a dict, in insertion order (dropped like [`Seq`]).
+#[derive(Debug, Default)]
+pub struct Pairs(Vec<(Value, Value)>);
+
+impl Deref for Seq {
+    type Target = Vec<Value>;
+    fn deref(&self) -> &Vec<Value> {
+        &self.0
+    }
+}
+
+impl DerefMut for Seq {
+    fn deref_mut(&mut self) -> &mut Vec<Value> {
+        &mut self.0
+    }
+}
+
+impl Deref for Pairs {
+    type Target = Vec<(Value, Value)>;
+    fn deref(&self) -> &Vec<(Value, Value)> {
+        &self.0
+    }
+}
+
+impl DerefMut for Pairs {
+    fn deref_mut(&mut self) -> &mut Vec<(Value, Value)> {
+        &mut self.0
+    }
+}
+
+impl Drop for Seq {
+    fn drop(&mut self) {
+        release(std::mem::take(&mut self.0));
+    }
+}
+
+impl Drop for Pairs {
+    fn drop(&mut self) {
+        release(self.0.drain(..).flat_map(|(k, v)| [k, v]).collect());
+    }
+}
+
+/// Drops `pending` with an explicit work list instead of recursion: each container whose last
+/// reference goes here hands its children to the list and is then dropped empty.
+fn release(mut pending: Vec<Value>) {
+    pending.clear();
+    while let Some(value) = pending.pop() {
+        match value {
+            Value::Tuple(rc) => {
+                if let Ok(mut seq) = Rc::try_unwrap(rc) {
+                    pending.append(&mut seq);
+                }
+            }
+            Value::List(rc) => {
+                if let Ok(cell) = Rc::try_unwrap(rc) {
+                    pending.append(&mut cell.into_inner());
+                }
+            }
+            Value::Dict(rc) => {
+                if let Ok(cell) = Rc::try_unwrap(rc) {
+                    pending.extend(cell.into_inner().drain(..).flat_map(|(k, v)| [k, v]));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Runs the pickle in `data` and returns the object STOP leaves on the stack.
 pub fn load(data: &[u8]) -> Result<Value> {
     Machine::new(data).run()
@@ -138,19 +212,14 @@ pub fn load(data: &[u8]) -> Result<Value> {
 /// Flattens a loaded state dict into `(name, tensor)` pairs, in file order.
 /// Accepts either the state dict itself or a dict holding it under `state_dict`.
 pub fn state_dict_tensors(root: &Value) -> Result<Vec<(String, TensorDesc)>> {
-    let Value::Dict(entries) = root else {
-        bail!(
-            "expected a dict at the top of the pickle, got {}",
-            root.kind()
-        );
-    };
-    let entries = entries.borrow();
-    if let Some((_, inner @ Value::Dict(_))) = entries
+    let outer = as_dict(root)?;
+    let nested = outer
         .iter()
         .find(|(k, _)| k.as_str() == Some("state_dict"))
-    {
-        return state_dict_tensors(inner);
-    }
+        .map(|(_, v)| as_dict(v))
+        .transpose()?;
+    // One level only: a pickle can make a dict contain itself.
+    let entries: &[(Value, Value)] = nested.as_deref().unwrap_or(&*outer);
     entries
         .iter()
         .map(|(key, value)| {
@@ -166,6 +235,13 @@ pub fn state_dict_tensors(root: &Value) -> Result<Vec<(String, TensorDesc)>> {
             }
         })
         .collect()
+}
+
+fn as_dict(v: &Value) -> Result<std::cell::Ref<'_, Pairs>> {
+    match v {
+        Value::Dict(d) => Ok(d.borrow()),
+        other => bail!("expected a dict, got {}", other.kind()),
+    }
 }
 
 // Opcodes (pickletools names).
@@ -312,18 +388,16 @@ impl<'a> Machine<'a> {
                 let bytes = self.take(n as usize)?.to_vec();
                 self.stack.push(Value::Bytes(bytes));
             }
-            EMPTY_TUPLE => self.stack.push(Value::Tuple(Rc::new(Vec::new()))),
-            EMPTY_LIST => self
-                .stack
-                .push(Value::List(Rc::new(RefCell::new(Vec::new())))),
+            EMPTY_TUPLE => self.stack.push(Value::Tuple(Rc::default())),
+            EMPTY_LIST => self.stack.push(Value::List(Rc::default())),
             EMPTY_DICT => self.stack.push(Value::new_dict()),
             TUPLE => {
                 let items = self.pop_mark()?;
-                self.stack.push(Value::Tuple(Rc::new(items)));
+                self.stack.push(Value::Tuple(Rc::new(Seq(items))));
             }
             TUPLE1 | TUPLE2 | TUPLE3 => {
                 let items = self.pop_n(usize::from(op - TUPLE1 + 1))?;
-                self.stack.push(Value::Tuple(Rc::new(items)));
+                self.stack.push(Value::Tuple(Rc::new(Seq(items))));
             }
             APPEND => {
                 let item = self.pop()?;
@@ -488,7 +562,10 @@ impl<'a> Machine<'a> {
     }
 
     fn set_items(&mut self, items: Vec<Value>) -> Result<()> {
-        ensure!(items.len().is_multiple_of(2), "odd number of items for SETITEMS");
+        ensure!(
+            items.len().is_multiple_of(2),
+            "odd number of items for SETITEMS"
+        );
         let Some(Value::Dict(dict)) = self.stack.last() else {
             bail!("SETITEM(S) target is not a dict");
         };
@@ -796,6 +873,31 @@ mod tests {
     }
 
     #[test]
+    fn every_truncation_and_byte_flip_is_an_error_not_a_panic() {
+        let p = ordered_dict()
+            .op(BINPUT)
+            .bytes(&[0])
+            .op(MARK)
+            .str("w")
+            .tensor("0", 6, 0, &[2, 3], &[3, 1])
+            .op(SETITEMS)
+            .op(STOP);
+        for n in 0..p.0.len() {
+            assert!(load(&p.0[..n]).is_err(), "prefix {n}");
+        }
+        for i in 0..p.0.len() {
+            for flip in [0x01, 0x80, 0xff] {
+                let mut bad = p.0.clone();
+                bad[i] ^= flip;
+                // Any outcome but a panic is fine; most are errors.
+                if let Ok(v) = load(&bad) {
+                    let _ = state_dict_tensors(&v);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn rejects_unknown_callable() {
         let p = P::default()
             .global("os", "system")
@@ -818,6 +920,38 @@ mod tests {
         assert!(load(&[SETITEM, STOP]).is_err());
         assert!(load(&[BINUNICODE, 0xff, 0xff, 0xff, 0xff]).is_err());
         assert!(load(&[]).is_err());
+    }
+
+    #[test]
+    fn self_containing_state_dict_is_not_followed_forever() {
+        // d = {}; d['state_dict'] = d
+        let p = P::default()
+            .op(EMPTY_DICT)
+            .op(BINPUT)
+            .bytes(&[0])
+            .str("state_dict")
+            .op(BINGET)
+            .bytes(&[0])
+            .op(SETITEM)
+            .op(STOP);
+        assert!(state_dict_tensors(&load(&p.0).unwrap()).is_err());
+    }
+
+    #[test]
+    fn deep_nesting_drops_without_overflowing_the_stack() {
+        let depth = 1_000_000;
+        let mut p = P::default().op(EMPTY_TUPLE);
+        for _ in 0..depth {
+            p = p
+                .op(TUPLE1)
+                .op(EMPTY_LIST)
+                .op(MARK)
+                .op(NONE)
+                .op(APPENDS)
+                .op(TUPLE2);
+        }
+        let v = load(&p.op(STOP).0).unwrap();
+        drop(v);
     }
 
     #[test]

@@ -43,15 +43,62 @@ fn piece_text(vocab: &[String], id: usize) -> &str {
     }
 }
 
-/// Text of a token sequence as SentencePiece decodes it: pieces joined, `▁` -> space, the
-/// leading space dropped.
+/// Text of a token sequence as NeMo prints it: SentencePiece's decoding (pieces joined, `▁` ->
+/// space, the leading space of a first `▁` piece dropped, `<unk>` as ` ⁇ `), then no space
+/// before a punctuation mark (NeMo removes those for the punctuation its vocabulary has).
 pub fn detokenize(vocab: &[String], ids: impl IntoIterator<Item = usize>) -> String {
+    let mut ids = ids.into_iter().peekable();
+    let first_is_word = ids
+        .peek()
+        .is_some_and(|&id| piece_text(vocab, id).starts_with(WORD_MARK));
     let joined: String = ids
-        .into_iter()
         .map(|id| piece_text(vocab, id))
         .collect::<String>()
         .replace(WORD_MARK, " ");
-    joined.strip_prefix(' ').unwrap_or(&joined).to_string()
+    let text = if first_is_word {
+        joined.strip_prefix(' ').unwrap_or(&joined)
+    } else {
+        &joined
+    };
+    let punctuation = vocab_punctuation(vocab);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if punctuation.contains(&c) {
+            while out.ends_with(' ') && out.trim_end() != "" {
+                out.pop();
+            }
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The punctuation marks the vocabulary spells inside ordinary pieces (not `▁...`, `<...>`,
+/// `[...]`), as NeMo derives them.
+fn vocab_punctuation(vocab: &[String]) -> Vec<char> {
+    let mut marks: Vec<char> = vocab
+        .iter()
+        .filter(|p| {
+            !(p.starts_with(WORD_MARK)
+                || (p.starts_with('<') && p.ends_with('>'))
+                || (p.starts_with('[') && p.ends_with(']'))
+                || p.starts_with("##")
+                || p.trim().is_empty())
+        })
+        .flat_map(|p| p.chars())
+        .filter(|&c| is_punctuation(c))
+        .collect();
+    marks.sort_unstable();
+    marks.dedup();
+    marks
+}
+
+/// Unicode general category P* for the characters Parakeet vocabularies use.
+fn is_punctuation(c: char) -> bool {
+    matches!(c, '!' | '"' | '#' | '%' | '&' | '\'' | '(' | ')' | '*' | ',' | '-' | '.' | '/'
+        | ':' | ';' | '?' | '@' | '[' | '\\' | ']' | '_' | '{' | '}'
+        | '\u{a1}' | '\u{a7}' | '\u{ab}' | '\u{b6}' | '\u{b7}' | '\u{bb}' | '\u{bf}'
+        | '\u{2010}'..='\u{2027}' | '\u{2030}'..='\u{205e}' | '\u{3001}'..='\u{3003}')
 }
 
 /// Group tokens into words: a word starts at a piece beginning with `▁`; anything else
@@ -97,6 +144,9 @@ mod tests {
         assert_eq!(detokenize(&v, [1, 2, 4, 3]), "hello, world");
         assert_eq!(detokenize(&v, [5, 1]), " he");
         assert_eq!(detokenize(&v, [1, 0, 2]), "he \u{2047} llo");
+        // <unk> first keeps its leading space; no space before punctuation.
+        assert_eq!(detokenize(&v, [0, 6]), " \u{2047} a");
+        assert_eq!(detokenize(&v, [1, 0, 4]), "he \u{2047},");
     }
 
     #[test]

@@ -139,46 +139,61 @@ impl<'m> TransducerDecoder<'m> {
         }
         self.reset(backend)?;
         let classes = self.blank + 1;
+        let tdt = self.is_tdt();
         let mut tokens = Vec::new();
-        let (mut t, mut at_frame) = (0usize, 0usize);
+        let mut t = 0usize;
+        // NeMo's frame loop: up to max_symbols labels per visit of a frame; TDT moves by the
+        // predicted duration, RNN-T by one frame after a blank.
         while t < frames {
-            let logits = self.joint_logits(backend, &joint_enc[t * width..(t + 1) * width])?;
-            let k = argmax(&logits[..classes]);
-            let d = if self.is_tdt() {
-                self.durations[argmax(&logits[classes..classes + self.durations.len()])]
-            } else {
-                0
-            };
-            if let Some(tr) = trace.as_deref_mut() {
-                tr.push(Step {
+            let mut symbols = 0;
+            loop {
+                let logits = self.joint_logits(backend, &joint_enc[t * width..(t + 1) * width])?;
+                let k = argmax(&logits[..classes]);
+                let d = if tdt {
+                    self.durations[argmax(&logits[classes..classes + self.durations.len()])]
+                } else {
+                    0
+                };
+                let step = Step {
                     t,
                     input: self.last,
                     token: k,
                     duration: d,
-                });
-            }
-            if k == self.blank {
-                // A blank always moves on (TDT: by its duration, at least one frame).
-                t += d.max(1);
-                at_frame = 0;
-                continue;
-            }
-            tokens.push(Token {
-                id: k,
-                frame: t,
-                duration: d,
-            });
-            self.last = Some(k);
-            self.predict(backend, k)?;
-            if d > 0 {
-                t += d;
-                at_frame = 0;
-            } else {
-                at_frame += 1;
-                if at_frame >= self.max_symbols {
-                    t += 1;
-                    at_frame = 0;
+                };
+                symbols += 1;
+                if k == self.blank && d == 0 && tdt {
+                    // Nothing changes until this frame's budget runs out: NeMo repeats the same
+                    // evaluation; record the repeats without recomputing them.
+                    if let Some(tr) = trace.as_deref_mut() {
+                        tr.extend(std::iter::repeat_n(step, self.max_symbols - symbols + 1));
+                    }
+                    symbols = self.max_symbols;
+                    break;
                 }
+                if let Some(tr) = trace.as_deref_mut() {
+                    tr.push(step);
+                }
+                if k != self.blank {
+                    tokens.push(Token {
+                        id: k,
+                        frame: t,
+                        duration: d,
+                    });
+                    self.last = Some(k);
+                    self.predict(backend, k)?;
+                }
+                let again = if tdt {
+                    t += d;
+                    d == 0
+                } else {
+                    k != self.blank
+                };
+                if !again || symbols >= self.max_symbols {
+                    break;
+                }
+            }
+            if !tdt || symbols >= self.max_symbols {
+                t += 1;
             }
         }
         Ok(tokens)

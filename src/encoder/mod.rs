@@ -68,8 +68,6 @@ pub fn encode(
     }
     let frames = encoded_len(t_feat);
     let pos = relative_positions(frames, hp.d_model);
-    let joint = model.joint.as_ref();
-    let ctc = model.ctc.as_ref();
 
     let computed = backend.compute(|g| {
         let x = g.input_f32(&image, &[hp.feat_in, t_feat, 1, 1]);
@@ -88,20 +86,48 @@ pub fn encode(
                 g.capture(&format!("enc_layer_{i:02}"), x);
             }
         }
-        if let Some(j) = joint {
-            let e = g.linear(x, &j.enc.weight, j.enc.bias.as_ref());
-            g.capture("joint_enc", e);
-        }
-        if let Some(c) = ctc {
-            let l = g.linear(x, &c.weight, c.bias.as_ref());
-            g.capture("ctc_logits", l);
-        }
+        heads(g, model, x);
         Ok(x)
     })?;
+    Ok(collect(frames, hp.d_model, computed))
+}
 
+/// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's
+/// `encoder_out`, for teacher-forced decoder tests): `output` is `[frames][d_model]`.
+pub fn encode_heads(
+    backend: &mut Backend,
+    model: &Model,
+    output: &[f32],
+    frames: usize,
+) -> Result<Encoded> {
+    let d = model.hparams.encoder.d_model;
+    if frames == 0 || output.len() != frames * d {
+        bail!("encoder output of {} values is not {frames} x {d}", output.len());
+    }
+    let computed = backend.compute(|g| {
+        let x = g.input_f32(output, &[d, frames]);
+        heads(g, model, x);
+        Ok(x)
+    })?;
+    Ok(collect(frames, d, computed))
+}
+
+/// `joint.enc` for every frame and the CTC head, as captures of the encoder's graph.
+fn heads<'g>(g: &mut Graph<'g>, model: &Model, x: Tensor<'g>) {
+    if let Some(j) = &model.joint {
+        let e = g.linear(x, &j.enc.weight, j.enc.bias.as_ref());
+        g.capture("joint_enc", e);
+    }
+    if let Some(c) = &model.ctc {
+        let l = g.linear(x, &c.weight, c.bias.as_ref());
+        g.capture("ctc_logits", l);
+    }
+}
+
+fn collect(frames: usize, d_model: usize, computed: crate::backend::Computed) -> Encoded {
     let mut out = Encoded {
         frames,
-        d_model: hp.d_model,
+        d_model,
         output: computed.output,
         ..Default::default()
     };
@@ -112,7 +138,7 @@ pub fn encode(
             _ => out.layers.push((c.name, c.data)),
         }
     }
-    Ok(out)
+    out
 }
 
 /// The relative positional table for `t` frames: positions `t-1 .. -(t-1)`, rows of `d`.
