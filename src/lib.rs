@@ -11,3 +11,4 @@ pub mod decoder;
 pub mod encoder;
 pub mod model;
 pub mod transcribe;
+pub mod output;

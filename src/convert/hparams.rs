@@ -10,34 +10,10 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde_yaml::Value;
 
 use crate::backend::gguf_writer::GgufWriter;
+use crate::model::ModelType;
 
 /// Tensor name -> shape (torch order).
 pub type Shapes<'a> = HashMap<&'a str, &'a [usize]>;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModelType {
-    Tdt,
-    Rnnt,
-    Ctc,
-    TdtCtc,
-    RnntCtc,
-}
-
-impl ModelType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Tdt => "tdt",
-            Self::Rnnt => "rnnt",
-            Self::Ctc => "ctc",
-            Self::TdtCtc => "tdt_ctc",
-            Self::RnntCtc => "rnnt_ctc",
-        }
-    }
-
-    fn has_transducer(self) -> bool {
-        self != Self::Ctc
-    }
-}
 
 /// Prediction network and joint sizes (transducer models only).
 #[derive(Clone, Debug, PartialEq)]
@@ -144,7 +120,7 @@ impl Hparams {
 
     /// Writes every `parakeet.*` / `tokenizer.*` key of docs/GGUF.md.
     pub fn write_metadata(&self, w: &mut GgufWriter) -> Result<()> {
-        w.set_str("parakeet.model_type", self.model_type.as_str())?;
+        w.set_str("parakeet.model_type", self.model_type.name())?;
         w.set_u32("parakeet.preprocessor.sample_rate", self.sample_rate)?;
         w.set_u32("parakeet.preprocessor.n_mels", self.n_mels)?;
         w.set_u32("parakeet.preprocessor.n_fft", self.n_fft)?;

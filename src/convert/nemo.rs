@@ -88,7 +88,8 @@ pub struct NemoArchive {
 
 const CONFIG_NAME: &str = "model_config.yaml";
 const WEIGHTS_NAME: &str = "model_weights.ckpt";
-/// Text members (config, vocab) are read into memory; one this large means a corrupt archive.
+/// Metadata members (config, vocab, data.pkl) are read into memory; one this large means a
+/// corrupt archive.
 const MAX_TEXT_MEMBER: u64 = 64 << 20;
 
 impl NemoArchive {
@@ -256,10 +257,16 @@ fn read_tensor_index<R: Read + Seek>(
         .strip_suffix("data.pkl")
         .expect("matched by name")
         .to_owned();
+    // Real ones are well under 1 MB; the cap keeps a corrupt size field from exhausting memory.
     let mut pkl = Vec::new();
     zip.by_name(&pkl_name)?
+        .take(MAX_TEXT_MEMBER + 1)
         .read_to_end(&mut pkl)
         .context("reading data.pkl")?;
+    ensure!(
+        pkl.len() as u64 <= MAX_TEXT_MEMBER,
+        "data.pkl is implausibly large"
+    );
     let root = pickle::load(&pkl).context("parsing data.pkl")?;
     let mut tensors = Vec::new();
     for (name, desc) in pickle::state_dict_tensors(&root)? {

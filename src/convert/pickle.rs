@@ -181,7 +181,6 @@ impl Drop for Pairs {
 /// Drops `pending` with an explicit work list instead of recursion: each container whose last
 /// reference goes here hands its children to the list and is then dropped empty.
 fn release(mut pending: Vec<Value>) {
-    pending.clear();
     while let Some(value) = pending.pop() {
         match value {
             Value::Tuple(rc) => {

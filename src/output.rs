@@ -1,0 +1,662 @@
+//! What the CLI writes: plain text, JSON, SRT, WebVTT and TSV renderings of a [`Transcript`],
+//! subtitle segmentation, the terminal `--timestamps` listing, and crash-safe file output.
+//!
+//! Every rendering works in whole milliseconds, so the formats agree with each other to the
+//! millisecond and a file can be compared exactly with another rendering of the same transcript.
+
+use crate::decoder::{FRAME_SECONDS, Word};
+use crate::transcribe::Transcript;
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use std::ffi::OsStr;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Characters per subtitle line: the common broadcast limit (Netflix, BBC use 37-42), short
+/// enough to read at a glance.
+pub const MAX_LINE_CHARS: usize = 42;
+/// Lines per subtitle cue; a third line covers too much of the picture.
+pub const MAX_LINES: usize = 2;
+/// A silence longer than this between two words starts a new cue, so that a cue is not left
+/// on screen over a pause.
+pub const MAX_PAUSE_SECONDS: f64 = 1.0;
+
+/// An output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Format {
+    /// Plain text, one line.
+    Txt,
+    /// Text, tokens, words, segments and timings.
+    Json,
+    /// SubRip subtitles.
+    Srt,
+    /// WebVTT subtitles.
+    Vtt,
+    /// Tab-separated segments: start and end in milliseconds, text.
+    Tsv,
+}
+
+impl Format {
+    /// Every format, for `--format all`.
+    pub const ALL: [Format; 5] = [
+        Format::Txt,
+        Format::Json,
+        Format::Srt,
+        Format::Vtt,
+        Format::Tsv,
+    ];
+
+    /// The file extension (without the dot).
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Txt => "txt",
+            Format::Json => "json",
+            Format::Srt => "srt",
+            Format::Vtt => "vtt",
+            Format::Tsv => "tsv",
+        }
+    }
+
+    /// Parses a comma-separated list of format names, where `all` stands for [`Format::ALL`];
+    /// repeats are dropped, first mention kept.
+    pub fn parse_list(spec: &str) -> Result<Vec<Format>, String> {
+        use clap::ValueEnum;
+        let mut out = Vec::new();
+        for name in spec.split(',').map(str::trim) {
+            let formats = if name.eq_ignore_ascii_case("all") {
+                Format::ALL.to_vec()
+            } else {
+                vec![Format::from_str(name, true).map_err(|_| {
+                    format!("unknown format {name:?} (expected txt, json, srt, vtt, tsv or all)")
+                })?]
+            };
+            for f in formats {
+                if !out.contains(&f) {
+                    out.push(f);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.extension())
+    }
+}
+
+/// What the JSON output records besides the transcript itself.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OutputMeta {
+    /// The model (file) that transcribed.
+    pub model: String,
+    /// The input audio as given.
+    pub audio_path: String,
+    pub audio_seconds: f64,
+    /// (stage, seconds) in pipeline order.
+    pub timings: Vec<(String, f64)>,
+}
+
+/// One subtitle cue.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Segment {
+    /// Seconds, whole milliseconds.
+    pub start: f64,
+    /// Seconds, whole milliseconds; at least 1 ms after `start`, at most the next start.
+    pub end: f64,
+    /// The words, separated by single spaces.
+    pub text: String,
+}
+
+impl Segment {
+    /// The text broken into at most [`MAX_LINES`] lines of at most [`MAX_LINE_CHARS`]
+    /// characters (a single longer word keeps its own line), as even in length as possible.
+    pub fn lines(&self) -> Vec<String> {
+        balanced_wrap(&self.text, MAX_LINE_CHARS)
+    }
+}
+
+/// Renders `t` in `format`.
+pub fn render(format: Format, t: &Transcript, meta: &OutputMeta) -> String {
+    match format {
+        Format::Txt => format!("{}\n", t.text.trim()),
+        Format::Json => render_json(t, meta),
+        Format::Srt => render_srt(&segments(&t.words)),
+        Format::Vtt => render_vtt(&segments(&t.words)),
+        Format::Tsv => render_tsv(&segments(&t.words)),
+    }
+}
+
+/// Groups words into subtitle cues. A cue ends after a word that ends a sentence, before a
+/// pause longer than [`MAX_PAUSE_SECONDS`], and before a word that would not fit in
+/// [`MAX_LINES`] lines of [`MAX_LINE_CHARS`].
+///
+/// Times are whole milliseconds and well-formed for players whatever the word times are:
+/// starts strictly increase, each cue lasts at least 1 ms, and a cue ends no later than the
+/// next one starts (a word span can reach one frame past the next word's start).
+pub fn segments(words: &[Word]) -> Vec<Segment> {
+    let groups = group_words(words);
+    let mut starts: Vec<u64> = Vec::with_capacity(groups.len());
+    for g in &groups {
+        let raw = g.iter().map(|w| to_ms(w.start)).min().unwrap_or(0);
+        starts.push(match starts.last() {
+            Some(&prev) => raw.max(prev + 1),
+            None => raw,
+        });
+    }
+    groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let start = starts[i];
+            let raw_end = g.iter().map(|w| to_ms(w.end)).max().unwrap_or(start);
+            let end = starts
+                .get(i + 1)
+                .map_or(raw_end, |&next| raw_end.min(next))
+                .max(start + 1);
+            Segment {
+                start: start as f64 / 1000.0,
+                end: end as f64 / 1000.0,
+                text: join_words(g),
+            }
+        })
+        .collect()
+}
+
+/// One `[HH:MM:SS.mmm --> HH:MM:SS.mmm] word` line per word, each ending in a newline.
+pub fn format_timestamps_line(words: &[Word]) -> String {
+    words
+        .iter()
+        .map(|w| {
+            format!(
+                "[{} --> {}] {}\n",
+                timestamp(to_ms(w.start), '.'),
+                timestamp(to_ms(w.end), '.'),
+                w.text
+            )
+        })
+        .collect()
+}
+
+/// Writes `contents` to `path` so that readers see either the old file or all of the new one,
+/// never a partial write: a temporary file in the same directory (a rename is only atomic
+/// within one file system), flushed to disk, then renamed over `path`.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
+    let Some(name) = path.file_name() else {
+        bail!("{}: not a file name", path.display());
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let (tmp, file) = create_temp(dir, name)
+        .with_context(|| format!("{}: cannot create a temporary file", path.display()))?;
+    let written = fill_and_sync(file, contents).and_then(|()| fs::rename(&tmp, path));
+    if let Err(e) = written {
+        // Best effort: the write already failed, and a leftover temp file is only clutter.
+        let _ = fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("{}: cannot write", path.display()));
+    }
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Where the `format` output for `input` goes: `input`'s path below `input_root` (the
+/// directory argument it was found under) or, without one, its file name, placed under
+/// `out_dir`, with the format's extension in place of the audio one, so that players find
+/// `talk.srt` beside `talk.mp4`.
+pub fn output_path(
+    input: &Path,
+    input_root: Option<&Path>,
+    out_dir: &Path,
+    format: Format,
+) -> PathBuf {
+    let relative = input_root
+        .and_then(|root| input.strip_prefix(root).ok())
+        .filter(|rel| !rel.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(input.file_name().unwrap_or(OsStr::new("audio"))));
+    out_dir.join(relative).with_extension(format.extension())
+}
+
+/// Fails if `out` is the file `input` (also through links or a different spelling), so that
+/// an output never overwrites the audio it came from.
+pub fn check_not_input(out: &Path, input: &Path) -> Result<()> {
+    let (Ok(out_meta), Ok(in_meta)) = (fs::metadata(out), fs::metadata(input)) else {
+        // A path that does not exist cannot be the other one.
+        return Ok(());
+    };
+    if same_file(out, &out_meta, input, &in_meta) {
+        bail!(
+            "refusing to write {}: it is the input file {}",
+            out.display(),
+            input.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn same_file(_: &Path, a: &fs::Metadata, _: &Path, b: &fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
+}
+
+#[cfg(not(unix))]
+fn same_file(a: &Path, _: &fs::Metadata, b: &Path, _: &fs::Metadata) -> bool {
+    matches!((fs::canonicalize(a), fs::canonicalize(b)), (Ok(a), Ok(b)) if a == b)
+}
+
+/// Seconds -> whole milliseconds (negative and NaN -> 0).
+fn to_ms(seconds: f64) -> u64 {
+    (seconds.max(0.0) * 1000.0).round() as u64
+}
+
+/// Seconds rounded to milliseconds, for JSON.
+fn round_ms(seconds: f64) -> f64 {
+    (seconds * 1000.0).round() / 1000.0
+}
+
+/// `HH:MM:SS<sep>mmm` (SRT uses `,`, WebVTT `.`); hours grow past two digits if need be.
+fn timestamp(ms: u64, sep: char) -> String {
+    let (h, m, s, ms) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
+    format!("{h:02}:{m:02}:{s:02}{sep}{ms:03}")
+}
+
+/// Words split into cues by the rules of [`segments`]; words without text are skipped.
+fn group_words(words: &[Word]) -> Vec<Vec<&Word>> {
+    let mut groups: Vec<Vec<&Word>> = Vec::new();
+    for w in words.iter().filter(|w| !w.text.trim().is_empty()) {
+        let breaks = match groups.last().and_then(|g| g.last().map(|prev| (g, prev))) {
+            None => true,
+            Some((g, prev)) => {
+                ends_sentence(&prev.text)
+                    || w.start - prev.end > MAX_PAUSE_SECONDS
+                    || !fits(&format!("{} {}", join_words(g), clean(&w.text)))
+            }
+        };
+        if breaks {
+            groups.push(vec![w]);
+        } else if let Some(g) = groups.last_mut() {
+            g.push(w);
+        }
+    }
+    groups
+}
+
+fn join_words(words: &[&Word]) -> String {
+    words
+        .iter()
+        .map(|w| clean(&w.text))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A word with any inner whitespace (tabs, newlines) made single spaces, so that it cannot
+/// break a cue or a TSV row.
+fn clean(word: &str) -> String {
+    word.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Whether a word ends a sentence: its last character, past closing quotes and brackets, is
+/// a full stop, question or exclamation mark in any script. `⁇` is not one: the decoder
+/// prints it for unknown tokens.
+fn ends_sentence(word: &str) -> bool {
+    let is_closer = |c: char| {
+        matches!(
+            c,
+            '"' | '\'' | ')' | ']' | '}' | '»' | '’' | '”' | '」' | '』' | '）'
+        )
+    };
+    word.trim_end_matches(is_closer)
+        .chars()
+        .last()
+        .is_some_and(|c| {
+            matches!(
+                c,
+                '.' | '!'
+                    | '?'
+                    | '…'
+                    | '‼'
+                    | '⁈'
+                    | '⁉'
+                    | '。'
+                    | '．'
+                    | '！'
+                    | '？'
+                    | '｡'
+                    | '؟'
+                    | '۔'
+                    | '।'
+                    | '॥'
+                    | '։'
+                    | '።'
+                    | '\u{37e}' // Greek question mark
+            )
+        })
+}
+
+/// Whether `text` wraps into at most [`MAX_LINES`] lines of [`MAX_LINE_CHARS`].
+fn fits(text: &str) -> bool {
+    greedy_wrap(text, MAX_LINE_CHARS).len() <= MAX_LINES
+}
+
+fn char_len(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// Fills lines word by word up to `width` characters: the fewest lines possible. A word
+/// longer than `width` gets a line of its own.
+fn greedy_wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if char_len(line) + 1 + char_len(word) <= width => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines
+}
+
+/// The greedy line count, but with lines as even as possible: the narrowest width that
+/// still needs no more lines than `width` does. Two half lines read better than a full one
+/// over a single word.
+fn balanced_wrap(text: &str, width: usize) -> Vec<String> {
+    let lines = greedy_wrap(text, width);
+    if lines.len() < 2 {
+        return lines;
+    }
+    // Fewer lines never come from a narrower width, so the narrowest width with the same
+    // count is found by bisection.
+    let (mut lo, mut hi) = (1, width);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if greedy_wrap(text, mid).len() <= lines.len() {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    greedy_wrap(text, hi)
+}
+
+fn render_srt(segments: &[Segment]) -> String {
+    segments
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            format!(
+                "{}\n{} --> {}\n{}\n",
+                i + 1,
+                timestamp(to_ms(s.start), ','),
+                timestamp(to_ms(s.end), ','),
+                s.lines().join("\n")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn render_vtt(segments: &[Segment]) -> String {
+    let cues = segments
+        .iter()
+        .map(|s| {
+            let lines: Vec<String> = s.lines().iter().map(|l| vtt_escape(l)).collect();
+            format!(
+                "{} --> {}\n{}\n",
+                timestamp(to_ms(s.start), '.'),
+                timestamp(to_ms(s.end), '.'),
+                lines.join("\n")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    format!("WEBVTT\n\n{cues}")
+}
+
+/// WebVTT cue text is markup: `&` and `<` start entities and tags, and `-->` (hence `>`)
+/// must not appear.
+fn vtt_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// whisper.cpp's TSV: a header, then start and end in milliseconds and the text.
+fn render_tsv(segments: &[Segment]) -> String {
+    let mut out = String::from("start\tend\ttext\n");
+    for s in segments {
+        out.push_str(&format!(
+            "{}\t{}\t{}\n",
+            to_ms(s.start),
+            to_ms(s.end),
+            s.text
+        ));
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct JsonOutput<'a> {
+    text: &'a str,
+    model: &'a str,
+    audio: &'a str,
+    duration: f64,
+    tokens: Vec<JsonToken<'a>>,
+    words: Vec<JsonWord<'a>>,
+    segments: Vec<Segment>,
+    timings: JsonTimings<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonToken<'a> {
+    id: usize,
+    piece: &'a str,
+    start: f64,
+    end: f64,
+    /// Seconds, `end - start`.
+    duration: f64,
+    /// Encoder frame of emission.
+    frame: usize,
+    /// The TDT duration as predicted, in frames (0 for RNN-T and CTC).
+    duration_frames: usize,
+}
+
+#[derive(Serialize)]
+struct JsonWord<'a> {
+    word: &'a str,
+    start: f64,
+    end: f64,
+}
+
+/// Stage timings as a JSON object in pipeline order (a map type would sort the keys).
+struct JsonTimings<'a>(&'a [(String, f64)]);
+
+impl Serialize for JsonTimings<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, round_ms(*v))))
+    }
+}
+
+fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
+    let tokens = t
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, tok)| {
+            // As the decoder times words: a token covers at least one frame.
+            let start = tok.frame as f64 * FRAME_SECONDS;
+            let end = (tok.frame + tok.duration.max(1)) as f64 * FRAME_SECONDS;
+            JsonToken {
+                id: tok.id,
+                piece: t.pieces.get(i).map_or("", String::as_str),
+                start: round_ms(start),
+                end: round_ms(end),
+                duration: round_ms(end - start),
+                frame: tok.frame,
+                duration_frames: tok.duration,
+            }
+        })
+        .collect();
+    let words = t
+        .words
+        .iter()
+        .map(|w| JsonWord {
+            word: &w.text,
+            start: round_ms(w.start),
+            end: round_ms(w.end),
+        })
+        .collect();
+    let out = JsonOutput {
+        text: &t.text,
+        model: &meta.model,
+        audio: &meta.audio_path,
+        duration: round_ms(meta.audio_seconds),
+        tokens,
+        words,
+        segments: segments(&t.words),
+        timings: JsonTimings(&meta.timings),
+    };
+    // Serialising plain structs of strings and finite numbers cannot fail.
+    let mut json = serde_json::to_string_pretty(&out).expect("JSON serialisation");
+    json.push('\n');
+    json
+}
+
+/// A fresh `.{name}.tmp-{pid}-{n}` beside the target; `create_new` so that two writers (or
+/// a stale leftover) never share one.
+fn create_temp(dir: &Path, name: &OsStr) -> io::Result<(PathBuf, File)> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut tmp_name = OsStr::new(".").to_os_string();
+        tmp_name.push(name);
+        tmp_name.push(format!(".tmp-{}-{n}", std::process::id()));
+        let tmp = dir.join(tmp_name);
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn fill_and_sync(mut file: File, contents: &[u8]) -> io::Result<()> {
+    file.write_all(contents)?;
+    file.sync_all()
+}
+
+/// Makes the rename itself durable. Best effort: some file systems cannot sync a directory,
+/// and the file is complete either way.
+fn sync_dir(dir: &Path) {
+    #[cfg(unix)]
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn word(text: &str, start: f64, end: f64) -> Word {
+        Word {
+            text: text.to_string(),
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn timestamps_use_the_format_separator() {
+        assert_eq!(timestamp(0, ','), "00:00:00,000");
+        assert_eq!(timestamp(3_723_045, '.'), "01:02:03.045");
+        assert_eq!(timestamp(100 * 3_600_000, ','), "100:00:00,000");
+    }
+
+    #[test]
+    fn milliseconds_round_to_nearest() {
+        assert_eq!(to_ms(1.2400000000000002), 1240);
+        assert_eq!(to_ms(0.0805), 81);
+        assert_eq!(to_ms(-0.5), 0);
+        assert_eq!(to_ms(f64::NAN), 0);
+        assert_eq!(round_ms(0.1 + 0.2), 0.3);
+    }
+
+    #[test]
+    fn sentence_ends_in_any_script_and_past_quotes() {
+        for w in [
+            "end.",
+            "why?",
+            "no!",
+            "so…",
+            "終わり。",
+            "ما؟",
+            "है।",
+            "said.\"",
+            "(yes.)",
+        ] {
+            assert!(ends_sentence(w), "{w}");
+        }
+        for w in ["hello,", "3.5", "word", "⁇", "", "\""] {
+            assert!(!ends_sentence(w), "{w}");
+        }
+    }
+
+    #[test]
+    fn wrap_balances_two_lines() {
+        let text = "one two three four five six seven eight nine ten eleven";
+        let greedy = greedy_wrap(text, MAX_LINE_CHARS);
+        assert_eq!(
+            greedy,
+            ["one two three four five six seven eight", "nine ten eleven"]
+        );
+        let balanced = balanced_wrap(text, MAX_LINE_CHARS);
+        assert_eq!(
+            balanced,
+            ["one two three four five six", "seven eight nine ten eleven"]
+        );
+        assert_eq!(balanced_wrap("short", MAX_LINE_CHARS), ["short"]);
+        assert!(balanced_wrap("", MAX_LINE_CHARS).is_empty());
+    }
+
+    #[test]
+    fn wrap_keeps_an_overlong_word_whole() {
+        let long = "x".repeat(50);
+        assert_eq!(
+            greedy_wrap(&format!("a {long} b"), 42),
+            ["a", long.as_str(), "b"]
+        );
+    }
+
+    #[test]
+    fn words_with_inner_whitespace_stay_on_one_line() {
+        let segs = segments(&[word("a\tb\nc", 0.0, 0.5)]);
+        assert_eq!(segs[0].text, "a b c");
+    }
+
+    #[test]
+    fn blank_words_are_skipped() {
+        let segs = segments(&[word(" ", 0.0, 0.1), word("hi", 0.2, 0.3)]);
+        assert_eq!(segs.len(), 1);
+        assert_eq!(segs[0].start, 0.2);
+    }
+
+    #[test]
+    fn parse_list_expands_all_and_drops_repeats() {
+        assert_eq!(Format::parse_list("all").unwrap(), Format::ALL);
+        assert_eq!(
+            Format::parse_list("srt, VTT,srt").unwrap(),
+            [Format::Srt, Format::Vtt]
+        );
+        assert!(Format::parse_list("docx").unwrap_err().contains("docx"));
+    }
+}
