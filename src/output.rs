@@ -119,7 +119,8 @@ impl Segment {
     }
 }
 
-/// Renders `t` in `format`.
+/// Renders `t` in `format`: txt is the text (trimmed) and a newline; json everything, times
+/// in seconds rounded to milliseconds; srt, vtt and tsv the cues of [`segments`].
 pub fn render(format: Format, t: &Transcript, meta: &OutputMeta) -> String {
     match format {
         Format::Txt => format!("{}\n", t.text.trim()),
@@ -183,7 +184,8 @@ pub fn format_timestamps_line(words: &[Word]) -> String {
 
 /// Writes `contents` to `path` so that readers see either the old file or all of the new one,
 /// never a partial write: a temporary file in the same directory (a rename is only atomic
-/// within one file system), flushed to disk, then renamed over `path`.
+/// within one file system), flushed to disk, then renamed over `path`. The new file has the
+/// default permissions, and a symbolic link at `path` is replaced, not followed.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
     let Some(name) = path.file_name() else {
         bail!("{}: not a file name", path.display());

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use zip::ZipArchive;
 
 use super::pickle::{self, DType, TensorDesc};
@@ -196,13 +196,20 @@ fn scan_tar(path: &Path) -> Result<TarMembers> {
     file.rewind()?;
     let mut tar = tar::Archive::new(file);
     let mut members = TarMembers::default();
-    // A bad first header means this isn't a tar at all; a bad later one, a damaged tar.
-    let not_tar = "not a .nemo (tar) archive";
-    let damaged = "damaged or truncated .nemo (tar) archive";
-    for (i, entry) in tar.entries_with_seek().context(not_tar)?.enumerate() {
-        let mut entry = entry.context(if i == 0 { not_tar } else { damaged })?;
+    // A bad first header means this isn't a tar at all; a bad later one, a damaged tar. The tar
+    // crate's own message is left out: it quotes the (garbage) header bytes.
+    let bad_header = |i: usize| match i {
+        0 => anyhow!("not a .nemo (tar) archive: no valid tar header at the start"),
+        _ => anyhow!(
+            "damaged or truncated .nemo (tar) archive: bad header for member {}",
+            i + 1
+        ),
+    };
+    let entries = tar.entries_with_seek().map_err(|_| bad_header(0))?;
+    for (i, entry) in entries.enumerate() {
+        let mut entry = entry.map_err(|_| bad_header(i))?;
         let (start, size) = (entry.raw_file_position(), entry.size());
-        let name = member_name(&entry.path().context(damaged)?);
+        let name = member_name(&entry.path().map_err(|_| bad_header(i))?);
         // Seeking past entry data never fails, so truncation must be checked explicitly.
         ensure!(
             start.saturating_add(size) <= file_len,
