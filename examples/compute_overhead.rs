@@ -44,7 +44,9 @@ fn main() -> anyhow::Result<()> {
     // A 512x512 f32 weight realised once (not re-uploaded per call), applied to 8 columns.
     let (k, cols) = (512, 8);
     let mut hw = HostWeights::new();
-    let w: Vec<f32> = (0..k * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
+    let w: Vec<f32> = (0..k * k)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
+        .collect();
     hw.push("w", &[k, k], w);
     let weights = hw.realize()?;
     let w = &weights["w"];
@@ -55,7 +57,10 @@ fn main() -> anyhow::Result<()> {
         "Backend::compute per-call wall time, {n} calls after {WARMUP} warm-up ({} cores available)",
         std::thread::available_parallelism().map_or(0, |p| p.get())
     );
-    println!("{:<38} {:>7} {:>11} {:>11}", "graph", "threads", "median µs", "p90 µs");
+    println!(
+        "{:<38} {:>7} {:>11} {:>11}",
+        "graph", "threads", "median µs", "p90 µs"
+    );
     for threads in [1, 2] {
         let mut be = Backend::cpu(threads)?;
         let (med, p90) = time_calls(n, || {
@@ -82,14 +87,14 @@ fn main() -> anyhow::Result<()> {
                 .expect("add compute");
             std::hint::black_box(out);
         });
-        println!("{:<38} {threads:>7} {med:>11.1} {p90:>11.1}", "add of two 4-element inputs");
+        println!(
+            "{:<38} {threads:>7} {med:>11.1} {p90:>11.1}",
+            "add of two 4-element inputs"
+        );
         let s = be.stats();
         println!(
             "{:<38} {threads:>7} graphs {}, compute buffer {} B (peak {} B)",
-            "  stats",
-            s.graphs_computed,
-            s.compute_buffer_bytes,
-            s.peak_compute_buffer_bytes
+            "  stats", s.graphs_computed, s.compute_buffer_bytes, s.peak_compute_buffer_bytes
         );
     }
     Ok(())

@@ -10,5 +10,5 @@ pub mod convert;
 pub mod decoder;
 pub mod encoder;
 pub mod model;
-pub mod transcribe;
 pub mod output;
+pub mod transcribe;

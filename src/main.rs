@@ -13,7 +13,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
-#[command(name = "parakeet", version, about = "Speech to text with NVIDIA Parakeet models (ggml, CPU)")]
+#[command(
+    name = "parakeet",
+    version,
+    about = "Speech to text with NVIDIA Parakeet models (ggml, CPU)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -55,7 +59,12 @@ struct TranscribeArgs {
     #[arg(long, value_enum, default_value = "auto")]
     decoder: DecoderChoice,
     /// Output formats (comma-separated or repeated): txt, json, srt, vtt, tsv, all.
-    #[arg(short = 'f', long = "format", value_delimiter = ',', default_value = "txt")]
+    #[arg(
+        short = 'f',
+        long = "format",
+        value_delimiter = ',',
+        default_value = "txt"
+    )]
     formats: Vec<String>,
     /// Write outputs under this directory, mirroring the input tree.
     #[arg(short, long)]
@@ -107,10 +116,10 @@ fn main() -> ExitCode {
 fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
     let r = convert_with_progress(input, output, ty, |_, _| {})?;
     eprintln!(
-        "{} -> {}: {} ({} tensors, {:.1}M params; f32 {}, f16 {}, q8_0 {}), {:.1} MiB in {:.2} s",
+        "{} -> {}: {:?} ({} tensors, {:.1}M params; f32 {}, f16 {}, q8_0 {}), {:.1} MiB in {:.2} s",
         input.display(),
         output.display(),
-        format!("{:?}", r.model_type),
+        r.model_type,
         r.tensors,
         r.params as f64 / 1e6,
         r.f32_tensors,
@@ -124,7 +133,10 @@ fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
 
 /// A `.nemo` is converted once into the cache, keyed by its path, size and mtime.
 fn resolve_model(model: &Path) -> Result<PathBuf> {
-    if model.extension().is_some_and(|e| e.eq_ignore_ascii_case("nemo")) {
+    if model
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("nemo"))
+    {
         let meta = std::fs::metadata(model)
             .with_context(|| format!("{}: cannot read model", model.display()))?;
         let mtime = meta
@@ -143,7 +155,11 @@ fn resolve_model(model: &Path) -> Result<PathBuf> {
         let cached = cache_dir().join(format!("{stem}-{key:016x}.gguf"));
         if !cached.exists() {
             std::fs::create_dir_all(cache_dir())?;
-            eprintln!("converting {} (once) -> {}", model.display(), cached.display());
+            eprintln!(
+                "converting {} (once) -> {}",
+                model.display(),
+                cached.display()
+            );
             convert_with_progress(model, &cached, OutType::F32, |_, _| {})?;
         }
         return Ok(cached);
@@ -200,7 +216,11 @@ fn info(model: &Path) -> Result<()> {
             }
         );
     }
-    println!("vocabulary:   {} pieces (blank id {})", hp.vocab_size, hp.blank_id());
+    println!(
+        "vocabulary:   {} pieces (blank id {})",
+        hp.vocab_size,
+        hp.blank_id()
+    );
     let mut by_type: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
     let names = m.file.tensor_names();
     for name in names {
@@ -211,9 +231,16 @@ fn info(model: &Path) -> Result<()> {
         }
     }
     let total: usize = by_type.values().map(|v| v.1).sum();
-    println!("tensors:      {} ({:.1} MiB)", names.len(), total as f64 / (1 << 20) as f64);
+    println!(
+        "tensors:      {} ({:.1} MiB)",
+        names.len(),
+        total as f64 / (1 << 20) as f64
+    );
     for (ty, (n, bytes)) in by_type {
-        println!("  {ty:<5} {n:>5} tensors {:>10.1} MiB", bytes as f64 / (1 << 20) as f64);
+        println!(
+            "  {ty:<5} {n:>5} tensors {:>10.1} MiB",
+            bytes as f64 / (1 << 20) as f64
+        );
     }
     Ok(())
 }
@@ -249,7 +276,10 @@ fn collect_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
                 Ok(_) => {}
                 Err(e) => {
                     // An unreadable directory entry is reported as a failed input.
-                    let path = e.path().map(Path::to_path_buf).unwrap_or_else(|| input.clone());
+                    let path = e
+                        .path()
+                        .map(Path::to_path_buf)
+                        .unwrap_or_else(|| input.clone());
                     found.push(path);
                 }
             }
@@ -296,7 +326,9 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let formats = parse_formats(&args.formats)?;
     let (jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
     if jobs.is_empty() {
-        bail!("no audio files found in the given inputs ({skipped_non_audio} non-audio files skipped)");
+        bail!(
+            "no audio files found in the given inputs ({skipped_non_audio} non-audio files skipped)"
+        );
     }
     let start = Instant::now();
     let model_path = resolve_model(&args.model)?;
@@ -357,7 +389,12 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
                 if !to_files {
                     print_transcript(&t, job, single, args.timestamps);
                 } else if !args.quiet && progress.is_none() {
-                    eprintln!("{}: {:.1} s of audio -> {} file(s)", job.path.display(), t.audio_seconds, outputs.len());
+                    eprintln!(
+                        "{}: {:.1} s of audio -> {} file(s)",
+                        job.path.display(),
+                        t.audio_seconds,
+                        outputs.len()
+                    );
                 }
             }
             Err(e) => {
@@ -410,7 +447,8 @@ fn transcribe_one(
     } else {
         audio::load_audio(&job.path)?
     };
-    let samples = audio::resample_to_16k(decoded).with_context(|| format!("{shown}: resampling"))?;
+    let samples =
+        audio::resample_to_16k(decoded).with_context(|| format!("{shown}: resampling"))?;
     profile.read += t0.elapsed();
     if let Some(dir) = &args.dump_layers {
         dump_layers(tr, &samples, dir).with_context(|| format!("{shown}: dumping layers"))?;
@@ -442,7 +480,9 @@ fn print_transcript(t: &Transcript, job: &Job, single: bool, timestamps: bool) {
 fn destination(job: &Job, out_dir: Option<&Path>, format: Format) -> PathBuf {
     match out_dir {
         Some(dir) => output::output_path(&job.path, job.root.as_deref(), dir, format),
-        None if job.path.as_os_str() == "-" => PathBuf::from(format!("stdin.{}", format.extension())),
+        None if job.path.as_os_str() == "-" => {
+            PathBuf::from(format!("stdin.{}", format.extension()))
+        }
         None => job.path.with_extension(format.extension()),
     }
 }
@@ -474,10 +514,8 @@ fn dump_layers(tr: &mut Transcriber, samples: &[f32], dir: &Path) -> Result<()> 
 fn progress_bar(n: usize) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(n as u64);
     pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} files  {msg}  ETA {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} files  {msg}  ETA {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     pb
 }
@@ -528,6 +566,9 @@ fn print_profile(p: &Profile, tr: &Transcriber, wall: Duration) {
         "graphs computed {}, peak compute buffer {:.1} MiB, peak RSS {}",
         stats.graphs_computed,
         stats.peak_compute_buffer_bytes as f64 / (1 << 20) as f64,
-        peak_rss_bytes().map_or("n/a".into(), |b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64))
+        peak_rss_bytes().map_or("n/a".into(), |b| format!(
+            "{:.1} MiB",
+            b as f64 / (1 << 20) as f64
+        ))
     );
 }

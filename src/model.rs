@@ -3,8 +3,8 @@
 //! stage can be diffed against the checkpoint by name. Shapes below are ggml order (the reverse
 //! of PyTorch's).
 
-use crate::backend::gguf::{GgufFile, HostWeights, Weight};
 use crate::backend::DType;
+use crate::backend::gguf::{GgufFile, HostWeights, Weight};
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
@@ -49,7 +49,10 @@ impl ModelType {
     }
 
     pub fn has_ctc(self) -> bool {
-        matches!(self, ModelType::Ctc | ModelType::TdtCtc | ModelType::RnntCtc)
+        matches!(
+            self,
+            ModelType::Ctc | ModelType::TdtCtc | ModelType::RnntCtc
+        )
     }
 
     pub fn is_tdt(self) -> bool {
@@ -219,6 +222,9 @@ pub struct Model {
     pub file: GgufFile,
 }
 
+/// A depthwise conv with BatchNorm folded in, on the host: weight [d][k] and bias [d].
+type FoldedConv = (Vec<f32>, Vec<f32>);
+
 /// BatchNorm epsilon used by NeMo's conformer conv module.
 const BN_EPS: f64 = 1e-5;
 
@@ -239,9 +245,12 @@ impl Model {
                 hparams.vocab_size
             );
         }
-        let name = file
-            .str("general.name")
-            .unwrap_or_else(|_| path.file_stem().unwrap_or_default().to_string_lossy().into());
+        let name = file.str("general.name").unwrap_or_else(|_| {
+            path.file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into()
+        });
 
         let pp = &hparams.preprocessor;
         let window = file
@@ -272,7 +281,11 @@ impl Model {
         }
         let c = hparams.encoder.subsampling_channels;
         for (name, (w, _)) in [("2", &pre_encode.conv2), ("5", &pre_encode.conv5)] {
-            host.push(&cwhn_name(name), &[c, 1, 3, 3], channels_fastest(&w.to_host_f32(), c, 9));
+            host.push(
+                &cwhn_name(name),
+                &[c, 1, 3, 3],
+                channels_fastest(&w.to_host_f32(), c, 9),
+            );
         }
         let mut derived = host.realize()?;
         let mut pre_encode = pre_encode;
@@ -287,7 +300,10 @@ impl Model {
         }
 
         let (prediction, joint) = if hparams.model_type.has_transducer() {
-            (Some(loader.prediction(&hparams)?), Some(loader.joint(&hparams)?))
+            (
+                Some(loader.prediction(&hparams)?),
+                Some(loader.joint(&hparams)?),
+            )
         } else {
             (None, None)
         };
@@ -369,9 +385,16 @@ fn read_hparams(f: &GgufFile) -> Result<Hparams> {
         att_context: [att_context[0], att_context[1]],
     };
     let sane = |ok: bool, what: &str| -> Result<()> {
-        if ok { Ok(()) } else { bail!("{shown}: invalid hyperparameter: {what}") }
+        if ok {
+            Ok(())
+        } else {
+            bail!("{shown}: invalid hyperparameter: {what}")
+        }
     };
-    sane(preprocessor.n_mels > 0 && preprocessor.n_mels == encoder.feat_in, "n_mels == feat_in")?;
+    sane(
+        preprocessor.n_mels > 0 && preprocessor.n_mels == encoder.feat_in,
+        "n_mels == feat_in",
+    )?;
     sane(preprocessor.hop_length > 0, "hop_length > 0")?;
     sane(
         preprocessor.win_length > 0 && preprocessor.win_length <= preprocessor.n_fft,
@@ -383,7 +406,10 @@ fn read_hparams(f: &GgufFile) -> Result<Hparams> {
         "d_model divisible by n_heads",
     )?;
     sane(encoder.conv_kernel % 2 == 1, "odd conv_kernel_size")?;
-    sane(encoder.n_layers > 0 && encoder.subsampling_channels > 0, "layers and channels")?;
+    sane(
+        encoder.n_layers > 0 && encoder.subsampling_channels > 0,
+        "layers and channels",
+    )?;
     let vocab_size = u("vocab_size")?;
     sane(vocab_size > 0, "vocab_size > 0")?;
 
@@ -393,7 +419,10 @@ fn read_hparams(f: &GgufFile) -> Result<Hparams> {
         pred_hidden = u("decoder.pred_hidden")?;
         pred_layers = u("decoder.pred_rnn_layers")?;
         joint_hidden = u("joint.joint_hidden")?;
-        sane(pred_hidden > 0 && pred_layers > 0 && joint_hidden > 0, "decoder sizes")?;
+        sane(
+            pred_hidden > 0 && pred_layers > 0 && joint_hidden > 0,
+            "decoder sizes",
+        )?;
     }
     if model_type.is_tdt() {
         let d = f.int_array("parakeet.tdt.durations")?;
@@ -480,7 +509,7 @@ impl Loader<'_> {
         &self,
         hp: &EncoderParams,
         i: usize,
-    ) -> Result<(ConformerLayer, (Vec<f32>, Vec<f32>))> {
+    ) -> Result<(ConformerLayer, FoldedConv)> {
         let p = format!("encoder.layers.{i}");
         let (d, ff, k) = (hp.d_model, hp.ff_dim, hp.conv_kernel);
         let dk = d / hp.n_heads;
@@ -542,12 +571,16 @@ impl Loader<'_> {
             .map(|l| {
                 let r = format!("{p}.dec_rnn.lstm");
                 Ok(LstmLayer {
-                    weight_ih: self
-                        .file
-                        .weight(&format!("{r}.weight_ih_l{l}"), &[h, 4 * h], MATMUL)?,
-                    weight_hh: self
-                        .file
-                        .weight(&format!("{r}.weight_hh_l{l}"), &[h, 4 * h], MATMUL)?,
+                    weight_ih: self.file.weight(
+                        &format!("{r}.weight_ih_l{l}"),
+                        &[h, 4 * h],
+                        MATMUL,
+                    )?,
+                    weight_hh: self.file.weight(
+                        &format!("{r}.weight_hh_l{l}"),
+                        &[h, 4 * h],
+                        MATMUL,
+                    )?,
                     bias_ih: self.w(&format!("{r}.bias_ih_l{l}"), &[4 * h])?,
                     bias_hh: self.w(&format!("{r}.bias_hh_l{l}"), &[4 * h])?,
                 })

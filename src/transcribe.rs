@@ -82,7 +82,12 @@ impl Transcriber {
 
     /// NeMo's normalised log-mel features of 16 kHz mono samples.
     pub fn features(&self, samples: &[f32]) -> Features {
-        log_mel(samples, &self.model.window, &self.model.filterbank, &self.mel)
+        log_mel(
+            samples,
+            &self.model.window,
+            &self.model.filterbank,
+            &self.mel,
+        )
     }
 
     /// The encoder graph over `features`.
@@ -91,7 +96,11 @@ impl Transcriber {
     }
 
     /// Greedy decoding of an encoder pass.
-    pub fn decode(&mut self, enc: &Encoded, choice: DecoderChoice) -> Result<(Vec<Token>, StageTimes)> {
+    pub fn decode(
+        &mut self,
+        enc: &Encoded,
+        choice: DecoderChoice,
+    ) -> Result<(Vec<Token>, StageTimes)> {
         let mut times = StageTimes::default();
         let graphs_before = self.backend.stats().graphs_computed;
         let use_ctc = match choice {

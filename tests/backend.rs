@@ -200,7 +200,11 @@ fn matmul_matches_plain_rust() {
                 Ok(g.matmul(wt, xt))
             })
             .unwrap();
-        assert_eq!(got.shape, [m, n, 1, 1], "matmul shape for k={k} m={m} n={n}");
+        assert_eq!(
+            got.shape,
+            [m, n, 1, 1],
+            "matmul shape for k={k} m={m} n={n}"
+        );
         let err = rel_err(&got.output, &matmul_ref(&w, &x, k, m, n));
         println!("matmul k={k} m={m} n={n}: rel err {err:.2e}");
         assert!(err < REL_TOL, "matmul k={k} m={m} n={n}: rel err {err:.3e}");
@@ -514,7 +518,10 @@ fn conv2d_depthwise_whcn_matches_plain_rust_in_f32() {
     }
     let err = max_abs_err(&got.output, &reference);
     println!("conv2d_depthwise WHCN C={c} {w}x{h} s{s} p{p}: max abs err {err:.2e}");
-    assert!(err < ABS_TOL, "conv2d_depthwise WHCN: max abs err {err:.3e}");
+    assert!(
+        err < ABS_TOL,
+        "conv2d_depthwise WHCN: max abs err {err:.3e}"
+    );
 }
 
 #[test]
@@ -538,7 +545,10 @@ fn conv2d_depthwise_channels_contiguous_matches_plain_rust_in_f32() {
             let y = g.conv2d_depthwise(k, whcn, s, p);
             assert_eq!(y.shape(), [ow, oh, c, 1]);
             let y = g.permute(y, [1, 2, 0, 3]); // back to [C, W', H']
-            assert!(y.is_contiguous(), "depthwise output keeps the channels-fastest layout");
+            assert!(
+                y.is_contiguous(),
+                "depthwise output keeps the channels-fastest layout"
+            );
             Ok(y)
         })
         .unwrap();
@@ -561,7 +571,10 @@ fn conv2d_depthwise_channels_contiguous_matches_plain_rust_in_f32() {
     }
     let err = max_abs_err(&got.output, &reference);
     println!("conv2d_depthwise channels-contiguous C={c} {w}x{h} s{s} p{p}: max abs err {err:.2e}");
-    assert!(err < ABS_TOL, "conv2d_depthwise CWHN: max abs err {err:.3e}");
+    assert!(
+        err < ABS_TOL,
+        "conv2d_depthwise CWHN: max abs err {err:.3e}"
+    );
 }
 
 #[test]
@@ -597,7 +610,10 @@ fn conv1d_depthwise_same_matches_plain_rust_in_f32() {
         }
         let err = max_abs_err(&got.output, &reference);
         println!("conv1d_depthwise_same C={c} T={t} K={k}: max abs err {err:.2e}");
-        assert!(err < ABS_TOL, "conv1d_depthwise_same C={c} T={t} K={k}: {err:.3e}");
+        assert!(
+            err < ABS_TOL,
+            "conv1d_depthwise_same C={c} T={t} K={k}: {err:.3e}"
+        );
     }
 }
 
@@ -703,8 +719,14 @@ fn ten_thousand_small_computes_keep_the_compute_buffer_flat() {
     assert!(rel_err(&first.output, &reference(&x0)) < REL_TOL);
     let after_first = be.stats().clone();
     assert_eq!(after_first.graphs_computed, 1);
-    assert!(after_first.compute_buffer_bytes > 0, "a compute buffer was allocated");
-    assert_eq!(after_first.peak_compute_buffer_bytes, after_first.compute_buffer_bytes);
+    assert!(
+        after_first.compute_buffer_bytes > 0,
+        "a compute buffer was allocated"
+    );
+    assert_eq!(
+        after_first.peak_compute_buffer_bytes,
+        after_first.compute_buffer_bytes
+    );
 
     let start = std::time::Instant::now();
     let mut x = x0.clone();
@@ -731,7 +753,10 @@ fn ten_thousand_small_computes_keep_the_compute_buffer_flat() {
     );
     assert_eq!(after.graphs_computed, ITERS as u64 + 1);
     assert_eq!(after.compute_buffer_bytes, after_first.compute_buffer_bytes);
-    assert_eq!(after.peak_compute_buffer_bytes, after_first.compute_buffer_bytes);
+    assert_eq!(
+        after.peak_compute_buffer_bytes,
+        after_first.compute_buffer_bytes
+    );
     assert!(after.compute_time > after_first.compute_time);
 }
 
@@ -743,7 +768,9 @@ fn inputs_written_after_allocation_are_what_the_graph_sees() {
     let (n0, n1) = (5, 3);
     for call in 0..6u32 {
         // Different data every call; same shapes, so the gallocr reuses the same addresses.
-        let a: Vec<f32> = (0..n0 * n1).map(|i| (call * 100 + i as u32) as f32).collect();
+        let a: Vec<f32> = (0..n0 * n1)
+            .map(|i| (call * 100 + i as u32) as f32)
+            .collect();
         let b: Vec<f32> = (0..n0 * n1).map(|i| call as f32 - i as f32 * 0.5).collect();
         let got = be
             .compute(|g| {
@@ -757,7 +784,11 @@ fn inputs_written_after_allocation_are_what_the_graph_sees() {
             .unwrap();
         let diff: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x - y).collect();
         let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x * y + (x - y)).collect();
-        assert_eq!(got.capture("diff").unwrap().data, diff, "call {call}: a - b");
+        assert_eq!(
+            got.capture("diff").unwrap().data,
+            diff,
+            "call {call}: a - b"
+        );
         assert_eq!(got.output, want, "call {call}: a * b + (a - b)");
     }
     // A different graph in between (other shapes, other buffer layout), then the first again.
@@ -811,7 +842,9 @@ fn threads_and_devices_are_reported() {
     let devices = backend::devices();
     println!("backend {name}; devices: {devices:?}");
     assert!(
-        devices.iter().any(|d| d.kind == "cpu" && !d.name.is_empty()),
+        devices
+            .iter()
+            .any(|d| d.kind == "cpu" && !d.name.is_empty()),
         "no CPU device in {devices:?}"
     );
     // And it still computes at 1 thread.

@@ -41,15 +41,35 @@ fn transcribes_a_clip_like_nemo_from_a_nemo_file() {
     let cache = scratch("cache-single");
     let clip = reference("").join("speech_10s.wav");
     let model = nemo("tiny_tdt");
-    let out = parakeet(&["transcribe", clip.to_str().unwrap(), "-m", model.to_str().unwrap()], &cache);
+    let out = parakeet(
+        &[
+            "transcribe",
+            clip.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+        ],
+        &cache,
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim_end(), nemo_text("tiny_tdt"));
     // The .nemo was converted once into the cache and is reused.
     let cached: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
     assert_eq!(cached.len(), 1);
-    let again = parakeet(&["transcribe", clip.to_str().unwrap(), "-m", model.to_str().unwrap()], &cache);
+    let again = parakeet(
+        &[
+            "transcribe",
+            clip.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+        ],
+        &cache,
+    );
     assert_eq!(text(&again.stdout), text(&out.stdout));
-    assert!(!text(&again.stderr).contains("converting"), "{}", text(&again.stderr));
+    assert!(
+        !text(&again.stderr).contains("converting"),
+        "{}",
+        text(&again.stderr)
+    );
 }
 
 #[test]
@@ -58,9 +78,17 @@ fn batch_goes_on_past_bad_files_and_reports_them() {
     let input = root.join("in");
     std::fs::create_dir_all(input.join("sub")).unwrap();
     std::fs::copy(reference("").join("speech_2s.wav"), input.join("good.wav")).unwrap();
-    std::fs::copy(reference("").join("speech_10s.wav"), input.join("sub/long.wav")).unwrap();
+    std::fs::copy(
+        reference("").join("speech_10s.wav"),
+        input.join("sub/long.wav"),
+    )
+    .unwrap();
     std::fs::write(input.join("empty.wav"), b"").unwrap();
-    std::fs::write(input.join("garbage.flac"), b"fLaC but then nothing sensible at all").unwrap();
+    std::fs::write(
+        input.join("garbage.flac"),
+        b"fLaC but then nothing sensible at all",
+    )
+    .unwrap();
     let wav = std::fs::read(reference("").join("speech_2s.wav")).unwrap();
     std::fs::write(input.join("cut.wav"), &wav[..30]).unwrap();
     std::fs::write(input.join("notes.txt"), b"not audio").unwrap();
@@ -81,7 +109,9 @@ fn batch_goes_on_past_bad_files_and_reports_them() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     for bad in ["empty.wav", "garbage.flac", "cut.wav"] {
         assert_eq!(
-            err.lines().filter(|l| l.starts_with("error:") && l.contains(bad)).count(),
+            err.lines()
+                .filter(|l| l.starts_with("error:") && l.contains(bad))
+                .count(),
             1,
             "{bad}: {err}"
         );
@@ -94,14 +124,22 @@ fn batch_goes_on_past_bad_files_and_reports_them() {
     let short = std::fs::read_to_string(out_dir.join("good.txt")).unwrap();
     assert_eq!(short.trim_end(), nemo_text("tiny_tdt_2s"));
     let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("sub/long.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("sub/long.json")).unwrap())
+            .unwrap();
     assert_eq!(j["text"].as_str().unwrap(), nemo_text("tiny_tdt"));
     assert!(out_dir.join("good.srt").exists() && out_dir.join("good.vtt").exists());
-    assert!(!out_dir.join("empty.txt").exists(), "no output for a failed input");
+    assert!(
+        !out_dir.join("empty.txt").exists(),
+        "no output for a failed input"
+    );
 
     // Resume: everything done is skipped, failures are retried (and fail again).
     let again = parakeet(&[&args[..], &["--skip-existing"]].concat(), &root);
-    assert!(text(&again.stderr).contains("0 done, 3 failed, 2 skipped"), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("0 done, 3 failed, 2 skipped"),
+        "{}",
+        text(&again.stderr)
+    );
 }
 
 #[test]
@@ -110,11 +148,22 @@ fn model_errors_exit_2_with_one_line() {
     let garbage = root.join("model.gguf");
     std::fs::write(&garbage, b"nope").unwrap();
     let clip = reference("").join("speech_2s.wav");
-    let out = parakeet(&["transcribe", clip.to_str().unwrap(), "-m", garbage.to_str().unwrap()], &root);
+    let out = parakeet(
+        &[
+            "transcribe",
+            clip.to_str().unwrap(),
+            "-m",
+            garbage.to_str().unwrap(),
+        ],
+        &root,
+    );
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("error:") && err.contains("model.gguf"), "{err}");
+    assert!(
+        err.starts_with("error:") && err.contains("model.gguf"),
+        "{err}"
+    );
     // A usage error is 2 as well.
     let out = parakeet(&["transcribe"], &root);
     assert_eq!(out.status.code(), Some(2));
@@ -126,7 +175,14 @@ fn ctc_head_of_a_hybrid_and_info() {
     let model = gguf("tiny_tdt_ctc", parakeet::convert::OutType::F32);
     let clip = reference("").join("speech_10s.wav");
     let out = parakeet(
-        &["transcribe", clip.to_str().unwrap(), "-m", model.to_str().unwrap(), "--decoder", "ctc"],
+        &[
+            "transcribe",
+            clip.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+            "--decoder",
+            "ctc",
+        ],
         &root,
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -137,5 +193,8 @@ fn ctc_head_of_a_hybrid_and_info() {
     assert_eq!(text(&out.stdout).trim_end(), nemo);
     let info = parakeet(&["info", model.to_str().unwrap()], &root);
     let s = text(&info.stdout);
-    assert!(s.contains("tdt_ctc") && s.contains("80 mels") && s.contains("48 pieces"), "{s}");
+    assert!(
+        s.contains("tdt_ctc") && s.contains("80 mels") && s.contains("48 pieces"),
+        "{s}"
+    );
 }

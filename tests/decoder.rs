@@ -48,8 +48,16 @@ fn transcripts_match_nemo_token_for_token() {
                     let d: Vec<usize> = ours.tokens.iter().map(|t| t.duration).collect();
                     assert_eq!(d, durs, "{name} {what}: durations");
                 }
-                assert_eq!(ours.text, nemo["text"].as_str().unwrap(), "{name} {what}: text");
-                println!("{name} {what}: {} tokens identical, text {:?}", ids.len(), ours.text);
+                assert_eq!(
+                    ours.text,
+                    nemo["text"].as_str().unwrap(),
+                    "{name} {what}: text"
+                );
+                println!(
+                    "{name} {what}: {} tokens identical, text {:?}",
+                    ids.len(),
+                    ours.text
+                );
             }
         }
     }

@@ -21,7 +21,11 @@ fn every_layer_matches_nemo_in_f32() {
             let frames = enc.frames;
             let d = enc.d_model;
             let result = json(&dir.join("result.json"));
-            assert_eq!(frames as u64, result["enc_len"].as_u64().unwrap(), "{model}{suffix}: frames");
+            assert_eq!(
+                frames as u64,
+                result["enc_len"].as_u64().unwrap(),
+                "{model}{suffix}: frames"
+            );
             let mut checked = 0;
             for (name, ours) in &enc.layers {
                 let path = dir.join(format!("{name}.npy"));
@@ -40,7 +44,10 @@ fn every_layer_matches_nemo_in_f32() {
                 assert!(err <= F32_TOL, "{model}{suffix} {name}: rel err {err:.3e}");
                 checked += 1;
             }
-            assert!(checked >= 3, "{model}{suffix}: only {checked} layers compared");
+            assert!(
+                checked >= 3,
+                "{model}{suffix}: only {checked} layers compared"
+            );
             // encoder_out.npy is [d, T'+1] (channels first).
             let (shape, nemo) = npy(&dir.join("encoder_out.npy"));
             let t_all = shape[shape.len() - 1];
@@ -50,9 +57,11 @@ fn every_layer_matches_nemo_in_f32() {
                 .collect();
             let err = rel_err(&enc.output, &nemo_t);
             println!("{model}{suffix} encoder_out: rel err {err:.2e}");
-            assert!(err <= F32_TOL, "{model}{suffix} encoder_out: rel err {err:.3e}");
+            assert!(
+                err <= F32_TOL,
+                "{model}{suffix} encoder_out: rel err {err:.3e}"
+            );
         }
     }
     println!("worst: {:.2e} at {}", worst.0, worst.1);
 }
-

@@ -33,7 +33,9 @@ fn rewrite(src: &Path, dst: &Path, drop_key: Option<&str>, reshape: Option<(&str
             MetaValue::Int(i) => w.set_u32(k, *i as u32),
             MetaValue::Float(x) => w.set_f32(k, *x as f32),
             MetaValue::Bool(b) => w.set_bool(k, *b),
-            MetaValue::IntArray(a) => w.set_i32_array(k, &a.iter().map(|&x| x as i32).collect::<Vec<_>>()),
+            MetaValue::IntArray(a) => {
+                w.set_i32_array(k, &a.iter().map(|&x| x as i32).collect::<Vec<_>>())
+            }
             MetaValue::StrArray(a) => w.set_str_array(k, a),
             MetaValue::Other(_) => Ok(()),
         }
@@ -85,7 +87,10 @@ fn loads_every_reference_model_with_its_hyperparameters() {
             assert_eq!(hp.pred_layers, lstm, "{name}");
             assert_eq!(hp.encoder.xscaling, xscaling, "{name}");
             assert_eq!(hp.durations.len(), durations, "{name}");
-            assert_eq!((hp.encoder.d_model, hp.encoder.n_layers, hp.vocab_size), (64, 2, 48));
+            assert_eq!(
+                (hp.encoder.d_model, hp.encoder.n_layers, hp.vocab_size),
+                (64, 2, 48)
+            );
             assert_eq!(m.vocab.len(), 48);
             assert_eq!(m.window.len(), 400);
             assert_eq!(m.filterbank.len(), mels * 257);
@@ -98,7 +103,10 @@ fn garbage_and_empty_files_are_not_models() {
     let garbage = scratch("garbage.gguf");
     std::fs::write(&garbage, b"this is not a model at all, just some text").unwrap();
     let e = load_err(&garbage);
-    assert!(e.contains("garbage.gguf") && e.contains("not a GGUF"), "{e}");
+    assert!(
+        e.contains("garbage.gguf") && e.contains("not a GGUF"),
+        "{e}"
+    );
     let empty = scratch("empty.gguf");
     std::fs::write(&empty, b"").unwrap();
     let e = load_err(&empty);
@@ -123,18 +131,34 @@ fn truncated_gguf_is_reported() {
 #[test]
 fn missing_key_is_named() {
     let path = scratch("no-d-model.gguf");
-    rewrite(&gguf("tiny_tdt", OutType::F32), &path, Some("parakeet.encoder.d_model"), None);
+    rewrite(
+        &gguf("tiny_tdt", OutType::F32),
+        &path,
+        Some("parakeet.encoder.d_model"),
+        None,
+    );
     let e = load_err(&path);
-    assert!(e.contains("no-d-model.gguf") && e.contains("parakeet.encoder.d_model"), "{e}");
+    assert!(
+        e.contains("no-d-model.gguf") && e.contains("parakeet.encoder.d_model"),
+        "{e}"
+    );
 }
 
 #[test]
 fn wrong_tensor_shape_is_named() {
     let path = scratch("bad-shape.gguf");
     let name = "encoder.layers.1.self_attn.linear_q.weight";
-    rewrite(&gguf("tiny_tdt", OutType::F32), &path, None, Some((name, &[64, 63])));
+    rewrite(
+        &gguf("tiny_tdt", OutType::F32),
+        &path,
+        None,
+        Some((name, &[64, 63])),
+    );
     let e = load_err(&path);
-    assert!(e.contains("bad-shape.gguf") && e.contains(name) && e.contains("[64, 63]"), "{e}");
+    assert!(
+        e.contains("bad-shape.gguf") && e.contains(name) && e.contains("[64, 63]"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -53,7 +53,13 @@ unsafe impl Sync for Weight {}
 
 impl std::fmt::Debug for Weight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Weight({}, {:?}, {:?})", self.name, self.shape(), self.dtype())
+        write!(
+            f,
+            "Weight({}, {:?}, {:?})",
+            self.name,
+            self.shape(),
+            self.dtype()
+        )
     }
 }
 
@@ -122,7 +128,10 @@ impl Weight {
 /// Converts elements to a type's bytes with ggml's own routines (f16 rounding, q8_0 blocks).
 /// `n_per_row` must be a multiple of the type's block size.
 pub fn quantize_rows(data: &[f32], n_per_row: usize, ty: DType) -> Result<Vec<u8>> {
-    if n_per_row == 0 || data.len() % n_per_row != 0 || n_per_row % ty.block_size() != 0 {
+    if n_per_row == 0
+        || !data.len().is_multiple_of(n_per_row)
+        || !n_per_row.is_multiple_of(ty.block_size())
+    {
         bail!(
             "cannot store {} values in rows of {n_per_row} as {}",
             data.len(),
@@ -178,8 +187,8 @@ impl GgufFile {
     /// Open and validate a GGUF: header, metadata, and every tensor's type and extent.
     pub fn open(path: &Path) -> Result<GgufFile> {
         let shown = path.display();
-        let file =
-            std::fs::File::open(path).with_context(|| format!("{shown}: cannot open model file"))?;
+        let file = std::fs::File::open(path)
+            .with_context(|| format!("{shown}: cannot open model file"))?;
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         // GGUF magic before handing the file to ggml, so a random file gets a plain answer.
         let mut magic = [0u8; 4];
@@ -187,7 +196,9 @@ impl GgufFile {
             use std::io::Read;
             let mut f = &file;
             if len < 24 || f.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
-                bail!("{shown}: not a GGUF model file (bad magic); convert a .nemo with `parakeet convert`");
+                bail!(
+                    "{shown}: not a GGUF model file (bad magic); convert a .nemo with `parakeet convert`"
+                );
             }
         }
         // SAFETY: the file is opened read-only and we never write through the mapping; the
@@ -250,7 +261,7 @@ impl GgufFile {
                 bail!("{shown}: tensor '{name}' has unsupported type {ty} (f32, f16, q8_0 only)");
             }
             let start = data_offset + offset;
-            let end = start.checked_add(nbytes).unwrap_or(usize::MAX);
+            let end = start.saturating_add(nbytes);
             if end as u64 > len {
                 bail!(
                     "{shown}: truncated: tensor '{name}' needs bytes {start}..{end}, file has {len}"
@@ -270,13 +281,10 @@ impl GgufFile {
                 bail!("{shown}: could not wrap the weights in a backend buffer");
             }
             owner.buffer = buffer;
-            sys::ggml_backend_buffer_set_usage(
-                buffer,
-                sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
-            );
+            sys::ggml_backend_buffer_set_usage(buffer, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
             for (name, t, start) in &infos {
                 let addr = map.as_ptr().add(*start) as *mut std::ffi::c_void;
-                if (addr as usize) % 32 != 0 {
+                if !(addr as usize).is_multiple_of(32) {
                     bail!("{shown}: tensor '{name}' is misaligned in the file");
                 }
                 let st = sys::ggml_backend_tensor_alloc(buffer, t.as_ptr(), addr);
@@ -390,9 +398,10 @@ impl GgufFile {
     /// The weight `name`, checked against `shape` (ggml order, trailing 1s may be omitted) and
     /// the allowed types. Errors name the file and the tensor.
     pub fn weight(&self, name: &str, shape: &[usize], types: &[DType]) -> Result<Weight> {
-        let w = self.weights.get(name).ok_or_else(|| {
-            anyhow!("{}: tensor '{name}' is missing", self.path.display())
-        })?;
+        let w = self
+            .weights
+            .get(name)
+            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.path.display()))?;
         let mut want = [1usize; 4];
         want[..shape.len()].copy_from_slice(shape);
         if w.shape() != want {
@@ -520,8 +529,16 @@ impl HostWeights {
 
     /// Queue an f32 tensor (`shape` in ggml order).
     pub fn push(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "{name}: shape/data mismatch");
-        assert!((1..=4).contains(&shape.len()), "{name}: rank {}", shape.len());
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "{name}: shape/data mismatch"
+        );
+        assert!(
+            (1..=4).contains(&shape.len()),
+            "{name}: rank {}",
+            shape.len()
+        );
         self.pending.push((name.to_string(), shape.to_vec(), data));
     }
 

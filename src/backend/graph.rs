@@ -91,7 +91,7 @@ fn check(cond: bool, msg: impl FnOnce() -> String) {
 }
 
 fn can_repeat(small: [usize; 4], big: [usize; 4]) -> bool {
-    (0..4).all(|i| small[i] != 0 && big[i] % small[i] == 0)
+    (0..4).all(|i| small[i] != 0 && big[i].is_multiple_of(small[i]))
 }
 
 impl<'g> Graph<'g> {
@@ -129,7 +129,9 @@ impl<'g> Graph<'g> {
     // ---- leaves -------------------------------------------------------------------------
 
     fn new_tensor(&mut self, ty: DType, shape: &[usize]) -> Tensor<'g> {
-        check((1..=4).contains(&shape.len()), || format!("tensor rank {}", shape.len()));
+        check((1..=4).contains(&shape.len()), || {
+            format!("tensor rank {}", shape.len())
+        });
         let ne: Vec<i64> = shape.iter().map(|&n| n as i64).collect();
         // SAFETY: ctx is live; ne has shape.len() entries.
         let p = unsafe {
@@ -205,11 +207,16 @@ impl<'g> Graph<'g> {
         ) -> *mut sys::ggml_tensor,
     ) -> Tensor<'g> {
         check(can_repeat(b.shape(), a.shape()), || {
-            format!("{what}: {:?} does not broadcast into {:?}", b.shape(), a.shape())
+            format!(
+                "{what}: {:?} does not broadcast into {:?}",
+                b.shape(),
+                a.shape()
+            )
         });
-        check(a.dtype() == Some(DType::F32) && b.dtype() == Some(DType::F32), || {
-            format!("{what} needs f32 operands")
-        });
+        check(
+            a.dtype() == Some(DType::F32) && b.dtype() == Some(DType::F32),
+            || format!("{what} needs f32 operands"),
+        );
         // SAFETY: shapes checked above.
         let p = unsafe { f(self.ctx(), a.raw(), b.raw()) };
         self.wrap(p, what)
@@ -239,7 +246,9 @@ impl<'g> Graph<'g> {
     /// weight ([out, in] in torch = ne [in, out]) this is `x @ W^T`.
     pub fn matmul(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
         let (ws, xs) = (w.shape(), x.shape());
-        check(ws[0] == xs[0], || format!("matmul: inner dims {ws:?} x {xs:?}"));
+        check(ws[0] == xs[0], || {
+            format!("matmul: inner dims {ws:?} x {xs:?}")
+        });
         check(xs[2] % ws[2] == 0 && xs[3] % ws[3] == 0, || {
             format!("matmul: batch dims {ws:?} x {xs:?}")
         });
@@ -271,7 +280,10 @@ impl<'g> Graph<'g> {
         &mut self,
         a: Tensor<'g>,
         what: &str,
-        f: unsafe extern "C" fn(*mut sys::ggml_context, *mut sys::ggml_tensor) -> *mut sys::ggml_tensor,
+        f: unsafe extern "C" fn(
+            *mut sys::ggml_context,
+            *mut sys::ggml_tensor,
+        ) -> *mut sys::ggml_tensor,
     ) -> Tensor<'g> {
         let a = if a.rows_contiguous() { a } else { self.cont(a) };
         // SAFETY: rows are contiguous as ggml's unary kernels require.
@@ -324,7 +336,9 @@ impl<'g> Graph<'g> {
 
     /// Rows of `table` ([n, rows]) picked by the i32 `ids`.
     pub fn get_rows(&mut self, table: Tensor<'g>, ids: Tensor<'g>) -> Tensor<'g> {
-        check(ids.dtype() == Some(DType::I32), || "get_rows: ids must be i32".into());
+        check(ids.dtype() == Some(DType::I32), || {
+            "get_rows: ids must be i32".into()
+        });
         check(ids.ne(2) == 1 && ids.ne(3) == 1 && table.ne(2) == 1, || {
             "get_rows: 2-D table and 1-D ids only".into()
         });
@@ -365,9 +379,10 @@ impl<'g> Graph<'g> {
     pub fn permute(&mut self, a: Tensor<'g>, axes: [usize; 4]) -> Tensor<'g> {
         let mut seen = [false; 4];
         axes.iter().for_each(|&x| seen[x.min(3)] = true);
-        check(seen.iter().all(|&s| s) && axes.iter().all(|&x| x < 4), || {
-            format!("permute axes {axes:?}")
-        });
+        check(
+            seen.iter().all(|&s| s) && axes.iter().all(|&x| x < 4),
+            || format!("permute axes {axes:?}"),
+        );
         // SAFETY: a valid permutation.
         let p = unsafe {
             sys::ggml_permute(
@@ -413,7 +428,10 @@ impl<'g> Graph<'g> {
         // SAFETY: metadata only.
         let bytes = unsafe { sys::ggml_nbytes(a.raw()) };
         check(last + elem <= bytes, || {
-            format!("view {shape:?}/{strides:?}+{offset} past the end of {:?}", a.shape())
+            format!(
+                "view {shape:?}/{strides:?}+{offset} past the end of {:?}",
+                a.shape()
+            )
         });
         let ne: Vec<i64> = shape.iter().map(|&v| v as i64).collect();
         // SAFETY: bounds checked above.
@@ -514,7 +532,11 @@ impl<'g> Graph<'g> {
         pad: usize,
     ) -> Tensor<'g> {
         check(kernel.ne(2) == x.ne(2) && kernel.is_contiguous(), || {
-            format!("conv2d: kernel {:?} for input {:?}", kernel.shape(), x.shape())
+            format!(
+                "conv2d: kernel {:?} for input {:?}",
+                kernel.shape(),
+                x.shape()
+            )
         });
         let (s, p) = (stride as i32, pad as i32);
         // SAFETY: channel counts checked; im2col gives [KW*KH*Cin, W', H', N].
@@ -550,15 +572,20 @@ impl<'g> Graph<'g> {
         pad: usize,
     ) -> Tensor<'g> {
         check(kernel.ne(2) == 1 && kernel.ne(3) == x.ne(2), || {
-            format!("conv2d_dw: kernel {:?} for input {:?}", kernel.shape(), x.shape())
+            format!(
+                "conv2d_dw: kernel {:?} for input {:?}",
+                kernel.shape(),
+                x.shape()
+            )
         });
         // ggml runs two layouts: WHCN contiguous, or channels-contiguous (CWHN) input with a
         // kernel laid out the same way.
         let (xn, kn) = (x.nb(), kernel.nb());
         let cwhn = xn[0] > xn[2] && xn[1] > xn[0] && xn[2] == 4;
-        check(x.is_contiguous() || (cwhn && kn[0] >= kn[2] && kn[1] >= kn[0]), || {
-            format!("conv2d_dw: unsupported layouts {xn:?} / {kn:?}")
-        });
+        check(
+            x.is_contiguous() || (cwhn && kn[0] >= kn[2] && kn[1] >= kn[0]),
+            || format!("conv2d_dw: unsupported layouts {xn:?} / {kn:?}"),
+        );
         let (s, p) = (stride as i32, pad as i32);
         // SAFETY: shapes checked.
         let t = unsafe {
@@ -572,7 +599,11 @@ impl<'g> Graph<'g> {
     pub fn conv1d_depthwise_same(&mut self, x: Tensor<'g>, kernel: Tensor<'g>) -> Tensor<'g> {
         let (k, c, t) = (kernel.ne(0), x.ne(0), x.ne(1));
         check(kernel.ne(1) == c && k % 2 == 1 && x.ne(2) == 1, || {
-            format!("conv1d_dw: kernel {:?} for input {:?}", kernel.shape(), x.shape())
+            format!(
+                "conv1d_dw: kernel {:?} for input {:?}",
+                kernel.shape(),
+                x.shape()
+            )
         });
         // ggml_ssm_conv slides a [K, C] kernel along a time-fastest [T + K - 1, C] input in f32
         // (ggml_conv_1d_dw would round through an f16 im2col).
@@ -652,7 +683,11 @@ pub(super) unsafe fn read_f32(t: *mut sys::ggml_tensor) -> (Vec<f32>, [usize; 4]
     // SAFETY: per the contract.
     unsafe {
         let tr = &*t;
-        assert_eq!(tr.type_, sys::GGML_TYPE_F32, "read back of a non-f32 tensor");
+        assert_eq!(
+            tr.type_,
+            sys::GGML_TYPE_F32,
+            "read back of a non-f32 tensor"
+        );
         let shape = tr.ne.map(|n| n as usize);
         let n: usize = shape.iter().product();
         let mut out = vec![0f32; n];

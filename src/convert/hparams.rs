@@ -26,27 +26,8 @@ pub struct Transducer {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hparams {
     pub model_type: ModelType,
-    pub sample_rate: u32,
-    pub n_mels: u32,
-    pub n_fft: u32,
-    pub win_length: u32,
-    pub hop_length: u32,
-    pub preemph: f32,
-    pub log_zero_guard_value: f32,
-    pub normalize: String,
-    pub feat_in: u32,
-    pub n_layers: u32,
-    pub d_model: u32,
-    pub n_heads: u32,
-    pub ff_expansion_factor: u32,
-    pub subsampling: String,
-    pub subsampling_factor: u32,
-    pub subsampling_conv_channels: u32,
-    pub conv_kernel_size: u32,
-    pub xscaling: bool,
-    pub use_bias: bool,
-    pub self_attention_model: String,
-    pub att_context_size: [i32; 2],
+    pub preprocessor: Preprocessor,
+    pub encoder: Encoder,
     pub transducer: Option<Transducer>,
     /// SentencePiece pieces in id order; the blank id is `vocab.len()`.
     pub vocab: Vec<String>,
@@ -86,27 +67,8 @@ impl Hparams {
         );
         Ok(Self {
             model_type,
-            sample_rate: pre.sample_rate,
-            n_mels: pre.n_mels,
-            n_fft: pre.n_fft,
-            win_length: pre.win_length,
-            hop_length: pre.hop_length,
-            preemph: pre.preemph,
-            log_zero_guard_value: pre.log_zero_guard_value,
-            normalize: pre.normalize,
-            feat_in: enc.feat_in,
-            n_layers: enc.n_layers,
-            d_model: enc.d_model,
-            n_heads: enc.n_heads,
-            ff_expansion_factor: enc.ff_expansion_factor,
-            subsampling: enc.subsampling,
-            subsampling_factor: enc.subsampling_factor,
-            subsampling_conv_channels: enc.subsampling_conv_channels,
-            conv_kernel_size: enc.conv_kernel_size,
-            xscaling: enc.xscaling,
-            use_bias: enc.use_bias,
-            self_attention_model: enc.self_attention_model,
-            att_context_size: enc.att_context_size,
+            preprocessor: pre,
+            encoder: enc,
             transducer,
             vocab,
             durations: if model_type_is_tdt(model_type) {
@@ -120,43 +82,41 @@ impl Hparams {
 
     /// Writes every `parakeet.*` / `tokenizer.*` key of docs/GGUF.md.
     pub fn write_metadata(&self, w: &mut GgufWriter) -> Result<()> {
+        let (p, e) = (&self.preprocessor, &self.encoder);
         w.set_str("parakeet.model_type", self.model_type.name())?;
-        w.set_u32("parakeet.preprocessor.sample_rate", self.sample_rate)?;
-        w.set_u32("parakeet.preprocessor.n_mels", self.n_mels)?;
-        w.set_u32("parakeet.preprocessor.n_fft", self.n_fft)?;
-        w.set_u32("parakeet.preprocessor.win_length", self.win_length)?;
-        w.set_u32("parakeet.preprocessor.hop_length", self.hop_length)?;
-        w.set_f32("parakeet.preprocessor.preemph", self.preemph)?;
+        w.set_u32("parakeet.preprocessor.sample_rate", p.sample_rate)?;
+        w.set_u32("parakeet.preprocessor.n_mels", p.n_mels)?;
+        w.set_u32("parakeet.preprocessor.n_fft", p.n_fft)?;
+        w.set_u32("parakeet.preprocessor.win_length", p.win_length)?;
+        w.set_u32("parakeet.preprocessor.hop_length", p.hop_length)?;
+        w.set_f32("parakeet.preprocessor.preemph", p.preemph)?;
         w.set_f32(
             "parakeet.preprocessor.log_zero_guard_value",
-            self.log_zero_guard_value,
+            p.log_zero_guard_value,
         )?;
-        w.set_str("parakeet.preprocessor.normalize", &self.normalize)?;
-        w.set_u32("parakeet.encoder.feat_in", self.feat_in)?;
-        w.set_u32("parakeet.encoder.n_layers", self.n_layers)?;
-        w.set_u32("parakeet.encoder.d_model", self.d_model)?;
-        w.set_u32("parakeet.encoder.n_heads", self.n_heads)?;
+        w.set_str("parakeet.preprocessor.normalize", &p.normalize)?;
+        w.set_u32("parakeet.encoder.feat_in", e.feat_in)?;
+        w.set_u32("parakeet.encoder.n_layers", e.n_layers)?;
+        w.set_u32("parakeet.encoder.d_model", e.d_model)?;
+        w.set_u32("parakeet.encoder.n_heads", e.n_heads)?;
         w.set_u32(
             "parakeet.encoder.ff_expansion_factor",
-            self.ff_expansion_factor,
+            e.ff_expansion_factor,
         )?;
-        w.set_str("parakeet.encoder.subsampling", &self.subsampling)?;
-        w.set_u32(
-            "parakeet.encoder.subsampling_factor",
-            self.subsampling_factor,
-        )?;
+        w.set_str("parakeet.encoder.subsampling", &e.subsampling)?;
+        w.set_u32("parakeet.encoder.subsampling_factor", e.subsampling_factor)?;
         w.set_u32(
             "parakeet.encoder.subsampling_conv_channels",
-            self.subsampling_conv_channels,
+            e.subsampling_conv_channels,
         )?;
-        w.set_u32("parakeet.encoder.conv_kernel_size", self.conv_kernel_size)?;
-        w.set_bool("parakeet.encoder.xscaling", self.xscaling)?;
-        w.set_bool("parakeet.encoder.use_bias", self.use_bias)?;
+        w.set_u32("parakeet.encoder.conv_kernel_size", e.conv_kernel_size)?;
+        w.set_bool("parakeet.encoder.xscaling", e.xscaling)?;
+        w.set_bool("parakeet.encoder.use_bias", e.use_bias)?;
         w.set_str(
             "parakeet.encoder.self_attention_model",
-            &self.self_attention_model,
+            &e.self_attention_model,
         )?;
-        w.set_i32_array("parakeet.encoder.att_context_size", &self.att_context_size)?;
+        w.set_i32_array("parakeet.encoder.att_context_size", &e.att_context_size)?;
         if let Some(t) = &self.transducer {
             w.set_u32("parakeet.decoder.pred_hidden", t.pred_hidden)?;
             w.set_u32("parakeet.decoder.pred_rnn_layers", t.pred_rnn_layers)?;
@@ -237,15 +197,17 @@ fn durations(cfg: &Cfg) -> Result<Vec<i32>> {
     Ok(d)
 }
 
-struct Preprocessor {
-    sample_rate: u32,
-    n_mels: u32,
-    n_fft: u32,
-    win_length: u32,
-    hop_length: u32,
-    preemph: f32,
-    log_zero_guard_value: f32,
-    normalize: String,
+/// Featurizer settings (`preprocessor.*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Preprocessor {
+    pub sample_rate: u32,
+    pub n_mels: u32,
+    pub n_fft: u32,
+    pub win_length: u32,
+    pub hop_length: u32,
+    pub preemph: f32,
+    pub log_zero_guard_value: f32,
+    pub normalize: String,
 }
 
 fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<Preprocessor> {
@@ -353,20 +315,23 @@ fn log_zero_guard_value(cfg: &Cfg) -> Result<f32> {
     })
 }
 
-struct Encoder {
-    feat_in: u32,
-    n_layers: u32,
-    d_model: u32,
-    n_heads: u32,
-    ff_expansion_factor: u32,
-    subsampling: String,
-    subsampling_factor: u32,
-    subsampling_conv_channels: u32,
-    conv_kernel_size: u32,
-    xscaling: bool,
-    use_bias: bool,
-    self_attention_model: String,
-    att_context_size: [i32; 2],
+/// FastConformer settings (`encoder.*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Encoder {
+    pub feat_in: u32,
+    pub n_layers: u32,
+    pub d_model: u32,
+    pub n_heads: u32,
+    pub ff_expansion_factor: u32,
+    pub subsampling: String,
+    pub subsampling_factor: u32,
+    pub subsampling_conv_channels: u32,
+    pub conv_kernel_size: u32,
+    pub xscaling: bool,
+    pub use_bias: bool,
+    pub self_attention_model: String,
+    /// [left, right]; [-1, -1] is full attention.
+    pub att_context_size: [i32; 2],
 }
 
 fn encoder(cfg: &Cfg, t: &Tensors, n_mels: u32) -> Result<Encoder> {

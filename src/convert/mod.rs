@@ -18,7 +18,7 @@ use crate::backend::DType;
 use crate::backend::gguf_writer::GgufWriter;
 use crate::model::ModelType;
 
-pub use hparams::{Hparams, Transducer};
+pub use hparams::{Encoder, Hparams, Preprocessor, Transducer};
 pub use nemo::{NemoArchive, NemoModel, NemoTensor, TensorEntry, read_nemo};
 
 /// Storage type for the large matmul weights (everything else stays f32).

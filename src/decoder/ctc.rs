@@ -59,7 +59,10 @@ mod tests {
             [2.0, 1.0, 0.5], // 0
         ];
         let flat: Vec<f32> = rows.iter().flatten().copied().collect();
-        let ids: Vec<(usize, usize)> = ctc_greedy(&flat, 3).iter().map(|t| (t.id, t.frame)).collect();
+        let ids: Vec<(usize, usize)> = ctc_greedy(&flat, 3)
+            .iter()
+            .map(|t| (t.id, t.frame))
+            .collect();
         assert_eq!(ids, vec![(1, 0), (1, 3), (0, 4)]);
     }
 

@@ -45,7 +45,10 @@ pub struct TransducerDecoder<'m> {
 impl<'m> TransducerDecoder<'m> {
     pub fn new(model: &'m Model) -> Result<TransducerDecoder<'m>> {
         let (Some(pred), Some(joint)) = (&model.prediction, &model.joint) else {
-            bail!("{}: the model has no transducer decoder", model.path.display());
+            bail!(
+                "{}: the model has no transducer decoder",
+                model.path.display()
+            );
         };
         let hp = &model.hparams;
         Ok(TransducerDecoder {

@@ -102,7 +102,10 @@ pub fn encode_heads(
 ) -> Result<Encoded> {
     let d = model.hparams.encoder.d_model;
     if frames == 0 || output.len() != frames * d {
-        bail!("encoder output of {} values is not {frames} x {d}", output.len());
+        bail!(
+            "encoder output of {} values is not {frames} x {d}",
+            output.len()
+        );
     }
     let computed = backend.compute(|g| {
         let x = g.input_f32(output, &[d, frames]);
@@ -323,7 +326,11 @@ fn self_attention<'g>(
 /// pointwise_conv1 -> GLU -> depthwise conv (BatchNorm folded) -> Swish -> pointwise_conv2.
 fn conv_module<'g>(g: &mut Graph<'g>, c: &ConvModule, x: Tensor<'g>) -> Tensor<'g> {
     let d = x.ne(0);
-    let y = g.linear(x, &c.pointwise_conv1.weight, c.pointwise_conv1.bias.as_ref());
+    let y = g.linear(
+        x,
+        &c.pointwise_conv1.weight,
+        c.pointwise_conv1.bias.as_ref(),
+    );
     let a = g.cols(y, 0, d);
     let gate = g.cols(y, d, d);
     let gate = g.sigmoid(gate);
@@ -334,5 +341,9 @@ fn conv_module<'g>(g: &mut Graph<'g>, c: &ConvModule, x: Tensor<'g>) -> Tensor<'
     let b = g.weight(&c.depthwise_bias_folded);
     let y = g.add(y, b);
     let y = g.silu(y);
-    g.linear(y, &c.pointwise_conv2.weight, c.pointwise_conv2.bias.as_ref())
+    g.linear(
+        y,
+        &c.pointwise_conv2.weight,
+        c.pointwise_conv2.bias.as_ref(),
+    )
 }

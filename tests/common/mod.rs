@@ -49,7 +49,12 @@ pub fn npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
     if !fortran || shape.len() < 2 {
         return (shape, data);
     }
-    assert_eq!(shape.len(), 2, "{}: Fortran-order arrays of rank > 2", path.display());
+    assert_eq!(
+        shape.len(),
+        2,
+        "{}: Fortran-order arrays of rank > 2",
+        path.display()
+    );
     let (rows, cols) = (shape[0], shape[1]);
     let c_order = (0..rows)
         .flat_map(|r| (0..cols).map(move |c| (r, c)))
@@ -66,14 +71,21 @@ pub fn json(path: &Path) -> serde_json::Value {
 /// ‖a − b‖ / ‖b‖.
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| ((x - y) as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
     (num / den.max(1e-30)).sqrt()
 }
 
 pub fn max_abs_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(&x, &y)| (x - y).abs() as f64).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x - y).abs() as f64)
+        .fold(0.0, f64::max)
 }
 
 /// The 16 kHz samples of a reference clip.
