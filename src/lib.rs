@@ -10,5 +10,6 @@ pub mod convert;
 pub mod decoder;
 pub mod encoder;
 pub mod model;
+pub mod model_source;
 pub mod output;
 pub mod transcribe;

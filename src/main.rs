@@ -37,9 +37,11 @@ enum Command {
         #[arg(long = "type", value_enum, default_value = "f32")]
         ty: OutType,
     },
+    /// List the converted models in the cache.
+    Models,
     /// Describe a model: architecture, hyperparameters, tensors by type.
     Info {
-        /// A .gguf (or .nemo, converted on the fly) model.
+        /// A .gguf, a .nemo (converted once into the cache) or a hub id (owner/name).
         model: PathBuf,
     },
 }
@@ -49,7 +51,8 @@ struct TranscribeArgs {
     /// Audio files or directories; `-` reads WAV/FLAC from standard input.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
-    /// Model: a .gguf file, or a .nemo file (converted once into the cache).
+    /// Model: a .gguf file, a .nemo file (converted once into the cache), or a Hugging Face hub
+    /// id such as nvidia/parakeet-tdt-0.6b-v2 (downloaded, converted and cached once).
     #[arg(short, long, env = "PARAKEET_MODEL")]
     model: PathBuf,
     /// Threads for the compute backend (default: available cores).
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
         Command::Transcribe(args) => transcribe(args),
         Command::Convert { input, output, ty } => run_convert(&input, &output, ty).map(|_| 0),
         Command::Info { model } => info(&model).map(|_| 0),
+        Command::Models => list_models().map(|_| 0),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -131,48 +135,36 @@ fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
     Ok(())
 }
 
-/// A `.nemo` is converted once into the cache, keyed by its path, size and mtime.
 fn resolve_model(model: &Path) -> Result<PathBuf> {
-    if model
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("nemo"))
-    {
-        let meta = std::fs::metadata(model)
-            .with_context(|| format!("{}: cannot read model", model.display()))?;
-        let mtime = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs());
-        let abs = std::fs::canonicalize(model)?;
-        let key = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (abs, meta.len(), mtime).hash(&mut h);
-            h.finish()
-        };
-        let stem = model.file_stem().unwrap_or_default().to_string_lossy();
-        let cached = cache_dir().join(format!("{stem}-{key:016x}.gguf"));
-        if !cached.exists() {
-            std::fs::create_dir_all(cache_dir())?;
-            eprintln!(
-                "converting {} (once) -> {}",
-                model.display(),
-                cached.display()
-            );
-            convert_with_progress(model, &cached, OutType::F32, |_, _| {})?;
-        }
-        return Ok(cached);
-    }
-    Ok(model.to_path_buf())
+    parakeet::model_source::resolve(model, &mut |line| eprintln!("{line}"))
 }
 
-fn cache_dir() -> PathBuf {
-    std::env::var_os("PARAKEET_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("parakeet")))
-        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/parakeet")))
-        .unwrap_or_else(|| std::env::temp_dir().join("parakeet"))
+fn list_models() -> Result<()> {
+    let dir = parakeet::model_source::cache_dir();
+    let models = parakeet::model_source::list_cached()?;
+    if models.is_empty() {
+        println!("no converted models in {}", dir.display());
+    }
+    for m in models {
+        let desc = Model::load(&m.path)
+            .map(|model| {
+                let hp = &model.hparams;
+                format!(
+                    "{} {} x {}, {} mels",
+                    hp.model_type.name(),
+                    hp.encoder.n_layers,
+                    hp.encoder.d_model,
+                    hp.preprocessor.n_mels
+                )
+            })
+            .unwrap_or_else(|e| format!("unreadable: {e:#}"));
+        println!(
+            "{:>9.1} MiB  {}  ({desc})",
+            m.bytes as f64 / (1 << 20) as f64,
+            m.path.display()
+        );
+    }
+    Ok(())
 }
 
 fn info(model: &Path) -> Result<()> {

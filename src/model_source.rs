@@ -1,0 +1,142 @@
+//! Where a model comes from: a GGUF path, a `.nemo` path (converted once into the cache), or a
+//! Hugging Face hub id such as `nvidia/parakeet-tdt-0.6b-v2` (downloaded into the hub's standard
+//! cache with `hf-hub`, honouring `HF_ENDPOINT`/`HF_HOME`, then converted and cached).
+
+use crate::convert::{OutType, convert_with_progress};
+use anyhow::{Context, Result, anyhow, bail};
+use std::path::{Path, PathBuf};
+
+/// Our cache of converted models: `$PARAKEET_CACHE`, else `$XDG_CACHE_HOME/parakeet`, else
+/// `~/.cache/parakeet`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("PARAKEET_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("parakeet")))
+        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/parakeet")))
+        .unwrap_or_else(|| std::env::temp_dir().join("parakeet"))
+}
+
+/// `owner/name` with no file of that name on disk.
+fn looks_like_hub_id(spec: &str) -> bool {
+    let mut parts = spec.split('/');
+    let (Some(owner), Some(name), None) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let ok = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with('.')
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    ok(owner) && ok(name) && !Path::new(spec).exists()
+}
+
+/// A GGUF path for `spec`, converting (and for hub ids, downloading) once as needed.
+/// `log` receives one line per slow step (download, conversion).
+pub fn resolve(spec: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let text = spec.to_string_lossy();
+    if looks_like_hub_id(&text) {
+        let nemo = fetch_from_hub(&text, log)?;
+        return resolve(&nemo, log);
+    }
+    let is_nemo = spec
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("nemo"));
+    if !is_nemo {
+        return Ok(spec.to_path_buf());
+    }
+    let cached = cached_gguf_path(spec)?;
+    if !cached.exists() {
+        std::fs::create_dir_all(cache_dir())
+            .with_context(|| format!("{}: cannot create cache", cache_dir().display()))?;
+        log(&format!(
+            "converting {} (once) -> {}",
+            spec.display(),
+            cached.display()
+        ));
+        convert_with_progress(spec, &cached, OutType::F32, |_, _| {})?;
+    }
+    Ok(cached)
+}
+
+/// Cache entry of a `.nemo`: its stem plus a hash of its canonical path, size and mtime, so an
+/// edited or replaced checkpoint is converted again.
+fn cached_gguf_path(nemo: &Path) -> Result<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let meta = std::fs::metadata(nemo)
+        .with_context(|| format!("{}: cannot read model", nemo.display()))?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let abs = std::fs::canonicalize(nemo)?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (abs, meta.len(), mtime).hash(&mut h);
+    let stem = nemo.file_stem().unwrap_or_default().to_string_lossy();
+    Ok(cache_dir().join(format!("{stem}-{:016x}.gguf", h.finish())))
+}
+
+/// Download the repo's `.nemo` (hub cache; reused when present).
+fn fetch_from_hub(id: &str, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(false)
+        .build()
+        .map_err(|e| anyhow!("{id}: cannot set up the hub client: {e}"))?;
+    let repo = api.model(id.to_string());
+    let info = repo
+        .info()
+        .map_err(|e| anyhow!("{id}: cannot read the model repository from the hub: {e}"))?;
+    let file = info
+        .siblings
+        .iter()
+        .map(|s| s.rfilename.as_str())
+        .find(|f| f.ends_with(".nemo"))
+        .ok_or_else(|| anyhow!("{id}: the repository has no .nemo checkpoint"))?
+        .to_string();
+    log(&format!("fetching {id}/{file} from the hub (once)"));
+    repo.get(&file)
+        .map_err(|e| anyhow!("{id}: downloading {file} failed: {e}"))
+}
+
+/// A converted model in the cache.
+#[derive(Debug, Clone)]
+pub struct CachedModel {
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
+/// Every GGUF in our cache.
+pub fn list_cached() -> Result<Vec<CachedModel>> {
+    let dir = cache_dir();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => bail!("{}: {e}", dir.display()),
+    };
+    let mut out: Vec<CachedModel> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "gguf"))
+        .map(|e| CachedModel {
+            bytes: e.metadata().map(|m| m.len()).unwrap_or(0),
+            path: e.path(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_ids_are_owner_slash_name() {
+        assert!(looks_like_hub_id("nvidia/parakeet-tdt-0.6b-v2"));
+        assert!(looks_like_hub_id("nvidia/parakeet-tdt_ctc-110m"));
+        assert!(!looks_like_hub_id("model.gguf"));
+        assert!(!looks_like_hub_id("models/sub/model.gguf"));
+        assert!(!looks_like_hub_id("./model"));
+        assert!(!looks_like_hub_id("/abs"));
+    }
+}
