@@ -368,8 +368,14 @@ fn read_hparams(f: &GgufFile) -> Result<Hparams> {
     if att_context.len() != 2 {
         bail!("{shown}: parakeet.encoder.att_context_size must hold 2 values");
     }
-    if att != "rel_pos" && att != "rel_pos_local_attn" {
-        bail!("{shown}: self_attention_model '{att}' is not supported");
+    // Local attention (a band of att_context_size around each frame) is not implemented yet:
+    // refuse it rather than silently attending to everything.
+    let full_context = att_context.iter().all(|&c| c < 0);
+    if att != "rel_pos" || !full_context {
+        bail!(
+            "{shown}: self_attention_model '{att}' with att_context_size {att_context:?} is not \
+             supported yet (full rel_pos attention only)"
+        );
     }
     let d_model = u("encoder.d_model")?;
     let encoder = EncoderParams {
