@@ -93,3 +93,17 @@ fn quantized_encoders_stay_close_to_nemo() {
         println!("{ty:?}: worst {worst:.2e}");
     }
 }
+
+/// The same encoder graph with and without captures, back to back on one backend: the graph
+/// allocator must re-plan (it used to replay the first plan for the second graph and crash).
+#[test]
+fn graphs_with_and_without_captures_alternate_safely() {
+    let mut tr = Transcriber::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let features = tr.features(&clip_samples("speech_2s.wav"));
+    let first = tr.encode(&features, true).unwrap();
+    for capture in [false, true, false] {
+        let again = tr.encode(&features, capture).unwrap();
+        assert_eq!(again.output, first.output);
+        assert_eq!(again.joint_enc, first.joint_enc);
+    }
+}

@@ -179,7 +179,12 @@ impl Backend {
         // that outlive this call); tensors are only written after allocation.
         let result = unsafe {
             let gf = graph.finish(out);
-            if !sys::ggml_gallocr_alloc_graph(self.galloc, gf) {
+            // The gallocr replays its last plan whenever a graph has as many nodes and leafs as
+            // the previous one, even if they are different tensors (an input where a weight was:
+            // a wild write). Re-plan every graph; the buffer itself only ever grows.
+            if !sys::ggml_gallocr_reserve(self.galloc, gf)
+                || !sys::ggml_gallocr_alloc_graph(self.galloc, gf)
+            {
                 bail!("ggml: could not allocate the compute graph (out of memory?)");
             }
             graph.upload_inputs();

@@ -236,31 +236,47 @@ fn conformer_layer<'g>(
             g.capture(&format!("enc_layer_00_{name}"), t);
         }
     };
-    let n = layer_norm(g, x, &l.norm_feed_forward1);
-    tap(g, "norm_feed_forward1", n);
-    let ff = feed_forward(g, n, &l.feed_forward1);
-    tap(g, "feed_forward1", ff);
-    let ff = g.scale(ff, 0.5);
-    let x = g.add(x, ff);
-
-    let n = layer_norm(g, x, &l.norm_self_att);
-    tap(g, "norm_self_att", n);
-    let att = self_attention(g, hp, &l.self_attn, n, pos);
-    tap(g, "self_attn", att);
-    let x = g.add(x, att);
-
-    let n = layer_norm(g, x, &l.norm_conv);
-    tap(g, "norm_conv", n);
-    let conv = conv_module(g, &l.conv, n);
-    tap(g, "conv", conv);
-    let x = g.add(x, conv);
-
-    let n = layer_norm(g, x, &l.norm_feed_forward2);
-    tap(g, "norm_feed_forward2", n);
-    let ff = feed_forward(g, n, &l.feed_forward2);
-    tap(g, "feed_forward2", ff);
-    let ff = g.scale(ff, 0.5);
-    let x = g.add(x, ff);
+    // `x + scale * block(norm(x))`, with the norm and block outputs tapped by NeMo's names.
+    let residual = |g: &mut Graph<'g>,
+                    x: Tensor<'g>,
+                    (norm, norm_name): (&LayerNorm, &str),
+                    block_name: &str,
+                    scale: f32,
+                    block: &dyn Fn(&mut Graph<'g>, Tensor<'g>) -> Tensor<'g>| {
+        let n = layer_norm(g, x, norm);
+        tap(g, norm_name, n);
+        let y = block(g, n);
+        tap(g, block_name, y);
+        let y = if scale == 1.0 { y } else { g.scale(y, scale) };
+        g.add(x, y)
+    };
+    let x = residual(
+        g,
+        x,
+        (&l.norm_feed_forward1, "norm_feed_forward1"),
+        "feed_forward1",
+        0.5,
+        &|g, n| feed_forward(g, n, &l.feed_forward1),
+    );
+    let x = residual(
+        g,
+        x,
+        (&l.norm_self_att, "norm_self_att"),
+        "self_attn",
+        1.0,
+        &|g, n| self_attention(g, hp, &l.self_attn, n, pos),
+    );
+    let x = residual(g, x, (&l.norm_conv, "norm_conv"), "conv", 1.0, &|g, n| {
+        conv_module(g, &l.conv, n)
+    });
+    let x = residual(
+        g,
+        x,
+        (&l.norm_feed_forward2, "norm_feed_forward2"),
+        "feed_forward2",
+        0.5,
+        &|g, n| feed_forward(g, n, &l.feed_forward2),
+    );
 
     let out = layer_norm(g, x, &l.norm_out);
     tap(g, "norm_out", out);
