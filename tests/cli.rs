@@ -198,3 +198,49 @@ fn ctc_head_of_a_hybrid_and_info() {
         "{s}"
     );
 }
+
+#[test]
+fn stdin_and_unreadable_entries() {
+    let root = scratch("stdin");
+    let model = gguf("tiny_tdt", parakeet::convert::OutType::F32);
+    // WAV on standard input.
+    let wav = std::fs::read(reference("").join("speech_2s.wav")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+        .args(["transcribe", "-", "-m", model.to_str().unwrap()])
+        .env("GGML_NO_BACKTRACE", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&wav).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim_end(), nemo_text("tiny_tdt_2s"));
+
+    // A dangling link in a directory (root reads everything, so a broken link is the entry
+    // that cannot be read) fails on its own; the good file is still transcribed.
+    let dir = root.join("in");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(reference("").join("speech_2s.wav"), dir.join("a.wav")).unwrap();
+    std::os::unix::fs::symlink(root.join("missing.wav"), dir.join("b.wav")).unwrap();
+    let out = parakeet(
+        &[
+            "transcribe",
+            dir.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+        ],
+        &root,
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("b.wav") && err.contains("1 done, 1 failed"),
+        "{err}"
+    );
+    assert!(text(&out.stdout).contains(&nemo_text("tiny_tdt_2s")));
+}
