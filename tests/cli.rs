@@ -244,3 +244,28 @@ fn stdin_and_unreadable_entries() {
     );
     assert!(text(&out.stdout).contains(&nemo_text("tiny_tdt_2s")));
 }
+
+#[test]
+fn every_audio_format_fixture_transcribes() {
+    let root = scratch("formats");
+    let model = gguf("tiny_tdt", parakeet::convert::OutType::F32);
+    let dir = fixtures().join("audio/formats");
+    let out = parakeet(
+        &[
+            "transcribe",
+            dir.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+        ],
+        &root,
+    );
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let n_audio = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| parakeet::audio::is_audio_path(&e.as_ref().unwrap().path()))
+        .count();
+    assert!(n_audio >= 13, "{n_audio}");
+    assert!(err.contains(&format!("{n_audio} done, 0 failed")), "{err}");
+    assert_eq!(text(&out.stdout).lines().count(), n_audio);
+}

@@ -67,6 +67,7 @@ pub fn encode(
         }
     }
     let frames = encoded_len(t_feat);
+    check_attention_memory(frames, hp.n_heads)?;
     let pos = relative_positions(frames, hp.d_model);
 
     let computed = backend.compute(|g| {
@@ -142,6 +143,34 @@ fn collect(frames: usize, d_model: usize, computed: crate::backend::Computed) ->
         }
     }
     out
+}
+
+/// Full attention holds a few `[T', T', heads]` f32 tensors at once (scores, the positional
+/// term before and after its shift, probabilities): refuse, with a clear message, an utterance
+/// whose attention alone would not fit in the memory available now, instead of being killed.
+fn check_attention_memory(frames: usize, heads: usize) -> Result<()> {
+    let need = 5.0 * (frames as f64).powi(2) * heads as f64 * 4.0;
+    let Some(available) = available_memory_bytes() else {
+        return Ok(());
+    };
+    if need > available as f64 {
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        bail!(
+            "audio of {:.0} s needs about {:.1} GiB for full attention, {:.1} GiB is available; \
+             split it into shorter files (chunked and local attention are not supported yet)",
+            frames as f64 * 0.08,
+            gib(need),
+            gib(available as f64)
+        );
+    }
+    Ok(())
+}
+
+fn available_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// The relative positional table for `t` frames: positions `t-1 .. -(t-1)`, rows of `d`.
