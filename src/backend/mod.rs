@@ -251,14 +251,16 @@ pub fn devices() -> Vec<DeviceInfo> {
     }
 }
 
-/// Quiet ggml's own logging (it prints every buffer allocation at info level).
+/// Quiet ggml's own logging: it prints buffer allocations at info level and, for a malformed
+/// GGUF, its parser's view of the problem; every failure reaches the user as our own one-line
+/// error naming the file instead. `PARAKEET_GGML_LOG=1` keeps ggml's messages for debugging.
 pub fn silence_ggml_logs() {
     unsafe extern "C" fn quiet(
-        level: sys::ggml_log_level,
+        _level: sys::ggml_log_level,
         text: *const std::os::raw::c_char,
         _: *mut std::os::raw::c_void,
     ) {
-        if level >= sys::GGML_LOG_LEVEL_ERROR && !text.is_null() {
+        if !text.is_null() && std::env::var_os("PARAKEET_GGML_LOG").is_some() {
             // SAFETY: ggml passes a NUL-terminated message.
             eprint!("{}", unsafe { cstr(text) });
         }
