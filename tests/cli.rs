@@ -25,6 +25,21 @@ fn parakeet(args: &[&str], cache: &Path) -> Output {
         .unwrap()
 }
 
+/// `parakeet transcribe INPUT -m MODEL EXTRA...`
+fn transcribe(input: &Path, model: &Path, extra: &[&str], cache: &Path) -> Output {
+    let args = [
+        &[
+            "transcribe",
+            input.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+        ][..],
+        extra,
+    ]
+    .concat();
+    parakeet(&args, cache)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -41,29 +56,13 @@ fn transcribes_a_clip_like_nemo_from_a_nemo_file() {
     let cache = scratch("cache-single");
     let clip = reference("").join("speech_10s.wav");
     let model = nemo("tiny_tdt");
-    let out = parakeet(
-        &[
-            "transcribe",
-            clip.to_str().unwrap(),
-            "-m",
-            model.to_str().unwrap(),
-        ],
-        &cache,
-    );
+    let out = transcribe(&clip, &model, &[], &cache);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim_end(), nemo_text("tiny_tdt"));
     // The .nemo was converted once into the cache and is reused.
     let cached: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
     assert_eq!(cached.len(), 1);
-    let again = parakeet(
-        &[
-            "transcribe",
-            clip.to_str().unwrap(),
-            "-m",
-            model.to_str().unwrap(),
-        ],
-        &cache,
-    );
+    let again = transcribe(&clip, &model, &[], &cache);
     assert_eq!(text(&again.stdout), text(&out.stdout));
     assert!(
         !text(&again.stderr).contains("converting"),
@@ -148,15 +147,7 @@ fn model_errors_exit_2_with_one_line() {
     let garbage = root.join("model.gguf");
     std::fs::write(&garbage, b"nope").unwrap();
     let clip = reference("").join("speech_2s.wav");
-    let out = parakeet(
-        &[
-            "transcribe",
-            clip.to_str().unwrap(),
-            "-m",
-            garbage.to_str().unwrap(),
-        ],
-        &root,
-    );
+    let out = transcribe(&clip, &garbage, &[], &root);
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -227,15 +218,7 @@ fn stdin_and_unreadable_entries() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(reference("").join("speech_2s.wav"), dir.join("a.wav")).unwrap();
     std::os::unix::fs::symlink(root.join("missing.wav"), dir.join("b.wav")).unwrap();
-    let out = parakeet(
-        &[
-            "transcribe",
-            dir.to_str().unwrap(),
-            "-m",
-            model.to_str().unwrap(),
-        ],
-        &root,
-    );
+    let out = transcribe(&dir, &model, &[], &root);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -250,15 +233,7 @@ fn every_audio_format_fixture_transcribes() {
     let root = scratch("formats");
     let model = gguf("tiny_tdt", parakeet::convert::OutType::F32);
     let dir = fixtures().join("audio/formats");
-    let out = parakeet(
-        &[
-            "transcribe",
-            dir.to_str().unwrap(),
-            "-m",
-            model.to_str().unwrap(),
-        ],
-        &root,
-    );
+    let out = transcribe(&dir, &model, &[], &root);
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     let n_audio = std::fs::read_dir(&dir)
