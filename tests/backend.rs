@@ -189,8 +189,18 @@ fn dw_point(
 fn matmul_matches_plain_rust() {
     let mut be = backend(2);
     let mut rng = Lcg::new(1);
-    // Odd sizes (no SIMD-friendly multiples) and one long inner dimension.
-    for &(k, m, n) in &[(67, 45, 13), (512, 64, 8), (1, 3, 2), (640, 17, 1)] {
+    // Odd sizes (no SIMD-friendly multiples) and one long inner dimension; the last three are
+    // large enough for the packed-GEMM path (>= 2^20 multiply-adds), with row counts that do
+    // not split evenly over the threads.
+    for &(k, m, n) in &[
+        (67, 45, 13),
+        (512, 64, 8),
+        (1, 3, 2),
+        (640, 17, 1),
+        (300, 203, 41),
+        (1024, 37, 29),
+        (9, 256, 1000),
+    ] {
         let w = rng.vec(k * m);
         let x = rng.vec(k * n);
         let got = be

@@ -90,6 +90,72 @@ fn check(cond: bool, msg: impl FnOnce() -> String) {
     }
 }
 
+/// Below this many multiply-adds ggml's own kernel is as fast (and the decoder's matrix-vector
+/// products stay on it).
+const PACKED_GEMM_MIN_MACS: usize = 1 << 20;
+
+/// Plain f32 matrix products (the encoder's linears) go to the `gemm` crate's packed kernels,
+/// about twice ggml's f32 tinyBLAS throughput on this hardware (`examples/gemm_throughput.rs`);
+/// quantized weights, batched products and small products stay on `ggml_mul_mat`.
+fn use_packed_gemm(w: Tensor<'_>, x: Tensor<'_>) -> bool {
+    let (ws, xs) = (w.shape(), x.shape());
+    w.dtype() == Some(DType::F32)
+        && x.dtype() == Some(DType::F32)
+        && w.is_contiguous()
+        && x.is_contiguous()
+        && ws[2] == 1
+        && ws[3] == 1
+        && xs[2] == 1
+        && xs[3] == 1
+        && ws[0] * ws[1] * xs[1] >= PACKED_GEMM_MIN_MACS
+        && std::env::var_os("PARAKEET_GGML_MATMUL").is_none()
+}
+
+/// ggml custom-op body: `dst[m, n] = w[k, m]^T x[k, n]`, rows of `dst` split over the backend's
+/// threads, each running the single-threaded packed GEMM on its rows.
+unsafe extern "C" fn packed_gemm_f32(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    _: *mut std::os::raw::c_void,
+) {
+    // SAFETY: ggml calls this with the tensor built in `matmul`: src[0] = w [k, m] and
+    // src[1] = x [k, n], both contiguous f32 and allocated, dst [m, n] contiguous f32.
+    unsafe {
+        let d = &*dst;
+        let (w, x) = (&*d.src[0], &*d.src[1]);
+        let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, x.ne[1] as usize);
+        // Whole register tiles per thread.
+        let chunk = m.div_ceil(nth as usize).next_multiple_of(16);
+        let i0 = ith as usize * chunk;
+        let i1 = (i0 + chunk).min(m);
+        if i0 >= i1 {
+            return;
+        }
+        gemm::gemm(
+            i1 - i0,
+            n,
+            k,
+            (d.data as *mut f32).add(i0),
+            m as isize, // dst column stride (one time step)
+            1,
+            false,
+            (w.data as *const f32).add(i0 * k),
+            1, // lhs = w^T: [i, p] at i * k + p
+            k as isize,
+            x.data as *const f32,
+            k as isize, // rhs = x: [p, j] at j * k + p
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
 fn can_repeat(small: [usize; 4], big: [usize; 4]) -> bool {
     (0..4).all(|i| small[i] != 0 && big[i].is_multiple_of(small[i]))
 }
@@ -256,6 +322,27 @@ impl<'g> Graph<'g> {
         check(!unsafe { sys::ggml_is_transposed(w.raw()) }, || {
             "matmul: transposed left operand".into()
         });
+        if use_packed_gemm(w, x) {
+            let mut args = [w.raw(), x.raw()];
+            // SAFETY: an [m, n] f32 result whose srcs are w and x (kept alive and ordered by the
+            // graph); the callback only reads them and writes its own rows of the result.
+            let p = unsafe {
+                sys::ggml_custom_4d(
+                    self.ctx(),
+                    sys::GGML_TYPE_F32,
+                    ws[1] as i64,
+                    xs[1] as i64,
+                    1,
+                    1,
+                    args.as_mut_ptr(),
+                    2,
+                    Some(packed_gemm_f32),
+                    -1, // every thread of the backend
+                    std::ptr::null_mut(),
+                )
+            };
+            return self.wrap(p, "matmul (packed gemm)");
+        }
         // SAFETY: shapes checked.
         let p = unsafe { sys::ggml_mul_mat(self.ctx(), w.raw(), x.raw()) };
         self.wrap(p, "matmul")
