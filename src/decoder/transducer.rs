@@ -96,13 +96,13 @@ impl<'m> TransducerDecoder<'m> {
             }
             Ok(g.linear(x, &joint.pred.weight, joint.pred.bias.as_ref()))
         })?;
-        for (l, slot) in self.state.iter_mut().enumerate() {
-            let take = |name: String| {
-                out.capture(&name)
-                    .map(|c| c.data.clone())
-                    .expect("captured above")
+        // Captures come back in registration order: h0, c0, h1, c1, ...
+        let mut captured = out.captures.into_iter().map(|c| c.data);
+        for slot in self.state.iter_mut() {
+            let (Some(h), Some(c)) = (captured.next(), captured.next()) else {
+                bail!("prediction network: missing LSTM state in the graph's results");
             };
-            *slot = (take(format!("h{l}")), take(format!("c{l}")));
+            *slot = (h, c);
         }
         self.pred_out = out.output;
         self.predictor_steps += 1;
