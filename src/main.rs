@@ -84,6 +84,10 @@ struct TranscribeArgs {
     /// Print where the time went (stage table) on stderr.
     #[arg(long)]
     profile: bool,
+    /// Longest piece of audio encoded at once; longer audio is cut at quiet points (full
+    /// attention memory grows with the square of the length).
+    #[arg(long, value_name = "SECONDS", default_value_t = parakeet::transcribe::DEFAULT_MAX_CHUNK_SECONDS)]
+    max_chunk_seconds: f64,
     /// Write every encoder layer's output as .npy (named like NeMo's reference dumps).
     #[arg(long, value_name = "DIR")]
     dump_layers: Option<PathBuf>,
@@ -326,6 +330,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let model_path = resolve_model(&args.model)?;
     let threads = args.threads.unwrap_or_else(default_threads);
     let mut tr = Transcriber::load(&model_path, threads)?;
+    tr.set_max_chunk_seconds(args.max_chunk_seconds);
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()

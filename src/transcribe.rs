@@ -51,7 +51,23 @@ pub struct Transcriber {
     pub model: Model,
     pub backend: Backend,
     mel: MelConfig,
+    max_chunk_seconds: f64,
 }
+
+impl StageTimes {
+    fn add(&mut self, o: &StageTimes) {
+        self.features += o.features;
+        self.encoder += o.encoder;
+        self.decoder += o.decoder;
+        self.decoder_steps += o.decoder_steps;
+        self.predictor_steps += o.predictor_steps;
+        self.decoder_graphs += o.decoder_graphs;
+    }
+}
+
+/// Default longest piece encoded at once: 5 minutes (about 2.3 GiB of attention scores for an
+/// 8-head model).
+pub const DEFAULT_MAX_CHUNK_SECONDS: f64 = 300.0;
 
 impl Transcriber {
     pub fn new(model: Model, threads: usize) -> Result<Transcriber> {
@@ -69,6 +85,7 @@ impl Transcriber {
             model,
             backend,
             mel,
+            max_chunk_seconds: DEFAULT_MAX_CHUNK_SECONDS,
         })
     }
 
@@ -135,21 +152,30 @@ impl Transcriber {
         Ok((tokens, times))
     }
 
+    /// Longest stretch of audio encoded in one piece (seconds). Full attention is quadratic
+    /// in length, so longer audio is cut at quiet points into pieces of at most this length,
+    /// each transcribed on its own (NeMo would attend over the whole file; results near a cut
+    /// can differ). Audio up to this length is processed exactly as NeMo does.
+    pub fn set_max_chunk_seconds(&mut self, seconds: f64) {
+        self.max_chunk_seconds = seconds.max(1.0);
+    }
+
     /// Transcribe 16 kHz mono samples.
     pub fn transcribe(&mut self, samples: &[f32], choice: DecoderChoice) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
-        let t0 = Instant::now();
-        let features = self.features(samples);
-        if features.n_frames == 0 {
-            bail!("audio too short ({audio_seconds:.3} s): nothing to transcribe");
+        let max_len = (self.max_chunk_seconds * self.sample_rate() as f64) as usize;
+        let mut tokens = Vec::new();
+        let mut times = StageTimes::default();
+        for piece in chunk_bounds(samples, max_len) {
+            // Pieces start on an encoder-frame boundary, so frames just add up.
+            let frame0 = piece.start / SAMPLES_PER_FRAME;
+            let (piece_tokens, t) = self.transcribe_piece(&samples[piece], choice)?;
+            tokens.extend(piece_tokens.into_iter().map(|mut tok| {
+                tok.frame += frame0;
+                tok
+            }));
+            times.add(&t);
         }
-        let t1 = Instant::now();
-        let enc = self.encode(&features, false)?;
-        let t2 = Instant::now();
-        let (tokens, mut times) = self.decode(&enc, choice)?;
-        times.features = t1 - t0;
-        times.encoder = t2 - t1;
-        times.decoder = t2.elapsed();
         let vocab = &self.model.vocab;
         Ok(Transcript {
             text: detokenize(vocab, tokens.iter().map(|t| t.id)),
@@ -163,4 +189,59 @@ impl Transcriber {
             times,
         })
     }
+
+    /// Features, encoder and decoder over one piece of audio.
+    fn transcribe_piece(
+        &mut self,
+        samples: &[f32],
+        choice: DecoderChoice,
+    ) -> Result<(Vec<Token>, StageTimes)> {
+        let t0 = Instant::now();
+        let features = self.features(samples);
+        if features.n_frames == 0 {
+            bail!(
+                "audio too short ({:.3} s): nothing to transcribe",
+                samples.len() as f64 / self.sample_rate() as f64
+            );
+        }
+        let t1 = Instant::now();
+        let enc = self.encode(&features, false)?;
+        let t2 = Instant::now();
+        let (tokens, mut times) = self.decode(&enc, choice)?;
+        times.features = t1 - t0;
+        times.encoder = t2 - t1;
+        times.decoder = t2.elapsed();
+        Ok((tokens, times))
+    }
+}
+
+/// Samples per encoder frame: 8 hops of 160.
+const SAMPLES_PER_FRAME: usize = 1280;
+
+/// Where long audio is cut: pieces of at most `max_len` samples, each ending (except the last)
+/// in the quietest encoder frame of its final fifth (at most 10 s), on a frame boundary.
+pub fn chunk_bounds(samples: &[f32], max_len: usize) -> Vec<std::ops::Range<usize>> {
+    let max_len = (max_len / SAMPLES_PER_FRAME).max(1) * SAMPLES_PER_FRAME;
+    let search = (max_len / 5).min(160_000) / SAMPLES_PER_FRAME;
+    let mut out = Vec::new();
+    let mut start = 0;
+    while samples.len() - start > max_len {
+        let last = start + max_len; // a frame boundary
+        let energy = |f: usize| -> f64 {
+            let a = last - (f + 1) * SAMPLES_PER_FRAME;
+            samples[a..a + SAMPLES_PER_FRAME]
+                .iter()
+                .map(|&x| (x as f64) * (x as f64))
+                .sum()
+        };
+        // The quietest frame among the last `search` frames; the cut goes after it.
+        let quietest = (0..search.max(1))
+            .min_by(|&a, &b| energy(a).total_cmp(&energy(b)))
+            .unwrap_or(0);
+        let end = last - quietest * SAMPLES_PER_FRAME;
+        out.push(start..end);
+        start = end;
+    }
+    out.push(start..samples.len());
+    out
 }

@@ -156,8 +156,8 @@ fn check_attention_memory(frames: usize, heads: usize) -> Result<()> {
     if need > available as f64 {
         let gib = |b: f64| b / (1u64 << 30) as f64;
         bail!(
-            "audio of {:.0} s needs about {:.1} GiB for full attention, {:.1} GiB is available; \
-             split it into shorter files (chunked and local attention are not supported yet)",
+            "a {:.0} s piece of audio needs about {:.1} GiB for full attention, {:.1} GiB is \
+             available; encode shorter pieces (--max-chunk-seconds)",
             frames as f64 * 0.08,
             gib(need),
             gib(available as f64)
