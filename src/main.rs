@@ -6,7 +6,7 @@ use parakeet::audio;
 use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
-use parakeet::transcribe::{DecoderChoice, Transcriber, Transcript};
+use parakeet::transcribe::{DecoderChoice, StageTimes, Transcriber, Transcript};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -309,12 +309,7 @@ fn parse_formats(list: &[String]) -> Result<Vec<Format>> {
 struct Profile {
     load: Duration,
     read: Duration,
-    features: Duration,
-    encoder: Duration,
-    decoder: Duration,
-    decoder_steps: u64,
-    predictor_steps: u64,
-    decoder_graphs: u64,
+    stages: StageTimes,
     audio_seconds: f64,
 }
 
@@ -453,12 +448,7 @@ fn transcribe_one(
     let t = tr
         .transcribe(&samples, args.decoder)
         .with_context(|| shown.clone())?;
-    profile.features += t.times.features;
-    profile.encoder += t.times.encoder;
-    profile.decoder += t.times.decoder;
-    profile.decoder_steps += t.times.decoder_steps;
-    profile.predictor_steps += t.times.predictor_steps;
-    profile.decoder_graphs += t.times.decoder_graphs;
+    profile.stages.add(&t.times);
     profile.audio_seconds += t.audio_seconds;
     Ok(t)
 }
@@ -531,13 +521,13 @@ fn peak_rss_bytes() -> Option<u64> {
 fn print_profile(p: &Profile, tr: &Transcriber, wall: Duration) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let stats = tr.backend.stats();
-    let per_step = if p.decoder_steps > 0 {
+    let per_step = if p.stages.decoder_steps > 0 {
         format!(
             "{} steps, {} LSTM updates, {} graphs, {:.0} us/step",
-            p.decoder_steps,
-            p.predictor_steps,
-            p.decoder_graphs,
-            p.decoder.as_secs_f64() * 1e6 / p.decoder_steps as f64
+            p.stages.decoder_steps,
+            p.stages.predictor_steps,
+            p.stages.decoder_graphs,
+            p.stages.decoder.as_secs_f64() * 1e6 / p.stages.decoder_steps as f64
         )
     } else {
         String::from("CTC greedy")
@@ -545,9 +535,12 @@ fn print_profile(p: &Profile, tr: &Transcriber, wall: Duration) {
     eprintln!("stage                  time (ms)");
     eprintln!("model load          {:>12.1}", ms(p.load));
     eprintln!("audio read+resample {:>12.1}", ms(p.read));
-    eprintln!("features            {:>12.1}", ms(p.features));
-    eprintln!("encoder             {:>12.1}", ms(p.encoder));
-    eprintln!("decoder             {:>12.1}   ({per_step})", ms(p.decoder));
+    eprintln!("features            {:>12.1}", ms(p.stages.features));
+    eprintln!("encoder             {:>12.1}", ms(p.stages.encoder));
+    eprintln!(
+        "decoder             {:>12.1}   ({per_step})",
+        ms(p.stages.decoder)
+    );
     eprintln!("total               {:>12.1}", ms(wall));
     if p.audio_seconds > 0.0 {
         eprintln!(

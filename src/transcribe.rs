@@ -55,7 +55,8 @@ pub struct Transcriber {
 }
 
 impl StageTimes {
-    fn add(&mut self, o: &StageTimes) {
+    /// Accumulate another utterance's (or piece's) times.
+    pub fn add(&mut self, o: &StageTimes) {
         self.features += o.features;
         self.encoder += o.encoder;
         self.decoder += o.decoder;

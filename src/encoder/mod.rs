@@ -7,6 +7,7 @@
 //! Layout: ggml tensors here are `[d, T]` (`ne0` = channels, fastest), i.e. torch's `[T, d]`.
 
 use crate::audio::mel::Features;
+use crate::backend::gguf::Weight;
 use crate::backend::{Backend, Graph, Tensor};
 use crate::model::{
     ConformerLayer, ConvModule, EncoderParams, FeedForward, LayerNorm, Model, PreEncode,
@@ -158,7 +159,7 @@ fn check_attention_memory(frames: usize, heads: usize) -> Result<()> {
         bail!(
             "a {:.0} s piece of audio needs about {:.1} GiB for full attention, {:.1} GiB is \
              available; encode shorter pieces (--max-chunk-seconds)",
-            frames as f64 * 0.08,
+            frames as f64 * crate::decoder::FRAME_SECONDS,
             gib(need),
             gib(available as f64)
         );
@@ -219,8 +220,8 @@ fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>) -> Tensor<'g>
 fn dw_pw_block<'g>(
     g: &mut Graph<'g>,
     x: Tensor<'g>,
-    dw: &(crate::backend::gguf::Weight, crate::backend::gguf::Weight),
-    pw: &(crate::backend::gguf::Weight, crate::backend::gguf::Weight),
+    dw: &(Weight, Weight),
+    pw: &(Weight, Weight),
 ) -> Tensor<'g> {
     let c = x.ne(0);
     let whcn = g.permute(x, [2, 0, 1, 3]); // logical [F, T, C], channels contiguous
