@@ -12,4 +12,5 @@ pub mod encoder;
 pub mod model;
 pub mod model_source;
 pub mod output;
+pub mod server;
 pub mod transcribe;

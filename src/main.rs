@@ -3,7 +3,10 @@
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
+use parakeet::backend::gguf::Layout;
+use parakeet::backend::sgemm::Isa;
 use parakeet::convert::{OutType, convert_with_progress};
+use parakeet::encoder::{Attention, AttentionChoice};
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
 use parakeet::transcribe::{DecoderChoice, StageTimes, Transcriber, Transcript};
@@ -39,6 +42,8 @@ enum Command {
     },
     /// List the converted models in the cache.
     Models,
+    /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions) over one loaded model.
+    Serve(parakeet::server::ServeArgs),
     /// Describe a model: architecture, hyperparameters, tensors by type.
     Info {
         /// A .gguf, a .nemo (converted once into the cache) or a hub id (owner/name).
@@ -84,10 +89,12 @@ struct TranscribeArgs {
     /// Print where the time went (stage table) on stderr.
     #[arg(long)]
     profile: bool,
-    /// Longest piece of audio encoded at once; longer audio is cut at quiet points (full
-    /// attention memory grows with the square of the length).
-    #[arg(long, value_name = "SECONDS", default_value_t = parakeet::transcribe::DEFAULT_MAX_CHUNK_SECONDS)]
-    max_chunk_seconds: f64,
+    /// Encoder self-attention: `auto` (the model's own; for full-attention models full
+    /// attention up to 2 min, NeMo's local [128,128] above), `full`, or a local window `L,R`
+    /// in encoder frames of 80 ms (NeMo's rel_pos_local_attn, e.g. 128,128). The whole file is
+    /// always encoded in one pass.
+    #[arg(long, value_name = "auto|full|L,R", default_value = "auto")]
+    att_context: AttentionChoice,
     /// Write every encoder layer's output as .npy (named like NeMo's reference dumps).
     #[arg(long, value_name = "DIR")]
     dump_layers: Option<PathBuf>,
@@ -98,6 +105,7 @@ const EXIT_FAILED_INPUTS: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
+    bound_openmp_spinning();
     parakeet::backend::silence_ggml_logs();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -111,9 +119,12 @@ fn main() -> ExitCode {
         Command::Convert { input, output, ty } => run_convert(&input, &output, ty).map(|_| 0),
         Command::Info { model } => info(&model).map(|_| 0),
         Command::Models => list_models().map(|_| 0),
+        Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
     };
     match result {
         Ok(code) => ExitCode::from(code),
+        // The reader went away (`| head -1`): nothing left to say, like ripgrep.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(EXIT_USAGE)
@@ -121,18 +132,69 @@ fn main() -> ExitCode {
     }
 }
 
+/// ggml's threads meet at an OpenMP barrier after every op, and libgomp's default is to spin
+/// there for up to 300,000 rounds before sleeping. On a busy machine the spinning thread burns
+/// the core its descheduled partner needs: a 2-thread 110m transcription under load took 25 s
+/// with the default and about 2 s with short spins. Measured both ways (docs/BENCHMARKS.md),
+/// 1000 rounds is as fast as spinning on an idle machine (passive waits cost 10-20 % there) and
+/// within 5-10 % of passive waits under load. libgomp reads its settings once, when it is
+/// loaded, so unless the user chose (`OMP_WAIT_POLICY` / `GOMP_SPINCOUNT`), run ourselves again
+/// with the spin count set. `exec` only returns on failure; then carry on as we are.
+fn bound_openmp_spinning() {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        if std::env::var_os("OMP_WAIT_POLICY").is_some()
+            || std::env::var_os("GOMP_SPINCOUNT").is_some()
+        {
+            return;
+        }
+        let Ok(exe) = std::env::current_exe() else {
+            return;
+        };
+        let mut args = std::env::args_os();
+        let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+        let _failed = std::process::Command::new(&exe)
+            .arg0(arg0)
+            .args(args)
+            .env("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
+            .exec();
+    }
+}
+
+/// Barrier spin rounds before a libgomp thread sleeps (see [`bound_openmp_spinning`]).
+const GOMP_SPINCOUNT: &str = "1000";
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// `println!` that returns the write error (a closed pipe) instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
     let r = convert_with_progress(input, output, ty, |_, _| {})?;
     eprintln!(
-        "{} -> {}: {:?} ({} tensors, {:.1}M params; f32 {}, f16 {}, q8_0 {}), {:.1} MiB in {:.2} s",
+        "{} -> {}: {:?} ({} tensors, {:.1}M params; f32 {} ({} panel-packed), f16 {}, q8_0 {} ({} as q8_0x8), q4_0 {}), {:.1} MiB in {:.2} s",
         input.display(),
         output.display(),
         r.model_type,
         r.tensors,
         r.params as f64 / 1e6,
         r.f32_tensors,
+        r.panel16_tensors,
         r.f16_tensors,
         r.q8_0_tensors,
+        r.repacked_tensors,
+        r.q4_0_tensors,
         r.bytes as f64 / (1 << 20) as f64,
         r.elapsed.as_secs_f64()
     );
@@ -147,7 +209,7 @@ fn list_models() -> Result<()> {
     let dir = parakeet::model_source::cache_dir();
     let models = parakeet::model_source::list_cached()?;
     if models.is_empty() {
-        println!("no converted models in {}", dir.display());
+        outln!("no converted models in {}", dir.display())?;
     }
     for m in models {
         let desc = Model::load(&m.path)
@@ -162,11 +224,11 @@ fn list_models() -> Result<()> {
                 )
             })
             .unwrap_or_else(|e| format!("unreadable: {e:#}"));
-        println!(
+        outln!(
             "{:>9.1} MiB  {}  ({desc})",
             m.bytes as f64 / (1 << 20) as f64,
             m.path.display()
-        );
+        )?;
     }
     Ok(())
 }
@@ -176,18 +238,18 @@ fn info(model: &Path) -> Result<()> {
     let m = Model::load(&path)?;
     let hp = &m.hparams;
     let e = &hp.encoder;
-    println!("model:        {} ({})", m.name, path.display());
-    println!("type:         {}", hp.model_type.name());
-    println!(
+    outln!("model:        {} ({})", m.name, path.display())?;
+    outln!("type:         {}", hp.model_type.name())?;
+    outln!(
         "front end:    {} Hz, {} mels, n_fft {}, window {}, hop {}",
         hp.preprocessor.sample_rate,
         hp.preprocessor.n_mels,
         hp.preprocessor.n_fft,
         hp.preprocessor.win_length,
         hp.preprocessor.hop_length
-    );
-    println!(
-        "encoder:      {} layers x d_model {}, {} heads, ff {}, conv kernel {}, subsampling x{} ({} ch), xscaling {}, attention context {:?}",
+    )?;
+    outln!(
+        "encoder:      {} layers x d_model {}, {} heads, ff {}, conv kernel {}, subsampling x{} ({} ch), xscaling {}, attention {}",
         e.n_layers,
         e.d_model,
         e.n_heads,
@@ -196,10 +258,10 @@ fn info(model: &Path) -> Result<()> {
         e.subsampling_factor,
         e.subsampling_channels,
         e.xscaling,
-        e.att_context
-    );
+        e.attention
+    )?;
     if hp.model_type.has_transducer() {
-        println!(
+        outln!(
             "decoder:      LSTM {} x {}, joint {}, max symbols {}{}",
             hp.pred_layers,
             hp.pred_hidden,
@@ -210,34 +272,40 @@ fn info(model: &Path) -> Result<()> {
             } else {
                 format!(", TDT durations {:?}", hp.durations)
             }
-        );
+        )?;
     }
-    println!(
+    outln!(
         "vocabulary:   {} pieces (blank id {})",
         hp.vocab_size,
         hp.blank_id()
-    );
-    let mut by_type: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
+    )?;
+    let mut by_type: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
     let names = m.file.tensor_names();
     for name in names {
         if let Some(w) = m.file.any_weight(name) {
-            let entry = by_type.entry(w.dtype().name()).or_default();
+            let kind = match w.layout() {
+                Layout::Plain => w.dtype().name().to_string(),
+                Layout::Panel16 => format!("{} panel16", w.dtype().name()),
+                Layout::Q8_0x8 => "q8_0x8".to_string(),
+            };
+            let entry = by_type.entry(kind).or_default();
             entry.0 += 1;
             entry.1 += w.bytes();
         }
     }
     let total: usize = by_type.values().map(|v| v.1).sum();
-    println!(
+    outln!(
         "tensors:      {} ({:.1} MiB)",
         names.len(),
         total as f64 / (1 << 20) as f64
-    );
+    )?;
     for (ty, (n, bytes)) in by_type {
-        println!(
-            "  {ty:<5} {n:>5} tensors {:>10.1} MiB",
+        outln!(
+            "  {ty:<13} {n:>5} tensors {:>10.1} MiB",
             bytes as f64 / (1 << 20) as f64
-        );
+        )?;
     }
+    outln!("f32 kernel:   {} (panel16 GEMM)", Isa::best().name())?;
     Ok(())
 }
 
@@ -247,7 +315,22 @@ struct Job {
     root: Option<PathBuf>,
 }
 
+/// The audio files to transcribe, in argument order (directories walked, sorted). A file named
+/// twice (`talks/ talks/a.wav`) is transcribed once.
 fn collect_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
+    let (jobs, skipped) = walk_inputs(inputs)?;
+    let mut seen = std::collections::HashSet::new();
+    let jobs = jobs
+        .into_iter()
+        .filter(|j| {
+            j.path.as_os_str() == "-"
+                || seen.insert(std::fs::canonicalize(&j.path).unwrap_or_else(|_| j.path.clone()))
+        })
+        .collect();
+    Ok((jobs, skipped))
+}
+
+fn walk_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
     let mut jobs = Vec::new();
     let mut skipped = 0;
     for input in inputs {
@@ -289,19 +372,9 @@ fn collect_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
     Ok((jobs, skipped))
 }
 
+/// `-f` values (comma-separated and/or repeated): one list, repeats dropped.
 fn parse_formats(list: &[String]) -> Result<Vec<Format>> {
-    let mut out = Vec::new();
-    for f in list {
-        if f.eq_ignore_ascii_case("all") {
-            out.extend(Format::ALL);
-            continue;
-        }
-        let fmt = <Format as clap::ValueEnum>::from_str(f, true)
-            .map_err(|_| anyhow::anyhow!("unknown format '{f}' (txt, json, srt, vtt, tsv, all)"))?;
-        out.push(fmt);
-    }
-    out.dedup();
-    Ok(out)
+    Format::parse_list(&list.join(",")).map_err(anyhow::Error::msg)
 }
 
 /// Per-stage totals over a batch, for `--profile`.
@@ -311,6 +384,8 @@ struct Profile {
     read: Duration,
     stages: StageTimes,
     audio_seconds: f64,
+    /// The attention of each distinct kind used, in first-use order.
+    attention: Vec<Attention>,
 }
 
 fn transcribe(args: TranscribeArgs) -> Result<u8> {
@@ -321,32 +396,44 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
             "no audio files found in the given inputs ({skipped_non_audio} non-audio files skipped)"
         );
     }
+    // Text goes to stdout unless outputs are written to files.
+    let to_files = args.output_dir.is_some() || formats.iter().any(|f| *f != Format::Txt);
+    let planned = if to_files {
+        let inputs: Vec<(&Path, Option<&Path>)> = jobs
+            .iter()
+            .map(|j| (j.path.as_path(), j.root.as_deref()))
+            .collect();
+        output::plan_outputs(&inputs, args.output_dir.as_deref(), &formats)?
+    } else {
+        vec![Vec::new(); jobs.len()]
+    };
+    let threads = thread_count(args.threads)?;
     let start = Instant::now();
     let model_path = resolve_model(&args.model)?;
-    let threads = args.threads.unwrap_or_else(default_threads);
     let mut tr = Transcriber::load(&model_path, threads)?;
-    tr.set_max_chunk_seconds(args.max_chunk_seconds);
+    tr.set_attention(args.att_context);
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()
     };
     let model_name = tr.model.name.clone();
     let single = jobs.len() == 1;
-    // Text goes to stdout unless outputs are written to files.
-    let to_files = args.output_dir.is_some() || formats.iter().any(|f| *f != Format::Txt);
     let progress = (!args.quiet && !single && std::io::stderr().is_terminal())
         .then(|| progress_bar(jobs.len()));
+    // One file: its stages and how far each is (a long file is minutes of work).
+    let stage_bar = (!args.quiet && single && std::io::stderr().is_terminal()).then(stage_bar);
+    if let Some(bar) = &stage_bar {
+        let bar = bar.clone();
+        tr.set_progress(Some(std::sync::Arc::new(move |stage, done| {
+            if bar.message() != stage {
+                bar.set_message(stage);
+            }
+            bar.set_position((done * 1000.0) as u64);
+        })));
+    }
 
     let (mut done, mut failed, mut skipped) = (0usize, 0usize, 0usize);
-    for job in &jobs {
-        let outputs: Vec<(Format, PathBuf)> = if to_files {
-            formats
-                .iter()
-                .map(|&f| (f, destination(job, args.output_dir.as_deref(), f)))
-                .collect()
-        } else {
-            Vec::new()
-        };
+    for (job, outputs) in jobs.iter().zip(planned) {
         if args.skip_existing && !outputs.is_empty() && outputs.iter().all(|(_, p)| p.exists()) {
             skipped += 1;
             if let Some(pb) = &progress {
@@ -355,6 +442,9 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
             continue;
         }
         let result = transcribe_one(&mut tr, job, &args, &mut profile).and_then(|t| {
+            if let Some(bar) = &stage_bar {
+                bar.finish_and_clear();
+            }
             let meta = OutputMeta {
                 model: model_name.clone(),
                 audio_path: job.path.display().to_string(),
@@ -379,7 +469,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
             Ok(t) => {
                 done += 1;
                 if !to_files {
-                    print_transcript(&t, job, single, args.timestamps);
+                    print_transcript(&t, job, single, args.timestamps)?;
                 } else if !args.quiet && progress.is_none() {
                     eprintln!(
                         "{}: {:.1} s of audio -> {} file(s)",
@@ -410,6 +500,9 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     }
     if let Some(pb) = progress {
         pb.finish_and_clear();
+    }
+    if let Some(bar) = stage_bar {
+        bar.finish_and_clear();
     }
     let wall = start.elapsed();
     if !single && !args.quiet {
@@ -450,28 +543,32 @@ fn transcribe_one(
         .with_context(|| shown.clone())?;
     profile.stages.add(&t.times);
     profile.audio_seconds += t.audio_seconds;
+    if !profile.attention.contains(&t.attention) {
+        profile.attention.push(t.attention);
+    }
     Ok(t)
 }
 
-fn print_transcript(t: &Transcript, job: &Job, single: bool, timestamps: bool) {
+fn print_transcript(
+    t: &Transcript,
+    job: &Job,
+    single: bool,
+    timestamps: bool,
+) -> std::io::Result<()> {
     if single {
-        println!("{}", t.text);
+        outln!("{}", t.text)?;
     } else {
-        println!("{}\t{}", job.path.display(), t.text);
+        outln!("{}\t{}", job.path.display(), t.text)?;
     }
     if timestamps {
-        print!("{}", output::format_timestamps_line(&t.words));
+        use std::io::Write as _;
+        write!(
+            std::io::stdout().lock(),
+            "{}",
+            output::format_timestamps_line(&t.words)
+        )?;
     }
-}
-
-fn destination(job: &Job, out_dir: Option<&Path>, format: Format) -> PathBuf {
-    match out_dir {
-        Some(dir) => output::output_path(&job.path, job.root.as_deref(), dir, format),
-        None if job.path.as_os_str() == "-" => {
-            PathBuf::from(format!("stdin.{}", format.extension()))
-        }
-        None => job.path.with_extension(format.extension()),
-    }
+    Ok(())
 }
 
 fn dump_layers(tr: &mut Transcriber, samples: &[f32], dir: &Path) -> Result<()> {
@@ -498,6 +595,20 @@ fn dump_layers(tr: &mut Transcriber, samples: &[f32], dir: &Path) -> Result<()> 
     Ok(())
 }
 
+/// The stage bar of a single file: stage, how far, time spent.
+fn stage_bar() -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(1000);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {msg:8} {bar:30} {percent:>3}%  {elapsed}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb.set_message("reading audio");
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb
+}
+
 fn progress_bar(n: usize) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(n as u64);
     pb.set_style(
@@ -509,6 +620,23 @@ fn progress_bar(n: usize) -> indicatif::ProgressBar {
 
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `--threads`, capped at the available cores: ggml's workers spin while they wait, so threads
+/// beyond the cores only fight over them (10,000 of them never finish a 2 s clip).
+fn thread_count(requested: Option<usize>) -> Result<usize> {
+    let cores = default_threads();
+    match requested {
+        None => Ok(cores),
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(n) if n > cores => {
+            eprintln!(
+                "warning: --threads {n} is more than the {cores} available cores; using {cores}"
+            );
+            Ok(cores)
+        }
+        Some(n) => Ok(n),
+    }
 }
 
 fn peak_rss_bytes() -> Option<u64> {
@@ -536,7 +664,12 @@ fn print_profile(p: &Profile, tr: &Transcriber, wall: Duration) {
     eprintln!("model load          {:>12.1}", ms(p.load));
     eprintln!("audio read+resample {:>12.1}", ms(p.read));
     eprintln!("features            {:>12.1}", ms(p.stages.features));
-    eprintln!("encoder             {:>12.1}", ms(p.stages.encoder));
+    let attention: Vec<String> = p.attention.iter().map(|a| a.to_string()).collect();
+    eprintln!(
+        "encoder             {:>12.1}   (attention {})",
+        ms(p.stages.encoder),
+        attention.join(", ")
+    );
     eprintln!(
         "decoder             {:>12.1}   ({per_step})",
         ms(p.stages.decoder)

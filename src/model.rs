@@ -3,14 +3,17 @@
 //! stage can be diffed against the checkpoint by name. Shapes below are ggml order (the reverse
 //! of PyTorch's).
 
+use crate::audio::TARGET_RATE;
 use crate::backend::DType;
 use crate::backend::gguf::{GgufFile, HostWeights, Weight};
+use crate::encoder::Attention;
 use anyhow::{Context, Result, bail};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 const F32: &[DType] = &[DType::F32];
-/// Large matmul weights may be stored f16 or q8_0.
-const MATMUL: &[DType] = &[DType::F32, DType::F16, DType::Q8_0];
+/// Large matmul weights may be stored f16, q8_0 or q4_0.
+const MATMUL: &[DType] = &[DType::F32, DType::F16, DType::Q8_0, DType::Q4_0];
 
 /// Which heads the checkpoint has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,8 +86,9 @@ pub struct EncoderParams {
     pub subsampling_channels: usize,
     pub conv_kernel: usize,
     pub xscaling: bool,
-    /// `[left, right]` frames of attention context; `[-1, -1]` is full attention.
-    pub att_context: [i64; 2],
+    /// The attention the checkpoint was configured with (`self_attention_model` and
+    /// `att_context_size`).
+    pub attention: Attention,
 }
 
 #[derive(Clone, Debug)]
@@ -105,6 +109,48 @@ pub struct Hparams {
 impl Hparams {
     pub fn blank_id(&self) -> usize {
         self.vocab_size
+    }
+
+    /// The time grid of the features and the encoder, derived from these hyperparameters.
+    pub fn geometry(&self) -> FrameGeometry {
+        FrameGeometry {
+            sample_rate: self.preprocessor.sample_rate as usize,
+            hop_length: self.preprocessor.hop_length,
+            subsampling_factor: self.encoder.subsampling_factor,
+        }
+    }
+}
+
+/// Where feature and encoder frames fall in time: one feature frame per `hop_length` samples,
+/// one encoder frame per `subsampling_factor` feature frames (1280 samples, 0.08 s, for every
+/// Parakeet model). The one place these numbers are derived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameGeometry {
+    pub sample_rate: usize,
+    pub hop_length: usize,
+    pub subsampling_factor: usize,
+}
+
+impl FrameGeometry {
+    /// Samples per encoder frame.
+    pub fn samples_per_frame(&self) -> usize {
+        self.hop_length * self.subsampling_factor
+    }
+
+    /// Seconds per encoder frame.
+    pub fn frame_seconds(&self) -> f64 {
+        self.samples_per_frame() as f64 / self.sample_rate as f64
+    }
+
+    /// Encoder frames for `feature_frames` feature frames: one stride-2 conv per factor of 2.
+    pub fn encoded_len(&self, feature_frames: usize) -> usize {
+        let mut len = feature_frames;
+        let mut factor = self.subsampling_factor;
+        while factor > 1 {
+            len = subsampled_len(len);
+            factor /= 2;
+        }
+        len
     }
 }
 
@@ -162,17 +208,24 @@ pub struct ConformerLayer {
     pub norm_out: LayerNorm,
 }
 
+/// A torch `Conv2d` with its bias.
+#[derive(Clone, Debug)]
+pub struct Conv2d {
+    pub weight: Weight,
+    pub bias: Weight,
+}
+
 /// `encoder.pre_encode` (dw_striding): conv.0, then (depthwise conv.2 + pointwise conv.3) and
 /// (conv.5 + conv.6), then `out`.
 #[derive(Clone, Debug)]
 pub struct PreEncode {
-    pub conv0: (Weight, Weight),
+    pub conv0: Conv2d,
     /// conv.2 and conv.5 kernels are re-laid channels-fastest at load ([C, 1, 3, 3] in ggml
     /// order) for ggml's channels-contiguous depthwise kernel; biases as in the checkpoint.
-    pub conv2: (Weight, Weight),
-    pub conv3: (Weight, Weight),
-    pub conv5: (Weight, Weight),
-    pub conv6: (Weight, Weight),
+    pub conv2: Conv2d,
+    pub conv3: Conv2d,
+    pub conv5: Conv2d,
+    pub conv6: Conv2d,
     pub out: Linear,
 }
 
@@ -222,9 +275,6 @@ pub struct Model {
     pub file: GgufFile,
 }
 
-/// A depthwise conv with BatchNorm folded in, on the host: weight [d][k] and bias [d].
-type FoldedConv = (Vec<f32>, Vec<f32>);
-
 /// BatchNorm epsilon used by NeMo's conformer conv module.
 const BN_EPS: f64 = 1e-5;
 
@@ -264,40 +314,15 @@ impl Model {
             )?
             .to_host_f32();
 
-        let mut host = HostWeights::new();
         let loader = Loader { file: &file };
-        let pre_encode = loader.pre_encode(&hparams)?;
-        let mut layers = Vec::with_capacity(hparams.encoder.n_layers);
-        let mut folded = Vec::new();
-        for i in 0..hparams.encoder.n_layers {
-            let (layer, fold) = loader.conformer_layer(&hparams.encoder, i)?;
-            layers.push(layer);
-            folded.push(fold);
-        }
-        for (i, (w, b)) in folded.iter().enumerate() {
-            let (d, k) = (hparams.encoder.d_model, hparams.encoder.conv_kernel);
-            host.push(&fold_name(i, "weight"), &[k, d], w.clone());
-            host.push(&fold_name(i, "bias"), &[d], b.clone());
-        }
-        let c = hparams.encoder.subsampling_channels;
-        for (name, (w, _)) in [("2", &pre_encode.conv2), ("5", &pre_encode.conv5)] {
-            host.push(
-                &cwhn_name(name),
-                &[c, 1, 3, 3],
-                channels_fastest(&w.to_host_f32(), c, 9),
-            );
-        }
-        let mut derived = host.realize()?;
-        let mut pre_encode = pre_encode;
-        pre_encode.conv2.0 = derived.remove(&cwhn_name("2")).expect("queued above");
-        pre_encode.conv5.0 = derived.remove(&cwhn_name("5")).expect("queued above");
-        for (i, layer) in layers.iter_mut().enumerate() {
-            layer.conv.depthwise_conv_folded = derived
-                .remove(&fold_name(i, "weight"))
-                .expect("queued above");
-            layer.conv.depthwise_bias_folded =
-                derived.remove(&fold_name(i, "bias")).expect("queued above");
-        }
+        check_layer_count(&file, hparams.encoder.n_layers)?;
+        // Weights computed on the host come first, in one buffer, so that every layer below is
+        // built once and complete.
+        let mut derived = loader.derived_weights(&hparams)?;
+        let pre_encode = loader.pre_encode(&hparams, &mut derived)?;
+        let layers = (0..hparams.encoder.n_layers)
+            .map(|i| loader.conformer_layer(&hparams.encoder, i, &mut derived))
+            .collect::<Result<Vec<_>>>()?;
 
         let (prediction, joint) = if hparams.model_type.has_transducer() {
             (
@@ -339,103 +364,216 @@ fn channels_fastest(w: &[f32], c: usize, k: usize) -> Vec<f32> {
         .collect()
 }
 
+/// A realised derived weight, moved out of the map.
+fn take(derived: &mut HashMap<String, Weight>, name: &str) -> Result<Weight> {
+    derived
+        .remove(name)
+        .ok_or_else(|| anyhow::anyhow!("internal: derived weight {name} was not realised"))
+}
+
+/// The model's encoder layer count must match the layers the file has weights for: more would
+/// fail on a missing tensor, fewer would silently drop layers.
+fn check_layer_count(file: &GgufFile, n_layers: usize) -> Result<()> {
+    let mut present = std::collections::BTreeSet::new();
+    for name in file.tensor_names() {
+        if let Some(rest) = name.strip_prefix("encoder.layers.")
+            && let Some(Ok(i)) = rest.split('.').next().map(str::parse::<usize>)
+        {
+            present.insert(i);
+        }
+    }
+    if present.len() != n_layers || present.iter().copied().ne(0..n_layers) {
+        bail!(
+            "{}: parakeet.encoder.n_layers = {n_layers}, but the file has weights for {} encoder \
+             layers",
+            file.path().display(),
+            present.len()
+        );
+    }
+    Ok(())
+}
+
 fn fold_name(layer: usize, what: &str) -> String {
     format!("encoder.layers.{layer}.conv.depthwise_conv.folded_{what}")
 }
 
+/// Bounds on the sizes a GGUF may declare. Real Parakeet models sit far inside them (the
+/// largest, 1.1b, has 42 layers of d_model 1024); they exist so that a corrupt or hostile file
+/// is refused with its key and value before anything is sized from it.
+mod limits {
+    pub const N_MELS: usize = 512;
+    pub const N_FFT: usize = 1 << 16;
+    pub const N_LAYERS: usize = 512;
+    pub const D_MODEL: usize = 16_384;
+    pub const FF_EXPANSION: usize = 16;
+    pub const CHANNELS: usize = 16_384;
+    pub const CONV_KERNEL: usize = 1023;
+    pub const VOCAB: usize = 1 << 20;
+    pub const PRED_LAYERS: usize = 16;
+    pub const DURATIONS: usize = 64;
+    pub const DURATION: i64 = 1_000;
+    pub const MAX_SYMBOLS: usize = 1_000;
+}
+
 fn read_hparams(f: &GgufFile) -> Result<Hparams> {
-    let u = |k: &str| f.u32(&format!("parakeet.{k}")).map(|v| v as usize);
     let shown = f.path().display().to_string();
+    // Every error names the key, the value and what is supported.
+    let refuse = |key: &str, value: &dyn std::fmt::Display, supported: &str| {
+        anyhow::anyhow!("{shown}: parakeet.{key} = {value} is not supported ({supported})")
+    };
+    let u = |key: &str, lo: usize, hi: usize| -> Result<usize> {
+        let v = f.u32(&format!("parakeet.{key}"))? as usize;
+        if (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(refuse(key, &v, &format!("{lo}..={hi}")))
+        }
+    };
     let type_name = f.str("parakeet.model_type")?;
     let Some(model_type) = ModelType::parse(&type_name) else {
-        bail!("{shown}: unknown parakeet.model_type '{type_name}'");
+        return Err(refuse(
+            "model_type",
+            &type_name,
+            "tdt, rnnt, ctc, tdt_ctc, rnnt_ctc",
+        ));
     };
+
+    let sample_rate = u("preprocessor.sample_rate", 0, usize::MAX)? as u32;
+    if sample_rate != TARGET_RATE {
+        return Err(refuse(
+            "preprocessor.sample_rate",
+            &sample_rate,
+            &format!("{TARGET_RATE} only"),
+        ));
+    }
+    let n_mels = u("preprocessor.n_mels", 1, limits::N_MELS)?;
+    let n_fft = u("preprocessor.n_fft", 2, limits::N_FFT)?;
+    let win_length = u("preprocessor.win_length", 1, n_fft)?;
+    // A hop longer than the window would skip audio between frames.
+    let hop_length = u("preprocessor.hop_length", 1, win_length)?;
+    let preemph = f.f32("parakeet.preprocessor.preemph")?;
+    if !(0.0..1.0).contains(&preemph) {
+        return Err(refuse("preprocessor.preemph", &preemph, "0 <= preemph < 1"));
+    }
+    let log_zero_guard = f.f32("parakeet.preprocessor.log_zero_guard_value")?;
+    if !(log_zero_guard.is_finite() && log_zero_guard > 0.0) {
+        return Err(refuse(
+            "preprocessor.log_zero_guard_value",
+            &log_zero_guard,
+            "a finite value > 0",
+        ));
+    }
+    if f.get("parakeet.preprocessor.normalize").is_some() {
+        let normalize = f.str("parakeet.preprocessor.normalize")?;
+        if normalize != "per_feature" {
+            return Err(refuse(
+                "preprocessor.normalize",
+                &normalize,
+                "per_feature only",
+            ));
+        }
+    }
     let preprocessor = PreprocessorParams {
-        sample_rate: u("preprocessor.sample_rate")? as u32,
-        n_mels: u("preprocessor.n_mels")?,
-        n_fft: u("preprocessor.n_fft")?,
-        win_length: u("preprocessor.win_length")?,
-        hop_length: u("preprocessor.hop_length")?,
-        preemph: f.f32("parakeet.preprocessor.preemph")?,
-        log_zero_guard: f.f32("parakeet.preprocessor.log_zero_guard_value")?,
+        sample_rate,
+        n_mels,
+        n_fft,
+        win_length,
+        hop_length,
+        preemph,
+        log_zero_guard,
     };
+
     let sub = f.str("parakeet.encoder.subsampling")?;
     if sub != "dw_striding" {
-        bail!("{shown}: subsampling '{sub}' is not supported (dw_striding only)");
+        return Err(refuse("encoder.subsampling", &sub, "dw_striding only"));
     }
     let att = f.str("parakeet.encoder.self_attention_model")?;
     let att_context = f.int_array("parakeet.encoder.att_context_size")?;
     if att_context.len() != 2 {
-        bail!("{shown}: parakeet.encoder.att_context_size must hold 2 values");
+        return Err(refuse(
+            "encoder.att_context_size",
+            &format!("{att_context:?}"),
+            "2 values",
+        ));
     }
-    // Local attention (a band of att_context_size around each frame) is not implemented yet:
-    // refuse it rather than silently attending to everything.
-    let full_context = att_context.iter().all(|&c| c < 0);
-    if att != "rel_pos" || !full_context {
-        bail!(
+    let attention = match (att.as_str(), att_context[0], att_context[1]) {
+        ("rel_pos", l, r) if l < 0 && r < 0 => Attention::Full,
+        ("rel_pos_local_attn", l, r) if l >= 0 && r >= 0 && l.max(r) > 0 => Attention::Local {
+            left: l as usize,
+            right: r as usize,
+        },
+        _ => bail!(
             "{shown}: self_attention_model '{att}' with att_context_size {att_context:?} is not \
-             supported yet (full rel_pos attention only)"
-        );
+             supported (rel_pos with [-1, -1], or rel_pos_local_attn with a window)"
+        ),
+    };
+    let feat_in = u("encoder.feat_in", 1, limits::N_MELS)?;
+    if feat_in != n_mels {
+        return Err(refuse(
+            "encoder.feat_in",
+            &feat_in,
+            &format!("equal to preprocessor.n_mels {n_mels}"),
+        ));
     }
-    let d_model = u("encoder.d_model")?;
+    let d_model = u("encoder.d_model", 1, limits::D_MODEL)?;
+    let n_heads = u("encoder.n_heads", 1, d_model)?;
+    if !d_model.is_multiple_of(n_heads) {
+        return Err(refuse(
+            "encoder.n_heads",
+            &n_heads,
+            &format!("a divisor of d_model {d_model}"),
+        ));
+    }
+    let conv_kernel = u("encoder.conv_kernel_size", 1, limits::CONV_KERNEL)?;
+    if conv_kernel % 2 == 0 {
+        return Err(refuse(
+            "encoder.conv_kernel_size",
+            &conv_kernel,
+            "odd sizes",
+        ));
+    }
     let encoder = EncoderParams {
-        feat_in: u("encoder.feat_in")?,
-        n_layers: u("encoder.n_layers")?,
+        feat_in,
+        n_layers: u("encoder.n_layers", 1, limits::N_LAYERS)?,
         d_model,
-        n_heads: u("encoder.n_heads")?,
-        ff_dim: d_model * u("encoder.ff_expansion_factor")?,
-        subsampling_factor: u("encoder.subsampling_factor")?,
-        subsampling_channels: u("encoder.subsampling_conv_channels")?,
-        conv_kernel: u("encoder.conv_kernel_size")?,
+        n_heads,
+        ff_dim: d_model * u("encoder.ff_expansion_factor", 1, limits::FF_EXPANSION)?,
+        subsampling_factor: u("encoder.subsampling_factor", 8, 8)?,
+        subsampling_channels: u("encoder.subsampling_conv_channels", 1, limits::CHANNELS)?,
+        conv_kernel,
         xscaling: f.bool("parakeet.encoder.xscaling")?,
-        att_context: [att_context[0], att_context[1]],
+        attention,
     };
-    let sane = |ok: bool, what: &str| -> Result<()> {
-        if ok {
-            Ok(())
-        } else {
-            bail!("{shown}: invalid hyperparameter: {what}")
-        }
-    };
-    sane(
-        preprocessor.n_mels > 0 && preprocessor.n_mels == encoder.feat_in,
-        "n_mels == feat_in",
-    )?;
-    sane(preprocessor.hop_length > 0, "hop_length > 0")?;
-    sane(
-        preprocessor.win_length > 0 && preprocessor.win_length <= preprocessor.n_fft,
-        "0 < win_length <= n_fft",
-    )?;
-    sane(encoder.subsampling_factor == 8, "subsampling_factor == 8")?;
-    sane(
-        encoder.n_heads > 0 && d_model % encoder.n_heads == 0,
-        "d_model divisible by n_heads",
-    )?;
-    sane(encoder.conv_kernel % 2 == 1, "odd conv_kernel_size")?;
-    sane(
-        encoder.n_layers > 0 && encoder.subsampling_channels > 0,
-        "layers and channels",
-    )?;
-    let vocab_size = u("vocab_size")?;
-    sane(vocab_size > 0, "vocab_size > 0")?;
+    let vocab_size = u("vocab_size", 1, limits::VOCAB)?;
 
     let (mut pred_hidden, mut pred_layers, mut joint_hidden) = (0, 0, 0);
     let mut durations = Vec::new();
     if model_type.has_transducer() {
-        pred_hidden = u("decoder.pred_hidden")?;
-        pred_layers = u("decoder.pred_rnn_layers")?;
-        joint_hidden = u("joint.joint_hidden")?;
-        sane(
-            pred_hidden > 0 && pred_layers > 0 && joint_hidden > 0,
-            "decoder sizes",
-        )?;
+        pred_hidden = u("decoder.pred_hidden", 1, limits::D_MODEL)?;
+        pred_layers = u("decoder.pred_rnn_layers", 1, limits::PRED_LAYERS)?;
+        joint_hidden = u("joint.joint_hidden", 1, limits::D_MODEL)?;
     }
     if model_type.is_tdt() {
         let d = f.int_array("parakeet.tdt.durations")?;
-        sane(!d.is_empty() && d.iter().all(|&v| v >= 0), "tdt.durations")?;
+        let ok = (1..=limits::DURATIONS).contains(&d.len())
+            && d.iter().all(|v| (0..=limits::DURATION).contains(v));
+        if !ok {
+            return Err(refuse(
+                "tdt.durations",
+                &format!("{d:?}"),
+                &format!(
+                    "1 to {} durations of 0..={} frames",
+                    limits::DURATIONS,
+                    limits::DURATION
+                ),
+            ));
+        }
         durations = d.into_iter().map(|v| v as usize).collect();
     }
-    let max_symbols = u("decoding.max_symbols").unwrap_or(10).max(1);
+    let max_symbols = match f.get("parakeet.decoding.max_symbols") {
+        Some(_) => u("decoding.max_symbols", 1, limits::MAX_SYMBOLS)?,
+        None => 10,
+    };
     Ok(Hparams {
         model_type,
         preprocessor,
@@ -489,35 +627,82 @@ impl Loader<'_> {
         })
     }
 
-    fn conv_pair(&self, prefix: &str, shape: &[usize], c: usize) -> Result<(Weight, Weight)> {
-        Ok((
-            self.file.weight(&format!("{prefix}.weight"), shape, F32)?,
-            self.w(&format!("{prefix}.bias"), &[c])?,
-        ))
+    fn conv2d(&self, prefix: &str, shape: &[usize], c: usize) -> Result<Conv2d> {
+        Ok(Conv2d {
+            weight: self.file.weight(&format!("{prefix}.weight"), shape, F32)?,
+            bias: self.w(&format!("{prefix}.bias"), &[c])?,
+        })
     }
 
-    fn pre_encode(&self, hp: &Hparams) -> Result<PreEncode> {
+    /// The weights computed on the host at load, realised into one backend buffer: each
+    /// layer's depthwise conv with BatchNorm folded in, and the pre-encode depthwise kernels
+    /// re-laid channels-fastest.
+    fn derived_weights(&self, hp: &Hparams) -> Result<HashMap<String, Weight>> {
+        let mut host = HostWeights::new();
+        let (d, k) = (hp.encoder.d_model, hp.encoder.conv_kernel);
+        for i in 0..hp.encoder.n_layers {
+            let conv = format!("encoder.layers.{i}.conv");
+            let dw = self.w(&format!("{conv}.depthwise_conv.weight"), &[k, 1, d])?;
+            let dw_bias = self.opt_bias(&format!("{conv}.depthwise_conv.bias"), d)?;
+            let bn = |what: &str| -> Result<Vec<f32>> {
+                Ok(self
+                    .w(&format!("{conv}.batch_norm.{what}"), &[d])?
+                    .to_host_f32())
+            };
+            let (w, b) = fold_batch_norm(
+                &dw.to_host_f32(),
+                dw_bias.map(|b| b.to_host_f32()).as_deref(),
+                &bn("weight")?,
+                &bn("bias")?,
+                &bn("running_mean")?,
+                &bn("running_var")?,
+                k,
+            );
+            host.push(&fold_name(i, "weight"), &[k, d], w);
+            host.push(&fold_name(i, "bias"), &[d], b);
+        }
+        let c = hp.encoder.subsampling_channels;
+        for conv in ["2", "5"] {
+            let name = format!("encoder.pre_encode.conv.{conv}.weight");
+            let w = self.file.weight(&name, &[3, 3, 1, c], F32)?;
+            host.push(
+                &cwhn_name(conv),
+                &[c, 1, 3, 3],
+                channels_fastest(&w.to_host_f32(), c, 9),
+            );
+        }
+        host.realize()
+    }
+
+    fn pre_encode(&self, hp: &Hparams, derived: &mut HashMap<String, Weight>) -> Result<PreEncode> {
         let c = hp.encoder.subsampling_channels;
         let p = "encoder.pre_encode";
         let f_out = subsampled_len(subsampled_len(subsampled_len(hp.encoder.feat_in)));
+        let depthwise = |derived: &mut HashMap<String, Weight>, conv: &str| -> Result<Conv2d> {
+            Ok(Conv2d {
+                weight: take(derived, &cwhn_name(conv))?,
+                bias: self.w(&format!("{p}.conv.{conv}.bias"), &[c])?,
+            })
+        };
         Ok(PreEncode {
-            conv0: self.conv_pair(&format!("{p}.conv.0"), &[3, 3, 1, c], c)?,
-            conv2: self.conv_pair(&format!("{p}.conv.2"), &[3, 3, 1, c], c)?,
-            conv3: self.conv_pair(&format!("{p}.conv.3"), &[1, 1, c, c], c)?,
-            conv5: self.conv_pair(&format!("{p}.conv.5"), &[3, 3, 1, c], c)?,
-            conv6: self.conv_pair(&format!("{p}.conv.6"), &[1, 1, c, c], c)?,
+            conv0: self.conv2d(&format!("{p}.conv.0"), &[3, 3, 1, c], c)?,
+            conv2: depthwise(derived, "2")?,
+            conv3: self.conv2d(&format!("{p}.conv.3"), &[1, 1, c, c], c)?,
+            conv5: depthwise(derived, "5")?,
+            conv6: self.conv2d(&format!("{p}.conv.6"), &[1, 1, c, c], c)?,
             out: self.linear(&format!("{p}.out"), c * f_out, hp.encoder.d_model)?,
         })
     }
 
-    /// A conformer layer, plus its depthwise conv with BatchNorm folded in (host data).
+    /// A conformer layer, its depthwise conv taken from the folded `derived` weights.
     fn conformer_layer(
         &self,
         hp: &EncoderParams,
         i: usize,
-    ) -> Result<(ConformerLayer, FoldedConv)> {
+        derived: &mut HashMap<String, Weight>,
+    ) -> Result<ConformerLayer> {
         let p = format!("encoder.layers.{i}");
-        let (d, ff, k) = (hp.d_model, hp.ff_dim, hp.conv_kernel);
+        let (d, ff) = (hp.d_model, hp.ff_dim);
         let dk = d / hp.n_heads;
         let ffn = |name: &str| -> Result<FeedForward> {
             Ok(FeedForward {
@@ -538,19 +723,7 @@ impl Loader<'_> {
             pos_bias_v: self.w(&format!("{att}.pos_bias_v"), &[dk, hp.n_heads])?,
         };
         let conv = format!("{p}.conv");
-        let dw = self.w(&format!("{conv}.depthwise_conv.weight"), &[k, 1, d])?;
-        let dw_bias = self.opt_bias(&format!("{conv}.depthwise_conv.bias"), d)?;
-        let bn = |what: &str| self.w(&format!("{conv}.batch_norm.{what}"), &[d]);
-        let fold = fold_batch_norm(
-            &dw.to_host_f32(),
-            dw_bias.map(|b| b.to_host_f32()).as_deref(),
-            &bn("weight")?.to_host_f32(),
-            &bn("bias")?.to_host_f32(),
-            &bn("running_mean")?.to_host_f32(),
-            &bn("running_var")?.to_host_f32(),
-            k,
-        );
-        let layer = ConformerLayer {
+        Ok(ConformerLayer {
             norm_feed_forward1: self.norm(&format!("{p}.norm_feed_forward1"), d)?,
             feed_forward1: ffn("feed_forward1")?,
             norm_self_att: self.norm(&format!("{p}.norm_self_att"), d)?,
@@ -558,16 +731,14 @@ impl Loader<'_> {
             norm_conv: self.norm(&format!("{p}.norm_conv"), d)?,
             conv: ConvModule {
                 pointwise_conv1: self.conv1x1(&format!("{conv}.pointwise_conv1"), d, 2 * d)?,
-                // Replaced by the realised folded tensors in Model::load.
-                depthwise_conv_folded: dw.clone(),
-                depthwise_bias_folded: dw,
+                depthwise_conv_folded: take(derived, &fold_name(i, "weight"))?,
+                depthwise_bias_folded: take(derived, &fold_name(i, "bias"))?,
                 pointwise_conv2: self.conv1x1(&format!("{conv}.pointwise_conv2"), d, d)?,
             },
             norm_feed_forward2: self.norm(&format!("{p}.norm_feed_forward2"), d)?,
             feed_forward2: ffn("feed_forward2")?,
             norm_out: self.norm(&format!("{p}.norm_out"), d)?,
-        };
-        Ok((layer, fold))
+        })
     }
 
     fn prediction(&self, hp: &Hparams) -> Result<PredictionNetwork> {

@@ -16,6 +16,24 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| std::env::temp_dir().join("parakeet"))
 }
 
+/// Extensions of model files: an argument ending in one is a path, never a hub id.
+const MODEL_EXTENSIONS: &[&str] = &["gguf", "nemo", "bin", "ckpt", "safetensors"];
+
+/// Whether `spec` is meant as a local path: it names a model file by extension, starts like
+/// a path, or its first component is a directory here.
+fn looks_like_path(spec: &str) -> bool {
+    let path = Path::new(spec);
+    let model_ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| MODEL_EXTENSIONS.iter().any(|m| m.eq_ignore_ascii_case(e)));
+    let owner_is_dir = spec
+        .split('/')
+        .next()
+        .is_some_and(|owner| !owner.is_empty() && Path::new(owner).is_dir());
+    model_ext || owner_is_dir || spec.starts_with(['.', '/', '~']) || spec.contains('\\')
+}
+
 /// `owner/name` with no file of that name on disk.
 fn looks_like_hub_id(spec: &str) -> bool {
     let mut parts = spec.split('/');
@@ -28,7 +46,7 @@ fn looks_like_hub_id(spec: &str) -> bool {
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     };
-    ok(owner) && ok(name) && !Path::new(spec).exists()
+    ok(owner) && ok(name) && !Path::new(spec).exists() && !looks_like_path(spec)
 }
 
 /// A GGUF path for `spec`, converting (and for hub ids, downloading) once as needed.
@@ -38,6 +56,14 @@ pub fn resolve(spec: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     if looks_like_hub_id(&text) {
         let nemo = fetch_from_hub(&text, log)?;
         return resolve(&nemo, log);
+    }
+    if !spec.exists() {
+        let hint = if text.matches('/').count() == 1 && !text.starts_with(['.', '/']) {
+            " (it looks like a path, so it is not taken for a hub id)"
+        } else {
+            ""
+        };
+        bail!("{}: no such model file{hint}", spec.display());
     }
     let is_nemo = spec
         .extension()
@@ -138,5 +164,17 @@ mod tests {
         assert!(!looks_like_hub_id("models/sub/model.gguf"));
         assert!(!looks_like_hub_id("./model"));
         assert!(!looks_like_hub_id("/abs"));
+        // Mistyped local paths are paths, not hub ids.
+        assert!(!looks_like_hub_id("models/tdt.gguf"));
+        assert!(!looks_like_hub_id("models/tdt-0.6b.nemo"));
+        assert!(!looks_like_hub_id("src/nonexistent")); // src/ is a directory here
+    }
+
+    #[test]
+    fn a_missing_path_is_no_such_file() {
+        let err = resolve(Path::new("models/tdt.gguf"), &mut |_| {}).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("models/tdt.gguf: no such model file"), "{msg}");
+        assert!(msg.contains("not taken for a hub id"), "{msg}");
     }
 }

@@ -4,7 +4,7 @@
 //! Every rendering works in whole milliseconds, so the formats agree with each other to the
 //! millisecond and a file can be compared exactly with another rendering of the same transcript.
 
-use crate::decoder::{FRAME_SECONDS, Word};
+use crate::decoder::{Word, token_span};
 use crate::transcribe::Transcript;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
@@ -186,15 +186,25 @@ pub fn format_timestamps_line(words: &[Word]) -> String {
 /// never a partial write: a temporary file in the same directory (a rename is only atomic
 /// within one file system), flushed to disk, then renamed over `path`. The new file has the
 /// default permissions, and a symbolic link at `path` is replaced, not followed.
+///
+/// A FIFO or device at `path` (`/dev/null`, `/dev/stdout`) is written directly: renaming over it
+/// would replace it with a regular file.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
-    let Some(name) = path.file_name() else {
+    if is_special_file(path) {
+        return OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(contents))
+            .with_context(|| format!("{}: cannot write", path.display()));
+    }
+    if path.file_name().is_none() {
         bail!("{}: not a file name", path.display());
-    };
+    }
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let (tmp, file) = create_temp(dir, name)
+    let (tmp, file) = create_temp(dir)
         .with_context(|| format!("{}: cannot create a temporary file", path.display()))?;
     let written = fill_and_sync(file, contents).and_then(|()| fs::rename(&tmp, path));
     if let Err(e) = written {
@@ -222,6 +232,116 @@ pub fn output_path(
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from(input.file_name().unwrap_or(OsStr::new("audio"))));
     out_dir.join(relative).with_extension(format.extension())
+}
+
+/// Where the `format` output for `input` goes: under `out_dir` by [`output_path`]; without one,
+/// beside the input; for standard input (`-`), `stdin.<ext>` in the current directory. With
+/// `keep_audio_ext` the audio extension stays in the name (`talk.wav.srt`).
+pub fn destination(
+    input: &Path,
+    input_root: Option<&Path>,
+    out_dir: Option<&Path>,
+    format: Format,
+    keep_audio_ext: bool,
+) -> PathBuf {
+    let base = match out_dir {
+        Some(dir) => output_path(input, input_root, dir, Format::Txt),
+        None if input.as_os_str() == "-" => PathBuf::from("stdin.txt"),
+        None => input.with_extension("txt"),
+    };
+    if keep_audio_ext && input.as_os_str() != "-" {
+        let mut name = base.with_extension("").into_os_string();
+        if let Some(ext) = input.extension() {
+            name.push(".");
+            name.push(ext);
+        }
+        name.push(".");
+        name.push(format.extension());
+        PathBuf::from(name)
+    } else {
+        base.with_extension(format.extension())
+    }
+}
+
+/// Decides every input's output files before any work, so that no result is silently
+/// overwritten by another's. The rule (README, "Output names"): an output is named after its
+/// input with the format's extension in place of the audio one (`talk.wav` -> `talk.srt`);
+/// inputs that would share a name (`talk.wav` and `talk.flac` in one folder) keep their audio
+/// extension instead (`talk.wav.srt`, `talk.flac.srt`); if names still clash (two `talk.wav`
+/// from different folders into one `-o`), the run is refused, naming both inputs.
+///
+/// `inputs` are (path, directory argument it was found under); the result is parallel to it.
+pub fn plan_outputs(
+    inputs: &[(&Path, Option<&Path>)],
+    out_dir: Option<&Path>,
+    formats: &[Format],
+) -> Result<Vec<Vec<(Format, PathBuf)>>> {
+    let plan = |keep: &[bool]| -> Vec<Vec<(Format, PathBuf)>> {
+        inputs
+            .iter()
+            .zip(keep)
+            .map(|(&(input, root), &keep)| {
+                formats
+                    .iter()
+                    .map(|&f| (f, destination(input, root, out_dir, f, keep)))
+                    .collect()
+            })
+            .collect()
+    };
+    let mut keep = vec![false; inputs.len()];
+    for (a, b, _) in clashes(&plan(&keep)) {
+        keep[a] = true;
+        keep[b] = true;
+    }
+    let planned = plan(&keep);
+    if let Some((a, b, path)) = clashes(&planned).into_iter().next() {
+        bail!(
+            "{} and {} would both be written to {}; refusing before any work (transcribe them \
+             in separate runs, into separate -o directories, or pass their common folder)",
+            inputs[a].0.display(),
+            inputs[b].0.display(),
+            path.display()
+        );
+    }
+    Ok(planned)
+}
+
+/// Pairs of inputs (first, later) whose planned outputs are the same file, with that file.
+fn clashes(planned: &[Vec<(Format, PathBuf)>]) -> Vec<(usize, usize, PathBuf)> {
+    let mut owner: std::collections::HashMap<PathBuf, usize> = Default::default();
+    let mut out = Vec::new();
+    for (i, outputs) in planned.iter().enumerate() {
+        for (_, path) in outputs {
+            match owner.entry(normalized(path)) {
+                std::collections::hash_map::Entry::Occupied(e) if *e.get() != i => {
+                    out.push((*e.get(), i, path.clone()));
+                }
+                std::collections::hash_map::Entry::Occupied(_) => {}
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(i);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `path` made absolute with `.` and `..` resolved lexically, so that two spellings of one
+/// output compare equal.
+fn normalized(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Fails if `out` is the file `input` (also through links or a different spelling), so that
@@ -258,7 +378,7 @@ fn to_ms(seconds: f64) -> u64 {
 }
 
 /// Seconds rounded to milliseconds, for JSON.
-fn round_ms(seconds: f64) -> f64 {
+pub fn round_ms(seconds: f64) -> f64 {
     (seconds * 1000.0).round() / 1000.0
 }
 
@@ -450,10 +570,18 @@ struct JsonOutput<'a> {
     model: &'a str,
     audio: &'a str,
     duration: f64,
+    /// The encoder's self-attention, in NeMo's terms.
+    attention: JsonAttention,
     tokens: Vec<JsonToken<'a>>,
     words: Vec<JsonWord<'a>>,
     segments: Vec<Segment>,
     timings: JsonTimings<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonAttention {
+    self_attention_model: &'static str,
+    att_context_size: [i64; 2],
 }
 
 #[derive(Serialize)]
@@ -493,8 +621,7 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
         .enumerate()
         .map(|(i, tok)| {
             // As the decoder times words: a token covers at least one frame.
-            let start = tok.frame as f64 * FRAME_SECONDS;
-            let end = (tok.frame + tok.duration.max(1)) as f64 * FRAME_SECONDS;
+            let (start, end) = token_span(tok, t.frame_seconds);
             JsonToken {
                 id: tok.id,
                 piece: t.pieces.get(i).map_or("", String::as_str),
@@ -520,6 +647,10 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
         model: &meta.model,
         audio: &meta.audio_path,
         duration: round_ms(meta.audio_seconds),
+        attention: JsonAttention {
+            self_attention_model: t.attention.nemo_name(),
+            att_context_size: t.attention.context(),
+        },
         tokens,
         words,
         segments: segments(&t.words),
@@ -531,16 +662,20 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
     json
 }
 
-/// A fresh `.{name}.tmp-{pid}-{n}` beside the target; `create_new` so that two writers (or
-/// a stale leftover) never share one.
-fn create_temp(dir: &Path, name: &OsStr) -> io::Result<(PathBuf, File)> {
+/// Whether `path` exists and is neither a regular file nor a link to be replaced: a FIFO, a
+/// character or block device or a socket (a link to one counts as one).
+pub fn is_special_file(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
+/// A fresh `.parakeet-{pid}-{n}.tmp` beside the target: short, so that a target name near the
+/// file system's limit still leaves room for it; `create_new` so that two writers (or a stale
+/// leftover) never share one.
+fn create_temp(dir: &Path) -> io::Result<(PathBuf, File)> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     loop {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let mut tmp_name = OsStr::new(".").to_os_string();
-        tmp_name.push(name);
-        tmp_name.push(format!(".tmp-{}-{n}", std::process::id()));
-        let tmp = dir.join(tmp_name);
+        let tmp = dir.join(format!(".parakeet-{}-{n}.tmp", std::process::id()));
         match OpenOptions::new().write(true).create_new(true).open(&tmp) {
             Ok(file) => return Ok((tmp, file)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,

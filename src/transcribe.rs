@@ -4,10 +4,11 @@
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::Backend;
 use crate::decoder::{Token, TransducerDecoder, Word, ctc_greedy, detokenize, words};
-use crate::encoder::{Encoded, encode};
+use crate::encoder::{Attention, AttentionChoice, Encoded, encode};
 use crate::model::Model;
 use anyhow::{Result, bail};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Which head decodes.
@@ -44,15 +45,25 @@ pub struct Transcript {
     pub words: Vec<Word>,
     /// Seconds of audio (16 kHz samples / 16000).
     pub audio_seconds: f64,
+    /// Seconds per encoder frame (token frames to times).
+    pub frame_seconds: f64,
+    /// The encoder's self-attention for this utterance.
+    pub attention: Attention,
     pub times: StageTimes,
 }
 
 pub struct Transcriber {
-    pub model: Model,
+    /// Read-only, so one model can serve several transcribers (each with its own backend).
+    pub model: Arc<Model>,
     pub backend: Backend,
     mel: MelConfig,
-    max_chunk_seconds: f64,
+    attention: AttentionChoice,
+    progress: Option<Progress>,
 }
+
+/// Told the stage of the utterance being transcribed ("features", "encoder", "decoder") and
+/// how far it is (0 to 1; the decoder reports only its start).
+pub type Progress = std::sync::Arc<dyn Fn(&'static str, f64) + Send + Sync>;
 
 impl StageTimes {
     /// Accumulate another utterance's (or piece's) times.
@@ -66,12 +77,16 @@ impl StageTimes {
     }
 }
 
-/// Default longest piece encoded at once: 5 minutes (about 2.3 GiB of attention scores for an
-/// 8-head model).
-pub const DEFAULT_MAX_CHUNK_SECONDS: f64 = 300.0;
+/// Compute buffer kept between utterances (a 0.6b encoder pass over 30 s needs about this).
+const KEEP_COMPUTE_BUFFER_BYTES: usize = 256 << 20;
 
 impl Transcriber {
     pub fn new(model: Model, threads: usize) -> Result<Transcriber> {
+        Transcriber::shared(Arc::new(model), threads)
+    }
+
+    /// A transcriber over a model shared with others, with its own backend and allocator.
+    pub fn shared(model: Arc<Model>, threads: usize) -> Result<Transcriber> {
         let backend = Backend::cpu(threads)?;
         let pp = &model.hparams.preprocessor;
         let mel = MelConfig {
@@ -86,7 +101,8 @@ impl Transcriber {
             model,
             backend,
             mel,
-            max_chunk_seconds: DEFAULT_MAX_CHUNK_SECONDS,
+            attention: AttentionChoice::Auto,
+            progress: None,
         })
     }
 
@@ -108,9 +124,42 @@ impl Transcriber {
         )
     }
 
+    /// The self-attention to run (`--att-context`; default [`AttentionChoice::Auto`]).
+    pub fn set_attention(&mut self, choice: AttentionChoice) {
+        self.attention = choice;
+    }
+
+    /// Report each utterance's progress (for a terminal), or stop with `None`.
+    pub fn set_progress(&mut self, progress: Option<Progress>) {
+        self.progress = progress;
+    }
+
+    fn report(&self, stage: &'static str, done: f64) {
+        if let Some(p) = &self.progress {
+            p(stage, done);
+        }
+    }
+
+    /// The self-attention an utterance of `feature_frames` feature frames gets.
+    pub fn attention_for(&self, feature_frames: usize) -> Attention {
+        let geometry = self.model.hparams.geometry();
+        self.attention.resolve(
+            self.model.hparams.encoder.attention,
+            geometry.encoded_len(feature_frames),
+            geometry.frame_seconds(),
+        )
+    }
+
     /// The encoder graph over `features`.
     pub fn encode(&mut self, features: &Features, capture_layers: bool) -> Result<Encoded> {
-        encode(&mut self.backend, &self.model, features, capture_layers)
+        let attention = self.attention_for(features.n_frames);
+        encode(
+            &mut self.backend,
+            &self.model,
+            features,
+            attention,
+            capture_layers,
+        )
     }
 
     /// Greedy decoding of an encoder pass.
@@ -153,51 +202,36 @@ impl Transcriber {
         Ok((tokens, times))
     }
 
-    /// Longest stretch of audio encoded in one piece (seconds). Full attention is quadratic
-    /// in length, so longer audio is cut at quiet points into pieces of at most this length,
-    /// each transcribed on its own (NeMo would attend over the whole file; results near a cut
-    /// can differ). Audio up to this length is processed exactly as NeMo does.
-    pub fn set_max_chunk_seconds(&mut self, seconds: f64) {
-        self.max_chunk_seconds = seconds.max(1.0);
-    }
-
-    /// Transcribe 16 kHz mono samples.
+    /// Transcribe 16 kHz mono samples: the whole file in one encoder pass and one decoder
+    /// pass (local attention keeps long files linear in time and memory).
     pub fn transcribe(&mut self, samples: &[f32], choice: DecoderChoice) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
-        let max_len = (self.max_chunk_seconds * self.sample_rate() as f64) as usize;
-        let mut tokens = Vec::new();
-        let mut times = StageTimes::default();
-        for piece in chunk_bounds(samples, max_len) {
-            // Pieces start on an encoder-frame boundary, so frames just add up.
-            let frame0 = piece.start / SAMPLES_PER_FRAME;
-            let (piece_tokens, t) = self.transcribe_piece(&samples[piece], choice)?;
-            tokens.extend(piece_tokens.into_iter().map(|mut tok| {
-                tok.frame += frame0;
-                tok
-            }));
-            times.add(&t);
-        }
+        let (tokens, times, attention) = self.transcribe_piece(samples, choice)?;
         let vocab = &self.model.vocab;
+        let frame_seconds = self.model.hparams.geometry().frame_seconds();
         Ok(Transcript {
             text: detokenize(vocab, tokens.iter().map(|t| t.id)),
             pieces: tokens
                 .iter()
                 .map(|t| vocab.get(t.id).cloned().unwrap_or_default())
                 .collect(),
-            words: words(vocab, &tokens),
+            words: words(vocab, &tokens, frame_seconds),
             tokens,
             audio_seconds,
+            frame_seconds,
+            attention,
             times,
         })
     }
 
-    /// Features, encoder and decoder over one piece of audio.
+    /// Features, encoder and decoder over one utterance.
     fn transcribe_piece(
         &mut self,
         samples: &[f32],
         choice: DecoderChoice,
-    ) -> Result<(Vec<Token>, StageTimes)> {
+    ) -> Result<(Vec<Token>, StageTimes, Attention)> {
         let t0 = Instant::now();
+        self.report("features", 0.0);
         let features = self.features(samples);
         if features.n_frames == 0 {
             bail!(
@@ -206,43 +240,25 @@ impl Transcriber {
             );
         }
         let t1 = Instant::now();
-        let enc = self.encode(&features, false)?;
+        let attention = self.attention_for(features.n_frames);
+        if let Some(p) = self.progress.clone() {
+            self.backend
+                .set_progress(Some(Box::new(move |done| p("encoder", done))));
+        }
+        let enc = self.encode(&features, false);
+        self.backend.set_progress(None);
+        let enc = enc?;
+        drop(features);
+        self.report("decoder", 0.0);
+        // A long file grew the compute buffer to its encoder's size; the decoder's graphs and
+        // the next (shorter) files need far less.
+        self.backend
+            .release_compute_buffer(KEEP_COMPUTE_BUFFER_BYTES)?;
         let t2 = Instant::now();
         let (tokens, mut times) = self.decode(&enc, choice)?;
         times.features = t1 - t0;
         times.encoder = t2 - t1;
         times.decoder = t2.elapsed();
-        Ok((tokens, times))
+        Ok((tokens, times, attention))
     }
-}
-
-/// Samples per encoder frame: 8 hops of 160.
-const SAMPLES_PER_FRAME: usize = 1280;
-
-/// Where long audio is cut: pieces of at most `max_len` samples, each ending (except the last)
-/// in the quietest encoder frame of its final fifth (at most 10 s), on a frame boundary.
-pub fn chunk_bounds(samples: &[f32], max_len: usize) -> Vec<std::ops::Range<usize>> {
-    let max_len = (max_len / SAMPLES_PER_FRAME).max(1) * SAMPLES_PER_FRAME;
-    let search = (max_len / 5).min(160_000) / SAMPLES_PER_FRAME;
-    let mut out = Vec::new();
-    let mut start = 0;
-    while samples.len() - start > max_len {
-        let last = start + max_len; // a frame boundary
-        let energy = |f: usize| -> f64 {
-            let a = last - (f + 1) * SAMPLES_PER_FRAME;
-            samples[a..a + SAMPLES_PER_FRAME]
-                .iter()
-                .map(|&x| (x as f64) * (x as f64))
-                .sum()
-        };
-        // The quietest frame among the last `search` frames; the cut goes after it.
-        let quietest = (0..search.max(1))
-            .min_by(|&a, &b| energy(a).total_cmp(&energy(b)))
-            .unwrap_or(0);
-        let end = last - quietest * SAMPLES_PER_FRAME;
-        out.push(start..end);
-        start = end;
-    }
-    out.push(start..samples.len());
-    out
 }

@@ -6,6 +6,9 @@
 //! f32-level (< 1e-5 absolute on values of order 1): an f16 round trip anywhere in the path would
 //! show up as ~1e-3.
 
+mod common;
+
+use common::{Lcg, rel_err_f64 as rel_err};
 use parakeet::backend::gguf::HostWeights;
 use parakeet::backend::{self, Backend};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -15,42 +18,9 @@ const REL_TOL: f64 = 1e-5;
 /// Worst absolute error allowed for the convolutions (f16 rounding would give ~1e-3).
 const ABS_TOL: f64 = 1e-5;
 
-/// Deterministic values in [-1, 1) (a 64-bit LCG; no `rand` needed).
-struct Lcg(u64);
-
-impl Lcg {
-    fn new(seed: u64) -> Lcg {
-        Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        // Top 24 bits -> [0, 1) exactly representable in f32.
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
-
 fn backend(threads: usize) -> Backend {
     backend::silence_ggml_logs();
     Backend::cpu(threads).expect("CPU backend")
-}
-
-/// ‖ours − reference‖ / ‖reference‖.
-fn rel_err(ours: &[f32], reference: &[f64]) -> f64 {
-    assert_eq!(ours.len(), reference.len(), "length mismatch");
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&a, &b) in ours.iter().zip(reference) {
-        num += (a as f64 - b).powi(2);
-        den += b * b;
-    }
-    (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 fn max_abs_err(ours: &[f32], reference: &[f64]) -> f64 {

@@ -7,22 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("cli-{}", std::process::id()))
-        .join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    scratch_dir("cli", name)
 }
 
 fn parakeet(args: &[&str], cache: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_parakeet"))
-        .args(args)
-        .env("PARAKEET_CACHE", cache)
-        .env("GGML_NO_BACKTRACE", "1")
-        .env_remove("PARAKEET_MODEL")
-        .output()
-        .unwrap()
+    run_parakeet(args, cache)
 }
 
 /// `parakeet transcribe INPUT -m MODEL EXTRA...`
@@ -188,6 +177,36 @@ fn ctc_head_of_a_hybrid_and_info() {
         s.contains("tdt_ctc") && s.contains("80 mels") && s.contains("48 pieces"),
         "{s}"
     );
+}
+
+/// `info` shows the storage of each type, the int8 kernel's repacked layout included.
+#[test]
+fn info_shows_quantized_layouts() {
+    let root = scratch("info-q");
+    let q8 = gguf("tiny_tdt", parakeet::convert::OutType::Q8_0);
+    let s = text(&parakeet(&["info", q8.to_str().unwrap()], &root).stdout);
+    // 2 layers x (4 ff + 5 attention + 2 pointwise) encoder matrices, pre_encode.out and
+    // joint.enc are repacked; joint.pred, joint_net.2 and the LSTM stay ggml q8_0.
+    let line = |ty: &str| {
+        s.lines()
+            .find(|l| l.trim_start().starts_with(ty))
+            .map(str::to_owned)
+    };
+    assert!(
+        line("q8_0x8").is_some_and(|l| l.contains(" 24 tensors")),
+        "{s}"
+    );
+    assert!(
+        line("q8_0 ").is_some_and(|l| l.contains(" 6 tensors")),
+        "{s}"
+    );
+    let q4 = gguf("tiny_tdt", parakeet::convert::OutType::Q4_0);
+    let s = text(&parakeet(&["info", q4.to_str().unwrap()], &root).stdout);
+    assert!(line_has(&s, "q4_0") && !s.contains("q8_0"), "{s}");
+}
+
+fn line_has(s: &str, ty: &str) -> bool {
+    s.lines().any(|l| l.trim_start().starts_with(ty))
 }
 
 #[test]

@@ -5,13 +5,15 @@ use std::path::{Path, PathBuf};
 
 use parakeet::backend::DType;
 use parakeet::backend::gguf::{GgufFile, MetaValue};
+use parakeet::backend::qgemm::{Layout, Q8_0X8_KEY};
 use parakeet::convert::{
-    self, NemoArchive, NemoModel, NemoTensor, OutType, ggml_shape, read_nemo, storage_type,
+    self, NemoArchive, NemoModel, NemoTensor, OutType, ggml_shape, read_nemo, storage_layout,
+    storage_type,
 };
 use serde_yaml::Value;
 
 const MODELS: [&str; 4] = ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt", "tiny_ctc"];
-const TYPES: [OutType; 3] = [OutType::F32, OutType::F16, OutType::Q8_0];
+const TYPES: [OutType; 4] = [OutType::F32, OutType::F16, OutType::Q8_0, OutType::Q4_0];
 
 fn fixture(model: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -86,6 +88,18 @@ fn converts_every_model_in_every_type() {
                     "{model} {ty:?}: nothing converted"
                 );
             }
+            // q8_0 repacks the encoder graph's matrices (and lists them); nothing else does.
+            let listed = match g.get(Q8_0X8_KEY) {
+                Some(MetaValue::StrArray(v)) => v.len(),
+                None => 0,
+                Some(v) => panic!("{model} {ty:?}: {Q8_0X8_KEY} = {v:?}"),
+            };
+            assert_eq!(listed, report.repacked_tensors, "{model} {ty:?}");
+            assert_eq!(
+                report.repacked_tensors > 0,
+                ty == OutType::Q8_0,
+                "{model} {ty:?}"
+            );
         }
     }
 }
@@ -100,6 +114,15 @@ fn check_tensors(model: &str, ty: OutType, nemo: &NemoModel, g: &GgufFile) {
         let w = g
             .weight(&t.name, &ne, &[want_type])
             .unwrap_or_else(|e| panic!("{model} {ty:?}: {e:#}"));
+        let layout = storage_layout(&t.name, &ne, want_type);
+        if want_type != DType::F32 {
+            // (f32 matrices have their own panel16 layout, checked elsewhere.)
+            assert_eq!(w.layout(), layout, "{model} {ty:?} {}", t.name);
+        }
+        if layout == Layout::Q8_0x8 {
+            // The values of ggml's q8_0, reordered: the read-back undoes the order.
+            assert!(t.name.starts_with("encoder.") || t.name == "joint.enc.weight");
+        }
         let got = w.to_host_f32();
         assert_eq!(got.len(), t.data.len());
         let what = format!("{model} {ty:?} {}", t.name);
@@ -107,6 +130,7 @@ fn check_tensors(model: &str, ty: OutType, nemo: &NemoModel, g: &GgufFile) {
             DType::F32 => assert!(got == t.data, "{what}: f32 must be exact"),
             DType::F16 => check_f16(&what, &got, t),
             DType::Q8_0 => check_q8_0(&what, &got, t, ne[0]),
+            DType::Q4_0 => check_q4_0(&what, &got, t, ne[0]),
             other => panic!("{what}: unexpected type {other:?}"),
         }
     }
@@ -126,6 +150,21 @@ fn check_q8_0(what: &str, got: &[f32], t: &NemoTensor, row: usize) {
     assert_eq!(row % 32, 0, "{what}");
     for (b, (gb, xb)) in got.chunks(32).zip(t.data.chunks(32)).enumerate() {
         let step = xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+        for (&g, &x) in gb.iter().zip(xb) {
+            assert!(
+                (g - x).abs() <= step * 1.01,
+                "{what} block {b}: {g} vs {x} (step {step})"
+            );
+        }
+    }
+}
+
+/// q4_0 stores blocks of 32 as an f16 scale `d = max / -8` (max: the value of largest
+/// magnitude) and 4-bit `round(x / d) + 8` clamped to 0..15: within one step `max|x| / 8`.
+fn check_q4_0(what: &str, got: &[f32], t: &NemoTensor, row: usize) {
+    assert_eq!(row % 32, 0, "{what}");
+    for (b, (gb, xb)) in got.chunks(32).zip(t.data.chunks(32)).enumerate() {
+        let step = xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 8.0;
         for (&g, &x) in gb.iter().zip(xb) {
             assert!(
                 (g - x).abs() <= step * 1.01,

@@ -5,8 +5,9 @@ mod common;
 
 use common::*;
 use parakeet::backend::DType;
-use parakeet::backend::gguf::{GgufFile, MetaValue};
+use parakeet::backend::gguf::{GgufFile, Layout, MetaValue};
 use parakeet::backend::gguf_writer::GgufWriter;
+use parakeet::backend::sgemm::pack_panels;
 use parakeet::convert::OutType;
 use parakeet::model::{Model, ModelType};
 use std::path::{Path, PathBuf};
@@ -53,7 +54,11 @@ fn rewrite(src: &Path, dst: &Path, drop_key: Option<&str>, reshape: Option<(&str
             }
         };
         let values = if shape.iter().product::<usize>() == t.elements() {
-            t.to_host_f32()
+            // Stored bytes as they were: panel-packed tensors go back packed.
+            match t.layout() {
+                Layout::Panel16 => pack_panels(&t.to_host_f32(), shape[1], shape[0]),
+                Layout::Plain | Layout::Q8_0x8 => t.to_host_f32(),
+            }
         } else {
             vec![0.0; shape.iter().product()]
         };

@@ -3,6 +3,7 @@
 
 use aspasia::{SubRipSubtitle, Subtitle, WebVttSubtitle};
 use parakeet::decoder::{Token, Word, detokenize, words};
+use parakeet::encoder::Attention;
 use parakeet::output::{
     Format, MAX_LINE_CHARS, MAX_LINES, OutputMeta, Segment, check_not_input,
     format_timestamps_line, output_path, render, segments, write_atomic,
@@ -58,9 +59,10 @@ fn transcript() -> Transcript {
     Transcript {
         text: detokenize(&vocab, tokens.iter().map(|t| t.id)),
         pieces: tokens.iter().map(|t| vocab[t.id].clone()).collect(),
-        words: words(&vocab, &tokens),
+        words: words(&vocab, &tokens, 0.08),
         tokens,
         audio_seconds: 4.0,
+        frame_seconds: 0.08,
         ..Transcript::default()
     }
 }
@@ -327,6 +329,25 @@ fn json_has_every_field_with_millisecond_times() {
     let json = render(Format::Json, &t, &meta());
     let pos = |k: &str| json.find(&format!("\"{k}\"")).unwrap();
     assert!(pos("features") < pos("encoder") && pos("encoder") < pos("decoder"));
+}
+
+#[test]
+fn json_names_the_attention_used() {
+    let mut t = transcript();
+    let v: Value = serde_json::from_str(&render(Format::Json, &t, &meta())).unwrap();
+    assert_eq!(
+        v["attention"],
+        json!({"self_attention_model": "rel_pos", "att_context_size": [-1, -1]})
+    );
+    t.attention = Attention::Local {
+        left: 128,
+        right: 64,
+    };
+    let v: Value = serde_json::from_str(&render(Format::Json, &t, &meta())).unwrap();
+    assert_eq!(
+        v["attention"],
+        json!({"self_attention_model": "rel_pos_local_attn", "att_context_size": [128, 64]})
+    );
 }
 
 #[test]

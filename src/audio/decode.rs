@@ -29,13 +29,37 @@ pub struct Audio {
     pub duration_s: f64,
 }
 
+/// Sample rates accepted from a header. Telephony's 8 kHz and below down to 1 kHz still
+/// resample sensibly; above 768 kHz no real recorder exists, and a corrupt header's huge rate
+/// would make the resampler's filter (one input block per output block) gigabytes long.
+pub const MIN_SAMPLE_RATE: u32 = 1_000;
+pub const MAX_SAMPLE_RATE: u32 = 768_000;
+
+/// Refuses a header's sample rate outside [`MIN_SAMPLE_RATE`]..=[`MAX_SAMPLE_RATE`], before
+/// any sample is decoded.
+fn check_sample_rate(rate: u32) -> Result<()> {
+    if !(MIN_SAMPLE_RATE..=MAX_SAMPLE_RATE).contains(&rate) {
+        bail!(
+            "sample rate {rate} Hz is outside the supported {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz \
+             (corrupt header?)"
+        );
+    }
+    Ok(())
+}
+
 impl Audio {
     fn new(samples: Vec<f32>, sample_rate: u32, channels_in: u16) -> Result<Self> {
         if samples.is_empty() {
             bail!("contains no audio samples");
         }
-        if sample_rate == 0 {
-            bail!("sample rate is 0");
+        check_sample_rate(sample_rate)?;
+        // One NaN would spread through the per-feature normalisation into every frame.
+        if let Some(i) = samples.iter().position(|s| !s.is_finite()) {
+            bail!(
+                "sample {i} (at {:.3} s) is {}: the audio data is corrupt",
+                i as f64 / f64::from(sample_rate),
+                samples[i]
+            );
         }
         let duration_s = samples.len() as f64 / f64::from(sample_rate);
         Ok(Self {
@@ -47,13 +71,33 @@ impl Audio {
     }
 }
 
-/// Decodes an audio file of any supported format.
+/// Decodes an audio file of any supported format. Pipes, FIFOs and devices (`<(cat x.wav)`)
+/// cannot seek, and a WAV from a streaming writer has no length in its header: both are read
+/// into memory first and decoded like standard input.
 pub fn decode_file(path: &Path) -> Result<Audio> {
     let decode = || {
-        let file = File::open(path)?;
-        decode_source(file, extension(path))
+        let mut file = File::open(path)?;
+        let regular = file.metadata()?.is_file();
+        if regular && !is_streamed_wav(&mut file)? {
+            return decode_source(file, extension(path));
+        }
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        decode_source(
+            Cursor::new(with_streamed_wav_length(&bytes)),
+            extension(path),
+        )
     };
     decode().with_context(|| format!("cannot decode audio file {}", path.display()))
+}
+
+/// Whether the file is a WAV whose `data` size is a streaming placeholder (rewinds the file).
+fn is_streamed_wav(file: &mut File) -> io::Result<bool> {
+    let len = file.metadata()?.len();
+    let mut head = Vec::with_capacity(4096);
+    file.by_ref().take(1 << 16).read_to_end(&mut head)?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(streamed_data_chunk(&head, len).is_some())
 }
 
 /// Decodes an in-memory audio file (e.g. read from stdin). `name` names it in errors, and its
@@ -75,15 +119,81 @@ fn decode_source<'a, S: MediaSource + 'a>(mut source: S, ext: Option<&str>) -> R
         bail!("the file is empty");
     }
     if !is_riff_wave(&mut source)? {
-        return decode_symphonia(source, ext);
+        return decode_symphonia_guarded(source, ext);
     }
     let hound_err = match hound::WavReader::new(io::BufReader::new(&mut source)) {
         Ok(reader) => return decode_wav(reader),
         Err(e) => e,
     };
     source.seek(SeekFrom::Start(0))?;
-    decode_symphonia(source, ext).map_err(|e| anyhow!("{e:#} (as WAV, hound: {hound_err})"))
+    check_wav_channels(&mut source)?;
+    // Symphonia reads the WAV flavours hound does not. When it cannot make sense of the header
+    // either, hound's account of it is the one worth showing; past the header, symphonia's own
+    // (one message, never both parsers').
+    decode_symphonia_guarded(source, ext).map_err(|e| {
+        if e.is::<Unrecognised>() {
+            anyhow!("invalid WAV header: {hound_err}")
+        } else {
+            e
+        }
+    })
 }
+
+/// [`decode_symphonia`], with a panic inside symphonia made an error: its header arithmetic
+/// overflows on some corrupt WAV and AIFF headers (found by fuzzing; a panic in builds with
+/// overflow checks), and such a file is an error like any other.
+fn decode_symphonia_guarded<'a, S: MediaSource + 'a>(
+    source: S,
+    ext: Option<&str>,
+) -> Result<Audio> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decode_symphonia(source, ext)
+    }))
+    .unwrap_or_else(|_| {
+        Err(Unrecognised("corrupt header (the decoder's arithmetic overflowed)".into()).into())
+    })
+}
+
+/// More channels than any speech recording has; symphonia's channel-mask arithmetic overflows
+/// on counts past 32 (found by fuzzing).
+const MAX_WAV_CHANNELS: u16 = 32;
+
+/// Refuses a RIFF/WAVE `fmt ` chunk declaring 0 or more than [`MAX_WAV_CHANNELS`] channels
+/// (rewinds the source).
+fn check_wav_channels<S: Read + Seek>(source: &mut S) -> Result<()> {
+    let mut head = Vec::with_capacity(4096);
+    source.by_ref().take(4096).read_to_end(&mut head)?;
+    source.seek(SeekFrom::Start(0))?;
+    let mut pos = 12;
+    while pos + 8 <= head.len() {
+        let size = u32::from_le_bytes(head[pos + 4..pos + 8].try_into().expect("4 bytes"));
+        if &head[pos..pos + 4] == b"fmt " {
+            if let Some(c) = head.get(pos + 10..pos + 12) {
+                let channels = u16::from_le_bytes([c[0], c[1]]);
+                if channels == 0 || channels > MAX_WAV_CHANNELS {
+                    bail!(
+                        "invalid WAV header: {channels} channels (1..={MAX_WAV_CHANNELS} supported)"
+                    );
+                }
+            }
+            return Ok(());
+        }
+        pos = pos + 8 + size as usize + (size as usize & 1);
+    }
+    Ok(())
+}
+
+/// Symphonia could not read the container's header or find a codec for it.
+#[derive(Debug)]
+struct Unrecognised(String);
+
+impl std::fmt::Display for Unrecognised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unrecognised {}
 
 /// Peeks at the first 12 bytes for `RIFF....WAVE`, then rewinds.
 fn is_riff_wave<S: Read + Seek>(source: &mut S) -> io::Result<bool> {
@@ -105,6 +215,7 @@ fn decode_wav<R: Read>(mut reader: hound::WavReader<R>) -> Result<Audio> {
     if channels == 0 {
         bail!("WAV header declares 0 channels");
     }
+    check_sample_rate(spec.sample_rate)?;
     let declared = reader.len();
     let mono = match spec.sample_format {
         hound::SampleFormat::Float => read_mono(reader.samples::<f32>(), channels, declared)?,
@@ -125,8 +236,8 @@ fn read_mono(
     channels: usize,
     declared: u32,
 ) -> Result<Vec<f32>> {
-    // The header's length is untrusted: reserve at most 1 GiB up front.
-    let mut mono = Vec::with_capacity((declared as usize / channels).min(1 << 28));
+    // The header's length is untrusted: reserve at most 16 MiB up front, grow past that.
+    let mut mono = Vec::with_capacity((declared as usize / channels).min(1 << 22));
     let mut frame = Vec::with_capacity(channels);
     for (read, sample) in samples.enumerate() {
         let sample = sample.map_err(|e| {
@@ -163,21 +274,24 @@ fn decode_symphonia<'a, S: MediaSource + 'a>(source: S, ext: Option<&str>) -> Re
             SymphoniaError::IoError(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 anyhow!("truncated file (it ends while the container is being read)")
             }
-            e => anyhow!("not a recognised audio format ({e})"),
+            e => Unrecognised(format!("not a recognised audio format ({e})")).into(),
         })?;
     let track = format
         .default_track(TrackType::Audio)
-        .ok_or_else(|| anyhow!("no audio track"))?;
+        .ok_or_else(|| Unrecognised("no audio track".into()))?;
     let track_id = track.id;
     let declared_frames = track.num_frames;
     let params = track
         .codec_params
         .as_ref()
         .and_then(|p| p.audio())
-        .ok_or_else(|| anyhow!("audio track has no codec parameters"))?;
+        .ok_or_else(|| Unrecognised("audio track has no codec parameters".into()))?;
+    if let Some(rate) = params.sample_rate {
+        check_sample_rate(rate)?;
+    }
     let mut decoder = symphonia::default::get_codecs()
         .make_audio_decoder(params, &AudioDecoderOptions::default())
-        .map_err(|e| anyhow!("unsupported codec ({e})"))?;
+        .map_err(|e| Unrecognised(format!("unsupported codec ({e})")))?;
 
     let mut mixer = Mixer::default();
     decode_packets(format.as_mut(), decoder.as_mut(), track_id, &mut mixer)?;
@@ -258,7 +372,7 @@ impl Mixer {
 /// lengths, so its `data` chunk says 0 or `u32::MAX`. For in-memory input the real length is
 /// known: patch it in, so such streams decode instead of reading as empty or truncated.
 fn with_streamed_wav_length(bytes: &[u8]) -> Cow<'_, [u8]> {
-    let Some((size_at, data_len)) = streamed_data_chunk(bytes) else {
+    let Some((size_at, data_len)) = streamed_data_chunk(bytes, bytes.len() as u64) else {
         return Cow::Borrowed(bytes);
     };
     let mut patched = bytes.to_vec();
@@ -268,8 +382,9 @@ fn with_streamed_wav_length(bytes: &[u8]) -> Cow<'_, [u8]> {
 }
 
 /// Offset of the size field of a RIFF/WAVE `data` chunk whose size is a streaming placeholder,
-/// and the number of bytes actually following it.
-fn streamed_data_chunk(bytes: &[u8]) -> Option<(usize, usize)> {
+/// and the number of bytes actually following it, from the file's first bytes (`bytes`, which
+/// must reach the `data` chunk header) and its total length.
+fn streamed_data_chunk(bytes: &[u8], total_len: u64) -> Option<(usize, u64)> {
     if bytes.len() < 12 || &bytes[..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
         return None;
     }
@@ -280,7 +395,7 @@ fn streamed_data_chunk(bytes: &[u8]) -> Option<(usize, usize)> {
         let body = pos + 8;
         if id == b"data" {
             let placeholder = size == 0 || size == u32::MAX;
-            return placeholder.then_some((pos + 4, bytes.len() - body));
+            return placeholder.then_some((pos + 4, total_len.saturating_sub(body as u64)));
         }
         // Chunks are padded to an even length.
         pos = body

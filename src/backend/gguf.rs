@@ -5,6 +5,7 @@
 //! against the file size before any tensor is touched, so a truncated file is an error, not a
 //! segfault.
 
+use super::qgemm;
 use super::{DType, MAX_NAME};
 use anyhow::{Context, Result, anyhow, bail};
 use llama_cpp_sys_2 as sys;
@@ -44,7 +45,34 @@ impl Drop for WeightBuffers {
 pub struct Weight {
     ptr: NonNull<sys::ggml_tensor>,
     name: Arc<str>,
+    layout: Layout,
     _owner: Arc<WeightBuffers>,
+}
+
+/// How a weight's elements are ordered in its buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// ggml's own order (`ne0` fastest); every ggml op can read it.
+    Plain,
+    /// An f32 matrix packed in 16-row panels for the encoder's GEMM ([`super::sgemm`]); only
+    /// `Graph::linear` reads it.
+    Panel16,
+    /// q8_0 blocks repacked into 8-row panels for the int8 kernel ([`super::qgemm`]); only
+    /// `Graph::linear` reads it.
+    Q8_0x8,
+}
+
+/// GGUF key listing the tensors stored in the [`Layout::Panel16`] order.
+pub const PANEL16_KEY: &str = "parakeet.layout.panel16";
+
+impl Layout {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Plain => "plain",
+            Layout::Panel16 => "panel16",
+            Layout::Q8_0x8 => "q8_0x8",
+        }
+    }
 }
 
 // See WeightBuffers.
@@ -55,10 +83,11 @@ impl std::fmt::Debug for Weight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Weight({}, {:?}, {:?})",
+            "Weight({}, {:?}, {:?}, {})",
             self.name,
             self.shape(),
-            self.dtype()
+            self.dtype(),
+            self.layout.name()
         )
     }
 }
@@ -75,6 +104,10 @@ impl Weight {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// Shape in ggml order (`ne0` fastest), trailing 1s included.
@@ -99,9 +132,21 @@ impl Weight {
     /// precomputation (folding BatchNorm, say), never per graph.
     pub fn to_host_f32(&self) -> Vec<f32> {
         let n = self.elements();
+        if self.layout == Layout::Panel16 {
+            let [k, m, ..] = self.shape();
+            let plain = Weight {
+                layout: Layout::Plain,
+                ..self.clone()
+            };
+            return super::sgemm::unpack_panels(&plain.to_host_f32(), m, k);
+        }
         let mut raw = vec![0u8; self.bytes()];
         // SAFETY: the tensor is allocated; raw has exactly its size.
         unsafe { sys::ggml_backend_tensor_get(self.raw(), raw.as_mut_ptr().cast(), 0, raw.len()) };
+        if self.layout == Layout::Q8_0x8 {
+            let [k, m, ..] = self.shape();
+            raw = qgemm::unpack_q8_0x8(&raw, k, m);
+        }
         match self.dtype() {
             DType::F32 => raw
                 .chunks_exact(4)
@@ -205,6 +250,14 @@ impl GgufFile {
         // mapping must not change underneath us (documented limitation, as for every mmap loader).
         let map = unsafe { Mmap::map(&file) }
             .with_context(|| format!("{shown}: cannot memory-map model file"))?;
+        // Our own walk first: it names the defective field and its offset, where ggml's
+        // reader only fails.
+        let header = super::gguf_header::check_header(&map)
+            .map_err(|e| anyhow!("{shown}: malformed GGUF: {e}"))?;
+        // With no tensors there is no data section to wrap (and its start need not be aligned).
+        if header.n_tensors == 0 {
+            bail!("{shown}: the GGUF holds no tensors: not a model");
+        }
 
         let cpath = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| anyhow!("{shown}: path contains a NUL byte"))?;
@@ -221,7 +274,7 @@ impl GgufFile {
             )
         };
         if gguf.is_null() || meta_ctx.is_null() {
-            bail!("{shown}: malformed or truncated GGUF header");
+            bail!("{shown}: malformed GGUF header (rejected by ggml's reader)");
         }
         let guard = GgufGuard(gguf);
         let ctx = NonNull::new(meta_ctx).expect("checked above");
@@ -258,7 +311,9 @@ impl GgufFile {
             // SAFETY: metadata of a live tensor.
             let (ty, nbytes) = unsafe { (t.as_ref().type_, sys::ggml_nbytes(t.as_ptr())) };
             if DType::from_ggml(ty).is_none() {
-                bail!("{shown}: tensor '{name}' has unsupported type {ty} (f32, f16, q8_0 only)");
+                bail!(
+                    "{shown}: tensor '{name}' has unsupported type {ty} (f32, f16, q8_0, q4_0 only)"
+                );
             }
             let start = data_offset + offset;
             let end = start.saturating_add(nbytes);
@@ -271,8 +326,11 @@ impl GgufFile {
             infos.push((name, t, start));
         }
 
+        if !(map.as_ptr() as usize + data_offset).is_multiple_of(32) {
+            bail!("{shown}: the tensor data at byte {data_offset} is not 32-byte aligned");
+        }
         // SAFETY: [data_offset, data_end) lies inside the mapping (checked per tensor); the
-        // mapping is page-aligned and GGUF aligns the data section, as ggml requires.
+        // mapping is page-aligned and the data section 32-byte aligned (checked above).
         unsafe {
             let base = map.as_ptr().add(data_offset) as *mut std::ffi::c_void;
             let size = (data_end - data_offset).max(1);
@@ -296,17 +354,39 @@ impl GgufFile {
         owner._map = Some(map);
         let owner = Arc::new(owner);
         let order: Vec<String> = infos.iter().map(|(n, _, _)| n.clone()).collect();
-        let weights = infos
+        let packed = panel16_names(&meta, path)?;
+        let mut weights: HashMap<String, Weight> = infos
             .into_iter()
             .map(|(name, t, _)| {
+                let layout = if packed.contains(&name) {
+                    Layout::Panel16
+                } else {
+                    Layout::Plain
+                };
                 let w = Weight {
                     ptr: t,
                     name: name.as_str().into(),
+                    layout,
                     _owner: owner.clone(),
                 };
                 (name, w)
             })
             .collect();
+        for name in &packed {
+            let w = weights.get(name).ok_or_else(|| {
+                anyhow!("{shown}: {PANEL16_KEY} names '{name}', which is not a tensor")
+            })?;
+            let [_, m, a, b] = w.shape();
+            if w.dtype() != DType::F32 || !m.is_multiple_of(super::sgemm::PANEL) || a * b != 1 {
+                bail!(
+                    "{shown}: tensor '{name}' is listed as panel-packed but is {} {:?} \
+                     (needs a 2-D f32 matrix with a multiple of 16 rows)",
+                    w.dtype().name(),
+                    trim(w.shape())
+                );
+            }
+        }
+        mark_repacked(path, &meta, &mut weights)?;
         Ok(GgufFile {
             path: path.to_path_buf(),
             meta,
@@ -429,6 +509,56 @@ impl GgufFile {
     }
 }
 
+/// The tensors the file stores panel-packed (none for files written before the layout).
+fn panel16_names(
+    meta: &HashMap<String, MetaValue>,
+    path: &Path,
+) -> Result<std::collections::HashSet<String>> {
+    match meta.get(PANEL16_KEY) {
+        None => Ok(Default::default()),
+        Some(MetaValue::StrArray(names)) => Ok(names.iter().cloned().collect()),
+        Some(_) => bail!(
+            "{}: metadata key '{PANEL16_KEY}' must be an array of tensor names",
+            path.display()
+        ),
+    }
+}
+
+/// Flags the tensors that [`qgemm::Q8_0X8_KEY`] lists as stored in the `q8_0x8` layout, after
+/// checking that each exists and is a q8_0 matrix that layout can hold.
+fn mark_repacked(
+    path: &Path,
+    meta: &HashMap<String, MetaValue>,
+    weights: &mut HashMap<String, Weight>,
+) -> Result<()> {
+    let shown = path.display();
+    let names = match meta.get(qgemm::Q8_0X8_KEY) {
+        None => return Ok(()),
+        Some(MetaValue::StrArray(v)) => v,
+        Some(v) => bail!(
+            "{shown}: metadata key '{}' should be a string array, found {v:?}",
+            qgemm::Q8_0X8_KEY
+        ),
+    };
+    for name in names {
+        let Some(w) = weights.get_mut(name) else {
+            bail!(
+                "{shown}: '{}' lists tensor '{name}', which is missing",
+                qgemm::Q8_0X8_KEY
+            );
+        };
+        if w.dtype() != DType::Q8_0 || !qgemm::can_repack(&trim(w.shape())) {
+            bail!(
+                "{shown}: tensor '{name}' cannot be in the q8_0x8 layout: it is {} {:?} (q8_0 [k, m] with k % 32 == 0 and m % 8 == 0 needed)",
+                w.dtype().name(),
+                trim(w.shape())
+            );
+        }
+        w.layout = Layout::Q8_0x8;
+    }
+    Ok(())
+}
+
 fn trim(s: [usize; 4]) -> Vec<usize> {
     let n = s.iter().rposition(|&v| v != 1).map_or(1, |i| i + 1);
     s[..n].to_vec()
@@ -520,6 +650,7 @@ unsafe fn read_array(gguf: *mut sys::gguf_context, i: i64) -> MetaValue {
 #[derive(Default)]
 pub struct HostWeights {
     pending: Vec<(String, Vec<usize>, Vec<f32>)>,
+    panel16: std::collections::HashSet<String>,
 }
 
 impl HostWeights {
@@ -540,6 +671,14 @@ impl HostWeights {
             shape.len()
         );
         self.pending.push((name.to_string(), shape.to_vec(), data));
+    }
+
+    /// Queue a torch Linear weight `w [m][k]` (row-major), stored panel-packed as the
+    /// converter stores the encoder's linears. `m` must be a multiple of 16.
+    pub fn push_panel16(&mut self, name: &str, m: usize, k: usize, w: &[f32]) {
+        let packed = super::sgemm::pack_panels(w, m, k);
+        self.push(name, &[k, m], packed);
+        self.panel16.insert(name.to_string());
     }
 
     /// Allocate one CPU buffer for everything queued and upload it.
@@ -593,9 +732,15 @@ impl HostWeights {
                 .into_iter()
                 .zip(tensors)
                 .map(|((name, _, _), t)| {
+                    let layout = if self.panel16.contains(&name) {
+                        Layout::Panel16
+                    } else {
+                        Layout::Plain
+                    };
                     let w = Weight {
                         ptr: t,
                         name: name.as_str().into(),
+                        layout,
                         _owner: owner.clone(),
                     };
                     (name, w)

@@ -6,6 +6,7 @@
 //! copy of the model. The file appears under its final name only once complete.
 
 use super::gguf::quantize_rows;
+use super::qgemm::{self, Layout};
 use super::{DType, MAX_NAME};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use llama_cpp_sys_2 as sys;
@@ -28,6 +29,7 @@ struct PlannedTensor {
     name: String,
     ne: Vec<usize>,
     ty: DType,
+    layout: Layout,
 }
 
 impl Default for GgufWriter {
@@ -128,7 +130,25 @@ impl GgufWriter {
     /// Declares a tensor: `ne` in ggml order (`ne[0]` is the row length, fastest), stored as
     /// `ty` (f32, f16 or q8_0). Its f32 data is asked for by [`write`](Self::write).
     pub fn add_tensor(&mut self, name: &str, ne: &[usize], ty: DType) -> Result<()> {
+        self.add_tensor_with_layout(name, ne, ty, Layout::Plain)
+    }
+
+    /// [`add_tensor`](Self::add_tensor), its bytes arranged in `layout` (the caller records which
+    /// tensors use it in the metadata; see [`qgemm::Q8_0X8_KEY`]).
+    pub fn add_tensor_with_layout(
+        &mut self,
+        name: &str,
+        ne: &[usize],
+        ty: DType,
+        layout: Layout,
+    ) -> Result<()> {
         validate_tensor(name, ne, ty)?;
+        ensure!(
+            layout == Layout::Plain || (ty == DType::Q8_0 && qgemm::can_repack(ne)),
+            "tensor {name}: {} {ne:?} cannot be stored in the {} layout",
+            ty.name(),
+            layout.name()
+        );
         ensure!(!self.names.contains(name), "duplicate tensor name {name}");
         let cname = CString::new(name).expect("validated: no NUL");
         let ne64: Vec<i64> = ne.iter().map(|&n| n as i64).collect();
@@ -157,6 +177,7 @@ impl GgufWriter {
             name: name.to_owned(),
             ne: ne.to_vec(),
             ty,
+            layout,
         });
         Ok(())
     }
@@ -241,7 +262,7 @@ fn validate_tensor(name: &str, ne: &[usize], ty: DType) -> Result<()> {
         "tensor {name}: bad shape {ne:?}"
     );
     ensure!(
-        matches!(ty, DType::F32 | DType::F16 | DType::Q8_0),
+        matches!(ty, DType::F32 | DType::F16 | DType::Q8_0 | DType::Q4_0),
         "tensor {name}: cannot store as {}",
         ty.name()
     );
@@ -264,7 +285,13 @@ fn encode(t: &PlannedTensor, data: Vec<f32>) -> Result<Vec<u8>> {
         data.len(),
         t.ne
     );
-    quantize_rows(&data, t.ne[0], t.ty).with_context(|| format!("tensor {}", t.name))
+    let bytes =
+        quantize_rows(&data, t.ne[0], t.ty).with_context(|| format!("tensor {}", t.name))?;
+    Ok(match t.layout {
+        Layout::Q8_0x8 => qgemm::repack_q8_0x8(&bytes, t.ne[0], t.ne[1]),
+        // Panel16 data arrives already packed from the converter.
+        Layout::Plain | Layout::Panel16 => bytes,
+    })
 }
 
 fn c_key(key: &str) -> Result<CString> {
@@ -280,39 +307,63 @@ fn c_text(key: &str, value: &str) -> Result<CString> {
     CString::new(value).map_err(|_| anyhow!("metadata {key}: value {value:?} contains a NUL byte"))
 }
 
-/// The output file while it's written: `.<name>.partial-<pid>` in the destination directory
-/// (same filesystem, so the final rename is atomic); removed unless committed.
+/// The output file while it's written: `.parakeet-<pid>-<n>.partial` in the destination directory
+/// (same filesystem, so the final rename is atomic; short, so a long destination name still
+/// leaves room for it); removed unless committed. A FIFO or device (`/dev/null`) is written
+/// directly instead: a rename would replace it with a regular file.
 struct PartialFile {
     file: File,
     tmp: PathBuf,
     dest: PathBuf,
     committed: bool,
+    direct: bool,
 }
 
 impl PartialFile {
     fn create(dest: &Path) -> Result<Self> {
-        let name = dest
-            .file_name()
+        let special = std::fs::metadata(dest).is_ok_and(|m| !m.is_file() && !m.is_dir());
+        if special {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dest)
+                .with_context(|| format!("opening {}", dest.display()))?;
+            return Ok(Self {
+                file,
+                tmp: dest.to_owned(),
+                dest: dest.to_owned(),
+                committed: false,
+                direct: true,
+            });
+        }
+        dest.file_name()
             .with_context(|| format!("{}: not a file path", dest.display()))?;
         let dir = dest
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(
-            ".{}.partial-{}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        // Unique per writer: one process may convert several models into one directory.
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".parakeet-{}-{n}.partial", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .with_context(|| format!("creating {}", tmp.display()))?;
         Ok(Self {
             file,
             tmp,
             dest: dest.to_owned(),
             committed: false,
+            direct: false,
         })
     }
 
     fn commit(mut self) -> Result<()> {
+        if self.direct {
+            self.committed = true;
+            return Ok(());
+        }
         self.file
             .sync_all()
             .with_context(|| format!("writing {}", self.tmp.display()))?;
@@ -326,7 +377,7 @@ impl PartialFile {
 
 impl Drop for PartialFile {
     fn drop(&mut self) {
-        if !self.committed {
+        if !self.committed && !self.direct {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }

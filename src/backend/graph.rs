@@ -4,7 +4,10 @@
 //! message instead: an abort cannot be caught, a panic can, and a mismatch here is a bug in the
 //! model code, not bad user input (inputs are validated before a graph is built).
 
-use super::{Capture, DType, MAX_NAME, gguf::Weight};
+use super::gguf::{Layout, Weight};
+use super::qgemm;
+use super::sgemm::{self, Dims, Isa, PANEL};
+use super::{Capture, DType, MAX_NAME};
 use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;
 use std::ffi::CString;
@@ -125,10 +128,9 @@ unsafe extern "C" fn packed_gemm_f32(
         let d = &*dst;
         let (w, x) = (&*d.src[0], &*d.src[1]);
         let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, x.ne[1] as usize);
-        // Whole register tiles per thread.
-        let chunk = m.div_ceil(nth as usize).next_multiple_of(16);
-        let i0 = ith as usize * chunk;
-        let i1 = (i0 + chunk).min(m);
+        // Whole 16-row register tiles per thread.
+        let tiles = super::thread_share(m.div_ceil(16), ith as usize, nth as usize);
+        let (i0, i1) = (tiles.start * 16, (tiles.end * 16).min(m));
         if i0 >= i1 {
             return;
         }
@@ -153,6 +155,39 @@ unsafe extern "C" fn packed_gemm_f32(
             false,
             gemm::Parallelism::None,
         );
+    }
+}
+
+/// ggml custom-op body: `dst [m, n] = W x` with `W` panel-packed ([`sgemm`]); the panels are
+/// split over the backend's threads.
+unsafe extern "C" fn panel16_gemm_f32(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    _: *mut std::os::raw::c_void,
+) {
+    // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = W (ne [k, m],
+    // panel-packed f32), src[1] = x [k, n...] and dst [m, n...], both contiguous f32 and
+    // allocated; each thread writes only its own panels.
+    unsafe {
+        let d = &*dst;
+        let (w, x) = (&*d.src[0], &*d.src[1]);
+        let dims = Dims {
+            m: w.ne[1] as usize,
+            k: w.ne[0] as usize,
+            n: (x.ne[1] * x.ne[2] * x.ne[3]) as usize,
+        };
+        let mine = super::thread_share(dims.m / PANEL, ith as usize, nth as usize);
+        if !mine.is_empty() {
+            sgemm::gemm_panels(
+                Isa::best(),
+                w.data as *const f32,
+                x.data as *const f32,
+                d.data as *mut f32,
+                dims,
+                mine,
+            );
+        }
     }
 }
 
@@ -184,11 +219,25 @@ impl<'g> Graph<'g> {
         })
     }
 
-    fn ctx(&self) -> *mut sys::ggml_context {
+    pub(super) fn ctx(&self) -> *mut sys::ggml_context {
         self.ctx.as_ptr()
     }
 
-    fn wrap(&self, ptr: *mut sys::ggml_tensor, what: &str) -> Tensor<'g> {
+    /// Tensors made in this graph's context so far (ops, views, inputs).
+    pub(super) fn tensors_made(&self) -> usize {
+        let mut n = 0;
+        // SAFETY: walks the live context's own tensor list.
+        unsafe {
+            let mut t = sys::ggml_get_first_tensor(self.ctx());
+            while !t.is_null() {
+                n += 1;
+                t = sys::ggml_get_next_tensor(self.ctx(), t);
+            }
+        }
+        n
+    }
+
+    pub(super) fn wrap(&self, ptr: *mut sys::ggml_tensor, what: &str) -> Tensor<'g> {
         Tensor::new(ptr, what)
     }
 
@@ -216,6 +265,16 @@ impl<'g> Graph<'g> {
         t
     }
 
+    /// [`Graph::input_f32`] taking ownership of the data (no copy of a large input).
+    pub fn input_f32_owned(&mut self, data: Vec<f32>, shape: &[usize]) -> Tensor<'g> {
+        check(shape.iter().product::<usize>() == data.len(), || {
+            format!("input of {} values for shape {shape:?}", data.len())
+        });
+        let t = self.new_tensor(DType::F32, shape);
+        self.register_input(t, HostData::F32(data));
+        t
+    }
+
     pub fn input_i32(&mut self, data: &[i32], shape: &[usize]) -> Tensor<'g> {
         check(shape.iter().product::<usize>() == data.len(), || {
             format!("input of {} values for shape {shape:?}", data.len())
@@ -233,15 +292,20 @@ impl<'g> Graph<'g> {
 
     /// A loader weight used in place as a graph leaf: no copy, its buffer is the model's.
     pub fn weight(&mut self, w: &Weight) -> Tensor<'g> {
+        check(w.layout() == Layout::Plain, || {
+            format!("{}: a panel-packed weight is only read by linear", w.name())
+        });
         self.wrap(w.raw(), "weight")
     }
 
-    /// Read `t` back after the compute (several results from one graph).
-    pub fn capture(&mut self, name: &str, t: Tensor<'g>) {
+    /// Read `t` back after the compute (several results from one graph); the handle reads it
+    /// from the [`Computed`](super::Computed) result. `name` labels it (layer dumps, errors).
+    pub fn capture(&mut self, name: &str, t: Tensor<'g>) -> super::CaptureId {
         let t = if t.is_contiguous() { t } else { self.cont(t) };
         // SAFETY: t belongs to this graph; outputs are never overwritten by the allocator.
         unsafe { sys::ggml_set_output(t.raw()) };
         self.captures.push((name.to_string(), t.ptr));
+        super::CaptureId(self.captures.len() - 1)
     }
 
     /// Mark `t` as the graph's result; returns the (contiguous) tensor to read back.
@@ -350,14 +414,97 @@ impl<'g> Graph<'g> {
 
     /// A torch `Linear`: `x @ W^T + b` over `x` [in, n, ...], weight [in, out].
     pub fn linear(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
-        let w = self.weight(w);
-        let y = self.matmul(w, x);
+        if w.layout() == Layout::Q8_0x8 {
+            return self.linear_q8_0x8(x, w, b);
+        }
+        let y = if w.layout() == Layout::Panel16 {
+            self.linear_panel16(x, w)
+        } else {
+            let w = self.weight(w);
+            self.matmul(w, x)
+        };
         match b {
             Some(b) => {
                 let b = self.weight(b);
                 self.add(y, b)
             }
             None => y,
+        }
+    }
+
+    /// `x @ W^T` with `W` panel-packed: the packed-weight GEMM as a custom op.
+    fn linear_panel16(&mut self, x: Tensor<'g>, w: &Weight) -> Tensor<'g> {
+        let [k, m, ..] = w.shape();
+        check(x.ne(0) == k && x.dtype() == Some(DType::F32), || {
+            format!("linear {}: {:?} x {:?}", w.name(), w.shape(), x.shape())
+        });
+        let x = if x.is_contiguous() { x } else { self.cont(x) };
+        let xs = x.shape();
+        let mut args = [w.raw(), x.raw()];
+        // SAFETY: an [m, n...] f32 result whose srcs are W (packed [k, m]) and x (contiguous
+        // [k, n...]), kept alive and ordered by the graph; the callback only reads them and
+        // writes its own panels of the result.
+        let p = unsafe {
+            sys::ggml_custom_4d(
+                self.ctx(),
+                sys::GGML_TYPE_F32,
+                m as i64,
+                xs[1] as i64,
+                xs[2] as i64,
+                xs[3] as i64,
+                args.as_mut_ptr(),
+                2,
+                Some(panel16_gemm_f32),
+                -1, // every thread of the backend
+                std::ptr::null_mut(),
+            )
+        };
+        self.wrap(p, "linear (panel16 gemm)")
+    }
+
+    /// [`linear`](Self::linear) on a `q8_0x8` weight: our int8 kernel as one custom op, the
+    /// bias added in its store.
+    fn linear_q8_0x8(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
+        let [k, m, ..] = w.shape();
+        let xs = x.shape();
+        check(xs[0] == k && x.dtype() == Some(DType::F32), || {
+            format!("linear {}: input {xs:?} for weight [{k}, {m}]", w.name())
+        });
+        if let Some(b) = b {
+            check(b.shape() == [m, 1, 1, 1] && b.dtype() == DType::F32, || {
+                format!("linear {}: bias {:?}", w.name(), b.shape())
+            });
+        }
+        let x = if x.is_contiguous() { x } else { self.cont(x) };
+        let n = xs[1] * xs[2] * xs[3];
+        let x2 = self.reshape(x, &[k, n]);
+        let mut args = [
+            w.raw(),
+            x2.raw(),
+            b.map_or(std::ptr::null_mut(), |b| b.raw()),
+        ];
+        // SAFETY: an [m, n] f32 result whose srcs are the q8_0x8 weight, the contiguous f32
+        // input and the optional bias (checked above), as `q8_0x8_linear_op` requires.
+        let p = unsafe {
+            sys::ggml_custom_4d(
+                self.ctx(),
+                sys::GGML_TYPE_F32,
+                m as i64,
+                n as i64,
+                1,
+                1,
+                args.as_mut_ptr(),
+                if b.is_some() { 3 } else { 2 },
+                Some(qgemm::q8_0x8_linear_op),
+                -1, // every thread of the backend
+                std::ptr::null_mut(),
+            )
+        };
+        let y = self.wrap(p, "linear (q8_0x8)");
+        if xs[2] * xs[3] == 1 {
+            y
+        } else {
+            self.reshape(y, &[m, xs[1], xs[2], xs[3]])
         }
     }
 
@@ -582,6 +729,42 @@ impl<'g> Graph<'g> {
         // SAFETY: checked.
         let p = unsafe { sys::ggml_concat(self.ctx(), a.raw(), b.raw(), dim as i32) };
         self.wrap(p, "concat")
+    }
+
+    /// Stack 2-D `[n, len_i]` parts along `ne1` into one `[n, sum len_i]` tensor. Each part
+    /// is written in place into the result right after it is computed, so the intermediates of
+    /// one part are dead (and their memory reusable) before the next part is built.
+    pub fn stack_rows(&mut self, parts: &[Tensor<'g>]) -> Tensor<'g> {
+        check(!parts.is_empty(), || "stack_rows: no parts".into());
+        let n = parts[0].ne(0);
+        check(
+            parts.iter().all(|p| {
+                p.ne(0) == n && p.ne(2) == 1 && p.ne(3) == 1 && p.dtype() == Some(DType::F32)
+            }),
+            || "stack_rows: parts must be 2-D f32 with equal rows".into(),
+        );
+        let total: usize = parts.iter().map(|p| p.ne(1)).sum();
+        // The first part padded to the full length (a node, allocated when it is computed; a
+        // fresh leaf would hold its memory from the start of the graph).
+        let first = parts[0];
+        let mut dst = self.pad(first, [(0, 0), (0, total - first.ne(1)), (0, 0), (0, 0)]);
+        let row_bytes = dst.nb()[1];
+        let mut at = first.ne(1);
+        for &part in &parts[1..] {
+            // SAFETY: part fits in dst at row `at` (shapes checked, rows counted above).
+            let p = unsafe {
+                sys::ggml_set_2d_inplace(
+                    self.ctx(),
+                    dst.raw(),
+                    part.raw(),
+                    row_bytes,
+                    at * row_bytes,
+                )
+            };
+            dst = self.wrap(p, "stack_rows");
+            at += part.ne(1);
+        }
+        dst
     }
 
     /// Zero padding: `(before, after)` per axis.

@@ -8,9 +8,13 @@
 //!   and panics with a message (a Rust panic unwinds; a `GGML_ASSERT` would abort the process).
 //! - [`gguf`]: GGUF reading (metadata + weights realised once into a backend buffer).
 
+mod attention;
 pub mod gguf;
+pub mod gguf_header;
 pub mod gguf_writer;
 mod graph;
+pub mod qgemm;
+pub mod sgemm;
 
 pub use graph::{Graph, Tensor};
 
@@ -25,6 +29,7 @@ pub enum DType {
     F32,
     F16,
     Q8_0,
+    Q4_0,
     I32,
 }
 
@@ -34,6 +39,7 @@ impl DType {
             DType::F32 => sys::GGML_TYPE_F32,
             DType::F16 => sys::GGML_TYPE_F16,
             DType::Q8_0 => sys::GGML_TYPE_Q8_0,
+            DType::Q4_0 => sys::GGML_TYPE_Q4_0,
             DType::I32 => sys::GGML_TYPE_I32,
         }
     }
@@ -43,6 +49,7 @@ impl DType {
             sys::GGML_TYPE_F32 => Some(DType::F32),
             sys::GGML_TYPE_F16 => Some(DType::F16),
             sys::GGML_TYPE_Q8_0 => Some(DType::Q8_0),
+            sys::GGML_TYPE_Q4_0 => Some(DType::Q4_0),
             sys::GGML_TYPE_I32 => Some(DType::I32),
             _ => None,
         }
@@ -53,6 +60,7 @@ impl DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
             DType::I32 => "i32",
         }
     }
@@ -99,9 +107,41 @@ pub struct Capture {
     pub shape: [usize; 4],
 }
 
+/// A typed handle to a tensor captured with [`Graph::capture`], valid for the result of the
+/// compute whose graph registered it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CaptureId(pub(crate) usize);
+
 impl Computed {
+    /// The capture registered under `name` (tests and diagnostics; code reads by handle).
     pub fn capture(&self, name: &str) -> Option<&Capture> {
         self.captures.iter().find(|c| c.name == name)
+    }
+
+    /// The capture `id` refers to.
+    pub fn get(&self, id: CaptureId) -> Result<&Capture> {
+        match self.captures.get(id.0) {
+            Some(c) => Ok(c),
+            None => bail!("internal: capture {} is not in this result", id.0),
+        }
+    }
+
+    /// Every capture except those in `taken`, in registration order (named layer taps).
+    pub fn into_others(self, taken: &[CaptureId]) -> Vec<Capture> {
+        self.captures
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !taken.contains(&CaptureId(*i)))
+            .map(|(_, c)| c)
+            .collect()
+    }
+
+    /// Moves the data of capture `id` out (each capture is taken once).
+    pub fn take(&mut self, id: CaptureId) -> Result<Vec<f32>> {
+        match self.captures.get_mut(id.0) {
+            Some(c) => Ok(std::mem::take(&mut c.data)),
+            None => bail!("internal: capture {} is not in this result", id.0),
+        }
     }
 }
 
@@ -111,6 +151,53 @@ pub struct Backend {
     galloc: sys::ggml_gallocr_t,
     n_threads: usize,
     stats: Stats,
+    /// Told the fraction of nodes done during each compute (boxed: ggml holds its address).
+    progress: Option<Box<ProgressHook>>,
+}
+
+/// Reports the fraction of a graph's nodes computed so far.
+pub type ProgressFn = Box<dyn FnMut(f64) + Send>;
+
+struct ProgressHook {
+    done: usize,
+    total: usize,
+    report: ProgressFn,
+}
+
+/// ggml's CPU backend calls this on its first thread after every node (as an abort check);
+/// it never aborts.
+unsafe extern "C" fn progress_node_done(data: *mut std::os::raw::c_void) -> bool {
+    // SAFETY: `data` is the `ProgressHook` registered in `compute`, alive and not otherwise
+    // borrowed until the compute returns and unregisters it.
+    let hook = unsafe { &mut *(data as *mut ProgressHook) };
+    hook.done += 1;
+    let frac = hook.done as f64 / hook.total.max(1) as f64;
+    // A panic must not unwind into C; a failed progress report is not worth stopping for.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (hook.report)(frac)));
+    false
+}
+
+/// Nodes ggml actually computes (it skips views and reshapes without a callback).
+///
+/// # Safety
+/// `gf` is a built graph.
+unsafe fn computed_nodes(gf: *mut sys::ggml_cgraph) -> usize {
+    // SAFETY: per the contract; node pointers of a built graph are valid.
+    unsafe {
+        (0..sys::ggml_graph_n_nodes(gf))
+            .filter(|&i| {
+                let op = (*sys::ggml_graph_node(gf, i)).op;
+                !matches!(
+                    op,
+                    sys::GGML_OP_NONE
+                        | sys::GGML_OP_RESHAPE
+                        | sys::GGML_OP_TRANSPOSE
+                        | sys::GGML_OP_VIEW
+                        | sys::GGML_OP_PERMUTE
+                )
+            })
+            .count()
+    }
 }
 
 // The raw handles are only touched through &mut self.
@@ -118,6 +205,8 @@ unsafe impl Send for Backend {}
 
 /// Nodes a single graph may hold; the encoder of a 42-layer model needs a few thousand.
 const GRAPH_NODES: usize = 16 * 1024;
+/// Room kept in every graph for leafs that are model weights (a 42-layer model has ~1200).
+const WEIGHT_LEAFS: usize = 4096;
 
 impl Backend {
     /// A CPU backend running `n_threads` threads (0 -> 1).
@@ -139,6 +228,7 @@ impl Backend {
                 galloc,
                 n_threads: 1,
                 stats: Stats::default(),
+                progress: None,
             };
             b.set_threads(n_threads);
             Ok(b)
@@ -161,6 +251,18 @@ impl Backend {
         unsafe { cstr(sys::ggml_backend_name(self.backend)) }
     }
 
+    /// Report each following compute's progress to `report` (the fraction of its nodes
+    /// done, from ggml's first compute thread), or stop reporting with `None`.
+    pub fn set_progress(&mut self, report: Option<ProgressFn>) {
+        self.progress = report.map(|report| {
+            Box::new(ProgressHook {
+                done: 0,
+                total: 0,
+                report,
+            })
+        });
+    }
+
     pub fn stats(&self) -> &Stats {
         &self.stats
     }
@@ -171,9 +273,26 @@ impl Backend {
     where
         F: for<'g> FnOnce(&mut Graph<'g>) -> Result<Tensor<'g>>,
     {
-        let mut graph = Graph::new(GRAPH_NODES)?;
+        self.compute_sized(GRAPH_NODES, build)
+    }
+
+    /// [`Backend::compute`] for a graph of up to `max_nodes` nodes (an encoder over a long file
+    /// runs its blocks in many time slices). A graph that outgrows it is an error, never ggml's
+    /// abort.
+    pub fn compute_sized<F>(&mut self, max_nodes: usize, build: F) -> Result<Computed>
+    where
+        F: for<'g> FnOnce(&mut Graph<'g>) -> Result<Tensor<'g>>,
+    {
+        let max_nodes = max_nodes.max(GRAPH_NODES);
+        let mut graph = Graph::new(max_nodes)?;
         let out = build(&mut graph)?;
         let out = graph.mark_output(out);
+        // Nodes and leafs are each at most the tensors made in the graph's context plus the
+        // weights it reads (a few thousand at most).
+        let made = graph.tensors_made();
+        if made + WEIGHT_LEAFS > max_nodes {
+            bail!("internal: a graph of {made} tensors exceeds its capacity of {max_nodes} nodes");
+        }
         let start = Instant::now();
         // SAFETY: the graph and all its tensors live in `graph`'s context (or in weight buffers
         // that outlive this call); tensors are only written after allocation.
@@ -188,7 +307,20 @@ impl Backend {
                 bail!("ggml: could not allocate the compute graph (out of memory?)");
             }
             graph.upload_inputs();
+            if let Some(hook) = self.progress.as_mut() {
+                hook.done = 0;
+                hook.total = computed_nodes(gf);
+                let data: *mut ProgressHook = &mut **hook;
+                sys::ggml_backend_cpu_set_abort_callback(
+                    self.backend,
+                    Some(progress_node_done),
+                    data.cast(),
+                );
+            }
             let status = sys::ggml_backend_graph_compute(self.backend, gf);
+            if self.progress.is_some() {
+                sys::ggml_backend_cpu_set_abort_callback(self.backend, None, std::ptr::null_mut());
+            }
             if status != sys::GGML_STATUS_SUCCESS {
                 bail!("ggml: graph compute failed (status {status})");
             }
@@ -207,6 +339,32 @@ impl Backend {
         self.stats.compute_buffer_bytes = bytes;
         self.stats.peak_compute_buffer_bytes = self.stats.peak_compute_buffer_bytes.max(bytes);
         Ok(result)
+    }
+}
+
+impl Backend {
+    /// Hand the compute buffer back to the system when a long utterance grew it past
+    /// `keep_bytes` (the gallocr's buffer otherwise only ever grows); the next compute
+    /// allocates what it needs. Returns whether it was released.
+    pub fn release_compute_buffer(&mut self, keep_bytes: usize) -> Result<bool> {
+        // SAFETY: galloc is live; no graph is in flight (we hold &mut self).
+        let bytes = unsafe { sys::ggml_gallocr_get_buffer_size(self.galloc, 0) };
+        if bytes <= keep_bytes {
+            return Ok(false);
+        }
+        // SAFETY: a fresh allocator for the same buffer type replaces the old one, which is
+        // freed once; results already read back live in host memory.
+        unsafe {
+            let buft = sys::ggml_backend_get_default_buffer_type(self.backend);
+            let fresh = sys::ggml_gallocr_new(buft);
+            if fresh.is_null() {
+                bail!("ggml: could not create the graph allocator");
+            }
+            sys::ggml_gallocr_free(self.galloc);
+            self.galloc = fresh;
+        }
+        self.stats.compute_buffer_bytes = 0;
+        Ok(true)
     }
 }
 
@@ -267,6 +425,14 @@ pub fn silence_ggml_logs() {
     }
     // SAFETY: installs a static callback.
     unsafe { sys::ggml_log_set(Some(quiet), std::ptr::null_mut()) };
+}
+
+/// The contiguous share of `units` work items (rows, panels) that thread `ith` of `nth` takes in
+/// a custom op.
+pub(crate) fn thread_share(units: usize, ith: usize, nth: usize) -> std::ops::Range<usize> {
+    let chunk = units.div_ceil(nth.max(1));
+    let start = (ith * chunk).min(units);
+    start..(start + chunk).min(units)
 }
 
 /// ggml's tensor names hold at most 63 bytes.

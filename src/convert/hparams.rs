@@ -222,6 +222,13 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<Preprocessor> {
             .u32("sample_rate")
             .map_err(|_| cfg.missing("preprocessor.sample_rate"))?,
     };
+    // Every Parakeet model is 16 kHz, and the runtime resamples to that rate; anything else
+    // would silently change the transcript (and 0 would break the window arithmetic below).
+    ensure!(
+        sample_rate == crate::audio::TARGET_RATE,
+        "model_config.yaml: preprocessor.sample_rate {sample_rate} is not supported ({} only)",
+        crate::audio::TARGET_RATE
+    );
     let n_mels = cfg.u32("preprocessor.features")?;
     // `n_window_size` / `n_window_stride` (samples) override the durations in seconds.
     let samples = |n_key: &str, s_key: &str| -> Result<u32> {

@@ -15,11 +15,40 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 
 use crate::backend::DType;
+use crate::backend::gguf::PANEL16_KEY;
 use crate::backend::gguf_writer::GgufWriter;
+use crate::backend::qgemm::{self, Layout};
+use crate::backend::sgemm::{PANEL, pack_panels};
 use crate::model::ModelType;
 
 pub use hparams::{Encoder, Hparams, Preprocessor, Transducer};
-pub use nemo::{NemoArchive, NemoModel, NemoTensor, TensorEntry, read_nemo};
+pub use nemo::{NemoArchive, NemoModel, NemoTensor, TensorEntry, parse_config, read_nemo};
+
+/// Entry points for the fuzz harness (`examples/fuzz.rs`): the `.nemo` reader's parsers on
+/// in-memory bytes. Not a stable API.
+#[doc(hidden)]
+pub mod fuzz {
+    use anyhow::Result;
+    use std::io::Cursor;
+
+    /// A torch checkpoint zip (`model_weights.ckpt`): its `data.pkl` index, then every tensor
+    /// (storage lookup, size checks, decoding and view gathering). Returns the values read.
+    pub fn checkpoint(zip_bytes: &[u8]) -> Result<usize> {
+        let mut zip = zip::ZipArchive::new(Cursor::new(zip_bytes))?;
+        let (prefix, tensors) = super::nemo::read_tensor_index(&mut zip)?;
+        let mut values = 0;
+        for t in &tensors {
+            values += super::nemo::load_tensor(&mut zip, &prefix, &t.desc)?.len();
+        }
+        Ok(values)
+    }
+
+    /// A pickled state dict (`data.pkl`): returns the number of tensors it lists.
+    pub fn pickle(pkl: &[u8]) -> Result<usize> {
+        let root = super::pickle::load(pkl)?;
+        Ok(super::pickle::state_dict_tensors(&root)?.len())
+    }
+}
 
 /// Storage type for the large matmul weights (everything else stays f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
@@ -30,15 +59,19 @@ pub enum OutType {
     F16,
     #[value(name = "q8_0")]
     Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
 }
 
 impl OutType {
-    /// `general.file_type` (llama.cpp's numbering: all f32, mostly f16, mostly q8_0).
+    /// `general.file_type` (llama.cpp's numbering: all f32, mostly f16, mostly q8_0, mostly
+    /// q4_0).
     pub fn file_type(self) -> u32 {
         match self {
             Self::F32 => 0,
             Self::F16 => 1,
             Self::Q8_0 => 7,
+            Self::Q4_0 => 2,
         }
     }
 
@@ -47,6 +80,7 @@ impl OutType {
             Self::F32 => DType::F32,
             Self::F16 => DType::F16,
             Self::Q8_0 => DType::Q8_0,
+            Self::Q4_0 => DType::Q4_0,
         }
     }
 }
@@ -56,7 +90,7 @@ impl std::str::FromStr for OutType {
 
     fn from_str(s: &str) -> Result<Self> {
         <Self as clap::ValueEnum>::from_str(s, true)
-            .map_err(|_| anyhow::anyhow!("unknown output type {s:?} (f32, f16, q8_0)"))
+            .map_err(|_| anyhow::anyhow!("unknown output type {s:?} (f32, f16, q8_0, q4_0)"))
     }
 }
 
@@ -66,10 +100,15 @@ pub struct ConvertReport {
     pub model_type: ModelType,
     pub tensors: usize,
     pub params: usize,
-    /// Tensors stored as f32, f16 and q8_0.
+    /// Tensors stored as f32, f16, q8_0 and q4_0.
     pub f32_tensors: usize,
     pub f16_tensors: usize,
     pub q8_0_tensors: usize,
+    /// f32 tensors stored panel-packed for the encoder's GEMM.
+    pub panel16_tensors: usize,
+    pub q4_0_tensors: usize,
+    /// q8_0 tensors repacked into the `q8_0x8` layout.
+    pub repacked_tensors: usize,
     /// Size of the written GGUF.
     pub bytes: u64,
     pub elapsed: Duration,
@@ -85,6 +124,22 @@ pub fn convert_with_progress(
     nemo: &Path,
     out: &Path,
     ty: OutType,
+    progress: impl FnMut(usize, usize),
+) -> Result<ConvertReport> {
+    convert_impl(nemo, out, ty, true, progress)
+}
+
+/// [`convert`] keeping every tensor in ggml's own layout (no `q8_0x8` repacking): the files
+/// written before that layout existed, which must keep loading and working.
+pub fn convert_ggml_layout(nemo: &Path, out: &Path, ty: OutType) -> Result<ConvertReport> {
+    convert_impl(nemo, out, ty, false, |_, _| {})
+}
+
+fn convert_impl(
+    nemo: &Path,
+    out: &Path,
+    ty: OutType,
+    repack: bool,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<ConvertReport> {
     let start = Instant::now();
@@ -119,24 +174,56 @@ pub fn convert_with_progress(
         f32_tensors: 0,
         f16_tensors: 0,
         q8_0_tensors: 0,
+        panel16_tensors: 0,
+        q4_0_tensors: 0,
+        repacked_tensors: 0,
         bytes: 0,
         elapsed: Duration::ZERO,
     };
+    let mut packed = Vec::new();
+    let mut repacked = Vec::new();
     for t in archive.tensors() {
         let ne = ggml_shape(&t.name, t.shape())?;
         let dtype = storage_type(&t.name, &ne, ty);
-        w.add_tensor(&t.name, &ne, dtype)?;
+        if dtype == DType::F32 && is_panel_packed(&t.name, &ne) {
+            packed.push(t.name.clone());
+        }
+        let layout = match repack {
+            true => storage_layout(&t.name, &ne, dtype),
+            false => Layout::Plain,
+        };
+        w.add_tensor_with_layout(&t.name, &ne, dtype, layout)?;
+        if layout == Layout::Q8_0x8 {
+            repacked.push(t.name.clone());
+        }
         report.params += ne.iter().product::<usize>();
         match dtype {
             DType::F16 => report.f16_tensors += 1,
             DType::Q8_0 => report.q8_0_tensors += 1,
+            DType::Q4_0 => report.q4_0_tensors += 1,
             _ => report.f32_tensors += 1,
         }
+    }
+    if !packed.is_empty() {
+        w.set_str_array(PANEL16_KEY, &packed)?;
+    }
+    report.panel16_tensors = packed.len();
+    report.repacked_tensors = repacked.len();
+    if !repacked.is_empty() {
+        w.set_str_array(qgemm::Q8_0X8_KEY, &repacked)?;
     }
     let total = archive.tensors().len();
     report.bytes = w
         .write(out, |i| {
-            let data = archive.load(&archive.tensors()[i]);
+            let t = &archive.tensors()[i];
+            let mut data = archive.load(t);
+            if let Ok(d) = &mut data
+                && packed.contains(&t.name)
+            {
+                // ggml [k, m] is torch [m, k]: m rows of k.
+                let ne = ggml_shape(&t.name, t.shape())?;
+                *d = pack_panels(d, ne[1], ne[0]);
+            }
             progress(i + 1, total);
             data
         })
@@ -186,7 +273,30 @@ pub fn storage_type(name: &str, ne: &[usize], ty: OutType) -> DType {
     }
 }
 
-/// The large matmul weights that `--type f16|q8_0` converts.
+/// The encoder's f32 linears (those the encoder graph multiplies by every frame) are stored
+/// panel-packed for its GEMM (docs/GGUF.md); the decoder's matrix-vector weights stay plain.
+fn is_panel_packed(name: &str, ne: &[usize]) -> bool {
+    let encoder_linear = (name.starts_with("encoder.layers.")
+        && !name.starts_with("decoder.")
+        && is_matmul_weight(name))
+        || name == "encoder.pre_encode.out.weight"
+        || name == "joint.enc.weight";
+    encoder_linear && ne.len() == 2 && ne[1].is_multiple_of(PANEL) && ne[0] > 0
+}
+
+/// The layout of a tensor stored as `dtype`: the encoder's q8_0 linears (and the joint's
+/// encoder projection, which runs in the encoder graph) go to the `q8_0x8` panels of our int8
+/// kernel when their shape allows; the decoder's per-step matrix-vector products stay on ggml.
+pub fn storage_layout(name: &str, ne: &[usize], dtype: DType) -> Layout {
+    let in_encoder_graph = name.starts_with("encoder.") || name == "joint.enc.weight";
+    if dtype == DType::Q8_0 && in_encoder_graph && qgemm::can_repack(ne) {
+        Layout::Q8_0x8
+    } else {
+        Layout::Plain
+    }
+}
+
+/// The large matmul weights that `--type f16|q8_0|q4_0` converts.
 fn is_matmul_weight(name: &str) -> bool {
     let leaf = name.rsplit('.').next().unwrap_or_default();
     if name.starts_with("decoder.prediction.dec_rnn.lstm.")
@@ -302,6 +412,7 @@ mod tests {
     fn out_type_parses() {
         assert_eq!("q8_0".parse::<OutType>().unwrap(), OutType::Q8_0);
         assert_eq!("F16".parse::<OutType>().unwrap(), OutType::F16);
-        assert!("q4_0".parse::<OutType>().is_err());
+        assert_eq!("q4_0".parse::<OutType>().unwrap(), OutType::Q4_0);
+        assert!("q4_k".parse::<OutType>().is_err());
     }
 }

@@ -102,8 +102,7 @@ impl NemoArchive {
         let config_text = members
             .config
             .with_context(|| format!("no {CONFIG_NAME} in the archive"))?;
-        let config: serde_yaml::Value =
-            serde_yaml::from_str(&config_text).with_context(|| format!("parsing {CONFIG_NAME}"))?;
+        let config = parse_config(&config_text)?;
         let (start, len) = members
             .weights
             .with_context(|| format!("no {WEIGHTS_NAME} in the archive"))?;
@@ -145,36 +144,118 @@ impl NemoArchive {
     }
 
     fn load_inner(&self, desc: &TensorDesc) -> Result<Vec<f32>> {
-        let storage = &desc.storage;
-        let elem = storage.dtype.size().context("unsupported dtype")?;
-        let member = format!("{}data/{}", self.prefix, storage.key);
-        let mut zip = self.zip.borrow_mut();
-        let mut file = zip
-            .by_name(&member)
-            .with_context(|| format!("missing storage {member}"))?;
-        let want = storage
-            .numel
-            .checked_mul(elem)
-            .context("storage size overflows")?;
-        ensure!(
-            file.size() >= want as u64,
-            "storage {member} has {} bytes, expected {want}",
-            file.size()
-        );
-        // Only the prefix the view can reach is needed; most views cover the whole storage.
-        let reach = view_reach(desc)?;
-        ensure!(
-            reach <= storage.numel,
-            "tensor view runs past its storage ({reach} > {})",
-            storage.numel
-        );
-        let mut bytes = vec![0u8; reach * elem];
-        file.read_exact(&mut bytes)
-            .with_context(|| format!("reading storage {member}"))?;
-        let values = decode(&storage.dtype, &bytes)?;
-        drop(bytes);
-        Ok(gather(values, desc))
+        load_tensor(&mut self.zip.borrow_mut(), &self.prefix, desc)
     }
+}
+
+/// Reads one tensor's storage from the checkpoint zip and returns its elements as contiguous
+/// f32.
+pub(crate) fn load_tensor<R: Read + Seek>(
+    zip: &mut ZipArchive<R>,
+    prefix: &str,
+    desc: &TensorDesc,
+) -> Result<Vec<f32>> {
+    let storage = &desc.storage;
+    let elem = storage.dtype.size().context("unsupported dtype")?;
+    let member = format!("{prefix}data/{}", storage.key);
+    let mut file = zip
+        .by_name(&member)
+        .with_context(|| format!("missing storage {member}"))?;
+    let want = storage
+        .numel
+        .checked_mul(elem)
+        .context("storage size overflows")?;
+    ensure!(
+        file.size() >= want as u64,
+        "storage {member} has {} bytes, expected {want}",
+        file.size()
+    );
+    // Only the prefix the view can reach is needed; most views cover the whole storage.
+    let reach = view_reach(desc)?;
+    ensure!(
+        reach <= storage.numel,
+        "tensor view runs past its storage ({reach} > {})",
+        storage.numel
+    );
+    // A view with more elements than the storage it reaches repeats elements (stride 0): a
+    // checkpoint never needs one, and its size would be unbounded by the file.
+    let numel = desc
+        .shape
+        .iter()
+        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+        .context("tensor view size overflows")?;
+    ensure!(
+        numel <= reach,
+        "tensor view of {numel} elements repeats storage elements (only {reach} reached)"
+    );
+    let mut bytes = vec![0u8; reach * elem];
+    file.read_exact(&mut bytes)
+        .with_context(|| format!("reading storage {member}"))?;
+    let values = decode(&storage.dtype, &bytes)?;
+    drop(bytes);
+    Ok(gather(values, desc))
+}
+
+/// Real configs are about 20 KB and nest fewer than 10 levels deep; the bounds keep a hostile
+/// one (100,000 levels took the YAML parser 77 s to refuse) from costing more than a moment.
+const MAX_CONFIG_BYTES: usize = 4 << 20;
+const MAX_CONFIG_DEPTH: usize = 64;
+/// Indentation columns allowed: block nesting needs at least one column per level.
+const MAX_CONFIG_INDENT: usize = 512;
+
+/// `model_config.yaml`, its size and nesting bounded before the YAML parser sees it.
+pub fn parse_config(text: &str) -> Result<serde_yaml::Value> {
+    check_config_shape(text)?;
+    serde_yaml::from_str(text).with_context(|| format!("parsing {CONFIG_NAME}"))
+}
+
+fn check_config_shape(text: &str) -> Result<()> {
+    ensure!(
+        text.len() <= MAX_CONFIG_BYTES,
+        "{CONFIG_NAME} is {} bytes, more than the {MAX_CONFIG_BYTES} a model config can need",
+        text.len()
+    );
+    let mut flow = 0usize;
+    for (n, line) in text.lines().enumerate() {
+        let too_deep = |what: &str| {
+            anyhow!(
+                "{CONFIG_NAME} line {}: {what} nests deeper than {MAX_CONFIG_DEPTH} levels \
+                 (indentation up to {MAX_CONFIG_INDENT} columns)",
+                n + 1
+            )
+        };
+        let body = line.trim_start_matches([' ', '\t']);
+        if line.len() - body.len() > MAX_CONFIG_INDENT {
+            return Err(too_deep("indentation"));
+        }
+        // `- - - x`: each block-sequence indicator on one line opens a level.
+        let mut dashes = 0;
+        let mut rest = body;
+        while let Some(r) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("? ")) {
+            dashes += 1;
+            rest = r.trim_start();
+        }
+        if dashes > MAX_CONFIG_DEPTH {
+            return Err(too_deep("a block sequence"));
+        }
+        // Flow collections, outside quotes and comments.
+        let mut quote = None;
+        for c in rest.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '\'' | '"') => quote = Some(c),
+                (None, '#') => break,
+                (None, '[' | '{') => flow += 1,
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+            if flow > MAX_CONFIG_DEPTH {
+                return Err(too_deep("a flow collection"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Members of interest found while walking the tar.
@@ -247,7 +328,7 @@ fn read_text(entry: &mut impl Read, size: u64, name: &str) -> Result<String> {
 }
 
 /// Parses `<prefix>/data.pkl` into the list of tensors to load.
-fn read_tensor_index<R: Read + Seek>(
+pub(crate) fn read_tensor_index<R: Read + Seek>(
     zip: &mut ZipArchive<R>,
 ) -> Result<(String, Vec<TensorEntry>)> {
     if let Some(name) = member_with_name(zip, "byteorder") {

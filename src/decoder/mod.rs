@@ -10,9 +10,6 @@ mod transducer;
 pub use ctc::{ctc_greedy, log_softmax_rows};
 pub use transducer::{Step, TransducerDecoder};
 
-/// Seconds per encoder frame (8 x 10 ms hops).
-pub const FRAME_SECONDS: f64 = 0.08;
-
 /// One emitted token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Token {
@@ -101,15 +98,23 @@ fn is_punctuation(c: char) -> bool {
         | '\u{2010}'..='\u{2027}' | '\u{2030}'..='\u{205e}' | '\u{3001}'..='\u{3003}')
 }
 
+/// A token's span in seconds: `[frame, frame + duration]`, at least one frame.
+pub fn token_span(tok: &Token, frame_seconds: f64) -> (f64, f64) {
+    (
+        tok.frame as f64 * frame_seconds,
+        (tok.frame + tok.duration.max(1)) as f64 * frame_seconds,
+    )
+}
+
 /// Group tokens into words: a word starts at a piece beginning with `▁`; anything else
 /// (continuations, punctuation) attaches to the word before it. A token spans
-/// `[frame, frame + duration]` frames (at least one frame for RNN-T / CTC).
-pub fn words(vocab: &[String], tokens: &[Token]) -> Vec<Word> {
+/// `[frame, frame + duration]` frames (at least one frame for RNN-T / CTC) of `frame_seconds`
+/// each ([`FrameGeometry`](crate::model::FrameGeometry)).
+pub fn words(vocab: &[String], tokens: &[Token], frame_seconds: f64) -> Vec<Word> {
     let mut out: Vec<Word> = Vec::new();
     for tok in tokens {
         let piece = piece_text(vocab, tok.id);
-        let start = tok.frame as f64 * FRAME_SECONDS;
-        let end = (tok.frame + tok.duration.max(1)) as f64 * FRAME_SECONDS;
+        let (start, end) = token_span(tok, frame_seconds);
         let text = piece.replace(WORD_MARK, "");
         match out.last_mut() {
             Some(w) if !piece.starts_with(WORD_MARK) => {
@@ -157,7 +162,7 @@ mod tests {
             frame,
             duration,
         };
-        let w = words(&v, &[t(1, 0, 2), t(2, 2, 1), t(4, 3, 1), t(3, 10, 4)]);
+        let w = words(&v, &[t(1, 0, 2), t(2, 2, 1), t(4, 3, 1), t(3, 10, 4)], 0.08);
         assert_eq!(w.len(), 2);
         assert_eq!(w[0].text, "hello,");
         assert!((w[0].start - 0.0).abs() < 1e-9 && (w[0].end - 0.32).abs() < 1e-9);

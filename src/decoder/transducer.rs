@@ -76,13 +76,23 @@ impl<'m> TransducerDecoder<'m> {
         let h = self.hidden;
         self.state = vec![(vec![0.0; h], vec![0.0; h]); self.pred.lstm.len()];
         self.last = None;
-        self.predict(backend, self.blank)
+        self.predict(backend, self.blank, None).map(|_| ())
     }
 
-    /// Feed `token` through the prediction network; updates the state and `pred_out`.
-    fn predict(&mut self, backend: &mut Backend, token: usize) -> Result<()> {
+    /// Feed `token` through the prediction network; updates the state and `pred_out`. With
+    /// `next_enc` (the encoder projection of the frame the next step will look at), the same
+    /// graph also evaluates that step's joint and returns its logits: one graph per emission
+    /// instead of two.
+    fn predict(
+        &mut self,
+        backend: &mut Backend,
+        token: usize,
+        next_enc: Option<&[f32]>,
+    ) -> Result<Option<Vec<f32>>> {
         let (pred, joint, state, h) = (self.pred, self.joint, &self.state, self.hidden);
-        let out = backend.compute(|g| {
+        let mut ids = Vec::with_capacity(state.len());
+        let mut logits_id = None;
+        let mut out = backend.compute(|g| {
             let id = g.input_i32(&[token as i32], &[1]);
             let embed = g.weight(&pred.embed);
             let mut x = g.get_rows(embed, id); // [H, 1]
@@ -90,23 +100,32 @@ impl<'m> TransducerDecoder<'m> {
                 let h0 = g.input_f32(h0, &[h, 1]);
                 let c0 = g.input_f32(c0, &[h, 1]);
                 let (h1, c1) = lstm_cell(g, layer, x, h0, c0, h);
-                g.capture(&format!("h{l}"), h1);
-                g.capture(&format!("c{l}"), c1);
+                ids.push((
+                    g.capture(&format!("h{l}"), h1),
+                    g.capture(&format!("c{l}"), c1),
+                ));
                 x = h1;
             }
-            Ok(g.linear(x, &joint.pred.weight, joint.pred.bias.as_ref()))
+            let p = g.linear(x, &joint.pred.weight, joint.pred.bias.as_ref());
+            if let Some(e) = next_enc {
+                let logits = joint_net(g, joint, e, p);
+                logits_id = Some(g.capture("logits", logits));
+            }
+            Ok(p)
         })?;
-        // Captures come back in registration order: h0, c0, h1, c1, ...
-        let mut captured = out.captures.into_iter().map(|c| c.data);
-        for slot in self.state.iter_mut() {
-            let (Some(h), Some(c)) = (captured.next(), captured.next()) else {
-                bail!("prediction network: missing LSTM state in the graph's results");
-            };
-            *slot = (h, c);
+        let logits = logits_id.map(|id| out.take(id)).transpose()?;
+        if ids.len() != self.state.len() {
+            bail!("prediction network: missing LSTM state in the graph's results");
+        }
+        for (slot, (h, c)) in self.state.iter_mut().zip(ids) {
+            *slot = (out.take(h)?, out.take(c)?);
         }
         self.pred_out = out.output;
         self.predictor_steps += 1;
-        Ok(())
+        if logits.is_some() {
+            self.joint_steps += 1;
+        }
+        Ok(logits)
     }
 
     /// Joint logits for one encoder frame's projection and the cached prediction.
@@ -114,11 +133,8 @@ impl<'m> TransducerDecoder<'m> {
         let (joint, pred_out) = (self.joint, &self.pred_out);
         let n = enc_row.len();
         let out = backend.compute(|g| {
-            let e = g.input_f32(enc_row, &[n, 1]);
             let p = g.input_f32(pred_out, &[n, 1]);
-            let s = g.add(e, p);
-            let s = g.relu(s);
-            Ok(g.linear(s, &joint.joint_net.weight, joint.joint_net.bias.as_ref()))
+            Ok(joint_net(g, joint, enc_row, p))
         })?;
         self.joint_steps += 1;
         Ok(out.output)
@@ -145,12 +161,17 @@ impl<'m> TransducerDecoder<'m> {
         let tdt = self.is_tdt();
         let mut tokens = Vec::new();
         let mut t = 0usize;
+        // Logits already evaluated (with the last emission's prediction) for a frame.
+        let mut ready: Option<(usize, Vec<f32>)> = None;
         // NeMo's frame loop: up to max_symbols labels per visit of a frame; TDT moves by the
         // predicted duration, RNN-T by one frame after a blank.
         while t < frames {
             let mut symbols = 0;
             loop {
-                let logits = self.joint_logits(backend, &joint_enc[t * width..(t + 1) * width])?;
+                let logits = match ready.take() {
+                    Some((frame, logits)) if frame == t => logits,
+                    _ => self.joint_logits(backend, &joint_enc[t * width..(t + 1) * width])?,
+                };
                 let k = argmax(&logits[..classes]);
                 let d = if tdt {
                     self.durations[argmax(&logits[classes..classes + self.durations.len()])]
@@ -183,7 +204,19 @@ impl<'m> TransducerDecoder<'m> {
                         duration: d,
                     });
                     self.last = Some(k);
-                    self.predict(backend, k)?;
+                    // The frame the next step evaluates (as the loop below moves).
+                    let stay = symbols < self.max_symbols;
+                    let next = if tdt && d > 0 {
+                        t + d + usize::from(!stay)
+                    } else if stay {
+                        t
+                    } else {
+                        t + 1
+                    };
+                    let next_enc = (next < frames).then(|| &joint_enc[next * width..][..width]);
+                    if let Some(logits) = self.predict(backend, k, next_enc)? {
+                        ready = Some((next, logits));
+                    }
                 }
                 let again = if tdt {
                     t += d;
@@ -201,6 +234,19 @@ impl<'m> TransducerDecoder<'m> {
         }
         Ok(tokens)
     }
+}
+
+/// `joint_net(relu(enc + pred))`: token (and duration) logits for one encoder frame.
+fn joint_net<'g>(
+    g: &mut Graph<'g>,
+    joint: &Joint,
+    enc_row: &[f32],
+    pred: Tensor<'g>,
+) -> Tensor<'g> {
+    let e = g.input_f32(enc_row, &[enc_row.len(), 1]);
+    let s = g.add(e, pred);
+    let s = g.relu(s);
+    g.linear(s, &joint.joint_net.weight, joint.joint_net.bias.as_ref())
 }
 
 /// One LSTM cell step (PyTorch gate order i, f, g, o; both biases).

@@ -7,11 +7,10 @@
 //! Layout: ggml tensors here are `[d, T]` (`ne0` = channels, fastest), i.e. torch's `[T, d]`.
 
 use crate::audio::mel::Features;
-use crate::backend::gguf::Weight;
 use crate::backend::{Backend, Graph, Tensor};
 use crate::model::{
     ConformerLayer, ConvModule, EncoderParams, FeedForward, LayerNorm, Model, PreEncode,
-    RelPositionAttention, subsampled_len,
+    RelPositionAttention,
 };
 use anyhow::{Result, bail};
 
@@ -35,17 +34,129 @@ pub struct Encoded {
     pub layers: Vec<(String, Vec<f32>)>,
 }
 
-/// Encoder frames for `feature_frames` feature frames.
-pub fn encoded_len(feature_frames: usize) -> usize {
-    subsampled_len(subsampled_len(subsampled_len(feature_frames)))
+/// The encoder's self-attention for one utterance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Attention {
+    /// Every frame attends to every frame (NeMo's `rel_pos`).
+    #[default]
+    Full,
+    /// NeMo's `rel_pos_local_attn` with `att_context_size` `[left, right]`: each frame attends
+    /// to `left` frames before it and `right` after it.
+    Local { left: usize, right: usize },
 }
 
-/// Run the encoder over `features` (valid frames only). `capture_layers` also returns every
-/// layer's output (and layer 0's sub-blocks) from the same graph.
+impl Attention {
+    /// NeMo's recommended setting for long audio (`change_attention_model`).
+    pub const LONG_FORM: Attention = Attention::Local {
+        left: 128,
+        right: 128,
+    };
+
+    /// `(left, right)` key frames around each query for an utterance of `frames` frames.
+    pub fn window(self, frames: usize) -> (usize, usize) {
+        match self {
+            Attention::Full => (frames.max(1) - 1, frames.max(1) - 1),
+            Attention::Local { left, right } => (left, right),
+        }
+    }
+
+    /// NeMo's `self_attention_model` name.
+    pub fn nemo_name(self) -> &'static str {
+        match self {
+            Attention::Full => "rel_pos",
+            Attention::Local { .. } => "rel_pos_local_attn",
+        }
+    }
+
+    /// NeMo's `att_context_size` (`[-1, -1]` for full attention).
+    pub fn context(self) -> [i64; 2] {
+        match self {
+            Attention::Full => [-1, -1],
+            Attention::Local { left, right } => [left as i64, right as i64],
+        }
+    }
+}
+
+impl std::fmt::Display for Attention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Attention::Full => write!(f, "full"),
+            Attention::Local { left, right } => write!(f, "local [{left}, {right}]"),
+        }
+    }
+}
+
+/// Longest audio that `auto` runs with full attention (seconds): up to here the result is
+/// exactly NeMo's default. Measured (docs/BENCHMARKS.md, 110m): full attention costs 1.2x the
+/// local [128, 128] encoder at 1 min and 5.6x at 5 min, growing with the square of the length,
+/// so about 1.6x at 2 min.
+pub const AUTO_FULL_MAX_SECONDS: f64 = 120.0;
+
+/// The attention asked for on the command line (`--att-context`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionChoice {
+    /// The model's own attention; for a full-attention model, full up to
+    /// [`AUTO_FULL_MAX_SECONDS`], then [`Attention::LONG_FORM`].
+    #[default]
+    Auto,
+    Full,
+    Local {
+        left: usize,
+        right: usize,
+    },
+}
+
+impl AttentionChoice {
+    /// The attention for an utterance of `frames` encoder frames (`frame_seconds` each) of a
+    /// model configured with `model`.
+    pub fn resolve(self, model: Attention, frames: usize, frame_seconds: f64) -> Attention {
+        match self {
+            AttentionChoice::Full => Attention::Full,
+            AttentionChoice::Local { left, right } => Attention::Local { left, right },
+            AttentionChoice::Auto => match model {
+                Attention::Local { .. } => model,
+                Attention::Full
+                    if frames <= (AUTO_FULL_MAX_SECONDS / frame_seconds).round() as usize =>
+                {
+                    Attention::Full
+                }
+                Attention::Full => Attention::LONG_FORM,
+            },
+        }
+    }
+}
+
+impl std::str::FromStr for AttentionChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let bad = || format!("'{s}': expected auto, full, or L,R (e.g. 128,128)");
+        match s.trim() {
+            "auto" => Ok(AttentionChoice::Auto),
+            "full" => Ok(AttentionChoice::Full),
+            other => {
+                let (l, r) = other.split_once(',').ok_or_else(bad)?;
+                let left: usize = l.trim().parse().map_err(|_| bad())?;
+                let right: usize = r.trim().parse().map_err(|_| bad())?;
+                if left.max(right) == 0 || left.max(right) > 1 << 20 {
+                    return Err(format!(
+                        "'{s}': the window must have 1 to 1048576 frames on at least one side"
+                    ));
+                }
+                Ok(AttentionChoice::Local { left, right })
+            }
+        }
+    }
+}
+
+/// Run the encoder over `features` (valid frames only) with the given self-attention.
+/// `capture_layers` also returns every layer's output (and layer 0's sub-blocks) from the same
+/// graph.
 pub fn encode(
     backend: &mut Backend,
     model: &Model,
     features: &Features,
+    attention: Attention,
     capture_layers: bool,
 ) -> Result<Encoded> {
     let hp = &model.hparams.encoder;
@@ -67,31 +178,32 @@ pub fn encode(
             image[t * hp.feat_in + m] = v;
         }
     }
-    let frames = encoded_len(t_feat);
-    check_attention_memory(frames, hp.n_heads)?;
-    let pos = relative_positions(frames, hp.d_model);
+    let frames = model.hparams.geometry().encoded_len(t_feat);
+    let window = attention.window(frames);
+    let pos = positional_rows(attention, frames, hp.d_model);
 
-    let computed = backend.compute(|g| {
-        let x = g.input_f32(&image, &[hp.feat_in, t_feat, 1, 1]);
-        let mut x = pre_encode(g, &model.encoder.pre_encode, x);
+    let mut head_ids = HeadIds::default();
+    let computed = backend.compute_sized(graph_nodes(t_feat, frames, hp.n_layers), |g| {
+        let x = g.input_f32_owned(image, &[hp.feat_in, t_feat, 1, 1]);
+        let mut x = pre_encode_sliced(g, &model.encoder.pre_encode, x, frames);
         if capture_layers {
             g.capture("enc_pre_encode", x);
         }
         if hp.xscaling {
             x = g.scale(x, (hp.d_model as f32).sqrt());
         }
-        let pos = g.input_f32(&pos, &[hp.d_model, 2 * frames - 1]);
+        let pos = g.input_f32_owned(pos, &[hp.d_model, window.0 + window.1 + 1]);
         for (i, layer) in model.encoder.layers.iter().enumerate() {
             let taps = capture_layers && i == 0;
-            x = conformer_layer(g, hp, layer, x, pos, taps);
+            x = conformer_layer(g, hp, layer, x, (pos, window), taps);
             if capture_layers {
                 g.capture(&format!("enc_layer_{i:02}"), x);
             }
         }
-        heads(g, model, x);
+        head_ids = heads(g, model, x);
         Ok(x)
     })?;
-    Ok(collect(frames, hp.d_model, computed))
+    collect(frames, hp.d_model, computed, head_ids)
 }
 
 /// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's
@@ -109,85 +221,120 @@ pub fn encode_heads(
             output.len()
         );
     }
+    let mut head_ids = HeadIds::default();
     let computed = backend.compute(|g| {
         let x = g.input_f32(output, &[d, frames]);
-        heads(g, model, x);
+        head_ids = heads(g, model, x);
         Ok(x)
     })?;
-    Ok(collect(frames, d, computed))
+    collect(frames, d, computed, head_ids)
+}
+
+/// Handles to the heads' captures in the encoder's graph.
+#[derive(Default)]
+struct HeadIds {
+    joint_enc: Option<crate::backend::CaptureId>,
+    ctc_logits: Option<crate::backend::CaptureId>,
 }
 
 /// `joint.enc` for every frame and the CTC head, as captures of the encoder's graph.
-fn heads<'g>(g: &mut Graph<'g>, model: &Model, x: Tensor<'g>) {
-    if let Some(j) = &model.joint {
+fn heads<'g>(g: &mut Graph<'g>, model: &Model, x: Tensor<'g>) -> HeadIds {
+    let joint_enc = model.joint.as_ref().map(|j| {
         let e = g.linear(x, &j.enc.weight, j.enc.bias.as_ref());
-        g.capture("joint_enc", e);
-    }
-    if let Some(c) = &model.ctc {
+        g.capture("joint_enc", e)
+    });
+    let ctc_logits = model.ctc.as_ref().map(|c| {
         let l = g.linear(x, &c.weight, c.bias.as_ref());
-        g.capture("ctc_logits", l);
+        g.capture("ctc_logits", l)
+    });
+    HeadIds {
+        joint_enc,
+        ctc_logits,
     }
 }
 
-fn collect(frames: usize, d_model: usize, computed: crate::backend::Computed) -> Encoded {
-    let mut out = Encoded {
+/// The heads are read through their handles; every other capture is a layer tap, kept with
+/// its name for dumps.
+fn collect(
+    frames: usize,
+    d_model: usize,
+    mut computed: crate::backend::Computed,
+    ids: HeadIds,
+) -> Result<Encoded> {
+    let joint_enc = ids.joint_enc.map(|id| computed.take(id)).transpose()?;
+    let ctc_logits = ids.ctc_logits.map(|id| computed.take(id)).transpose()?;
+    let output = std::mem::take(&mut computed.output);
+    let heads: Vec<_> = [ids.joint_enc, ids.ctc_logits]
+        .into_iter()
+        .flatten()
+        .collect();
+    let layers = computed
+        .into_others(&heads)
+        .into_iter()
+        .map(|c| (c.name, c.data))
+        .collect();
+    Ok(Encoded {
         frames,
         d_model,
-        output: computed.output,
-        ..Default::default()
-    };
-    for c in computed.captures {
-        match c.name.as_str() {
-            "joint_enc" => out.joint_enc = Some(c.data),
-            "ctc_logits" => out.ctc_logits = Some(c.data),
-            _ => out.layers.push((c.name, c.data)),
+        output,
+        joint_enc,
+        ctc_logits,
+        layers,
+    })
+}
+
+/// The positional table the attention of `attention` reads for `frames` frames: one row of
+/// `d` per key offset `j - i` from `-left` to `right`.
+pub fn positional_rows(attention: Attention, frames: usize, d: usize) -> Vec<f32> {
+    let (left, right) = attention.window(frames);
+    match attention {
+        // NeMo's RelPositionalEncoding: relative position i - j = -(j - i).
+        Attention::Full => sinusoids(
+            (0..left + right + 1).map(|r| Some(left as i64 - r as i64)),
+            d,
+        ),
+        Attention::Local { .. } => sinusoids(local_positions(left, right), d),
+    }
+}
+
+/// The relative positions NeMo's local attention adds for key offsets `-left ..= right`.
+///
+/// NeMo's `LocalAttRelPositionalEncoding` holds positions `left .. -right` and
+/// `RelPositionMultiHeadAttentionLongformer` adds its first `left` columns to the score
+/// columns `0..left` and its last `right + 1` to the last `right + 1` columns of a band of
+/// half-width `w = max(left, right)`. For a symmetric window that is position `i - j`; for an
+/// asymmetric one some offsets get a shifted position or none (`None`: a zero row), and that is
+/// reproduced here because it is what the checkpoints ran with.
+fn local_positions(left: usize, right: usize) -> impl Iterator<Item = Option<i64>> {
+    let (l, r) = (left as i64, right as i64);
+    let w = l.max(r);
+    (-l..=r).map(move |off| {
+        let col = w + off;
+        if col < l {
+            Some(l - col)
+        } else if col >= 2 * w - r {
+            Some(w - r - off)
+        } else {
+            None
         }
-    }
-    out
+    })
 }
 
-/// Full attention holds a few `[T', T', heads]` f32 tensors at once (scores, the positional
-/// term before and after its shift, probabilities): refuse, with a clear message, an utterance
-/// whose attention alone would not fit in the memory available now, instead of being killed.
-fn check_attention_memory(frames: usize, heads: usize) -> Result<()> {
-    let need = 5.0 * (frames as f64).powi(2) * heads as f64 * 4.0;
-    let Some(available) = available_memory_bytes() else {
-        return Ok(());
-    };
-    if need > available as f64 {
-        let gib = |b: f64| b / (1u64 << 30) as f64;
-        bail!(
-            "a {:.0} s piece of audio needs about {:.1} GiB for full attention, {:.1} GiB is \
-             available; encode shorter pieces (--max-chunk-seconds)",
-            frames as f64 * crate::decoder::FRAME_SECONDS,
-            gib(need),
-            gib(available as f64)
-        );
-    }
-    Ok(())
-}
-
-fn available_memory_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// The relative positional table for `t` frames: positions `t-1 .. -(t-1)`, rows of `d`.
-/// Computed in f32 as NeMo/torch does (the f32 rounding of `p * div_term` is visible at long
-/// positions, so f64 here would drift from NeMo, not towards it).
-pub fn relative_positions(t: usize, d: usize) -> Vec<f32> {
+/// Sinusoidal rows for the given relative positions (`None`: zeros). Computed in f32 as
+/// NeMo/torch does (the f32 rounding of `p * div_term` is visible at long positions, so f64 here
+/// would drift from NeMo, not towards it).
+fn sinusoids(positions: impl Iterator<Item = Option<i64>>, d: usize) -> Vec<f32> {
     let div: Vec<f32> = (0..d / 2)
         .map(|i| ((2 * i) as f32 * -(10000f32.ln() / d as f32)).exp())
         .collect();
-    let rows = 2 * t - 1;
-    let mut pe = vec![0f32; rows * d];
-    for r in 0..rows {
-        let p = (t as i64 - 1 - r as i64) as f32;
-        let row = &mut pe[r * d..(r + 1) * d];
+    let mut pe = Vec::new();
+    for p in positions {
+        let start = pe.len();
+        pe.resize(start + d, 0.0);
+        let Some(p) = p else { continue };
+        let row = &mut pe[start..];
         for (i, &dv) in div.iter().enumerate() {
-            let a = p * dv;
+            let a = p as f32 * dv;
             row[2 * i] = (a as f64).sin() as f32;
             row[2 * i + 1] = (a as f64).cos() as f32;
         }
@@ -195,15 +342,52 @@ pub fn relative_positions(t: usize, d: usize) -> Vec<f32> {
     pe
 }
 
+/// Feature frames per time slice of the subsampling (about 41 s): one slice's im2col and
+/// conv activations stay around 100 MB however long the audio is.
+const PRE_ENCODE_SLICE: usize = 4096;
+
+/// Feature frames of left context each later slice recomputes. Three stride-2, kernel-3
+/// convolutions see 7 frames back; a multiple of 8 keeps the slices on the encoder frame grid,
+/// so every kept output frame is computed from exactly the frames (and edge padding) NeMo's
+/// single pass uses.
+const PRE_ENCODE_HALO: usize = 16;
+
+/// `pre_encode` over `x` ([n_mels, T]) in time slices when T is long (NeMo's conv chunking
+/// does the same); `frames` is the encoder frame count.
+fn pre_encode_sliced<'g>(
+    g: &mut Graph<'g>,
+    p: &PreEncode,
+    x: Tensor<'g>,
+    frames: usize,
+) -> Tensor<'g> {
+    let t_feat = x.ne(1);
+    if t_feat <= PRE_ENCODE_SLICE {
+        return pre_encode(g, p, x);
+    }
+    let per_slice = PRE_ENCODE_SLICE / 8;
+    let mut parts = Vec::new();
+    let mut a = 0;
+    while a < frames {
+        let b = (a + per_slice).min(frames);
+        let start = (8 * a).saturating_sub(PRE_ENCODE_HALO);
+        let end = if b == frames { t_feat } else { 8 * b };
+        let xs = g.rows(x, start, end - start);
+        let y = pre_encode(g, p, xs);
+        parts.push(g.rows(y, a - start / 8, b - a));
+        a = b;
+    }
+    g.stack_rows(&parts)
+}
+
 /// dw_striding subsampling. `x` is the feature image [n_mels, T] (W = mels, H = time).
 fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>) -> Tensor<'g> {
     // conv.0: full 3x3 conv, 1 -> C channels, in f32 (f32 kernel -> f32 im2col).
-    let k0 = g.weight(&p.conv0.0);
+    let k0 = g.weight(&p.conv0.weight);
     // Channels fastest ([C, F, T]) from here: the depthwise convs read that layout directly
     // and the pointwise convs are plain matmuls.
     let x = g.conv2d(k0, x, 2, 1); // [C, F1, T1]
     let c = x.ne(0);
-    let b0 = g.weight(&p.conv0.1);
+    let b0 = g.weight(&p.conv0.bias);
     let x = g.add(x, b0);
     let x = g.relu(x);
     let x = dw_pw_block(g, x, &p.conv2, &p.conv3);
@@ -220,23 +404,23 @@ fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>) -> Tensor<'g>
 fn dw_pw_block<'g>(
     g: &mut Graph<'g>,
     x: Tensor<'g>,
-    dw: &(Weight, Weight),
-    pw: &(Weight, Weight),
+    dw: &crate::model::Conv2d,
+    pw: &crate::model::Conv2d,
 ) -> Tensor<'g> {
     let c = x.ne(0);
     let whcn = g.permute(x, [2, 0, 1, 3]); // logical [F, T, C], channels contiguous
-    let k = g.weight(&dw.0); // [C, 1, KW, KH] in memory
+    let k = g.weight(&dw.weight); // [C, 1, KW, KH] in memory
     let k = g.permute(k, [3, 2, 0, 1]); // logical [KW, KH, 1, C], channels contiguous
     let y = g.conv2d_depthwise(k, whcn, 2, 1); // same channels-fastest layout
     let y = g.permute(y, [1, 2, 0, 3]); // back to [C, F', T'] (contiguous)
     let (f, t) = (y.ne(1), y.ne(2));
-    let b = g.weight(&dw.1);
+    let b = g.weight(&dw.bias);
     let y = g.add(y, b);
     let y = g.reshape(y, &[c, f * t]);
-    let w = g.weight(&pw.0);
+    let w = g.weight(&pw.weight);
     let w = g.reshape(w, &[c, c]);
     let y = g.matmul(w, y);
-    let b = g.weight(&pw.1);
+    let b = g.weight(&pw.bias);
     let y = g.add(y, b);
     let y = g.relu(y);
     g.reshape(y, &[c, f, t])
@@ -246,10 +430,45 @@ fn layer_norm<'g>(g: &mut Graph<'g>, x: Tensor<'g>, n: &LayerNorm) -> Tensor<'g>
     g.layer_norm(x, &n.weight, &n.bias, LN_EPS)
 }
 
+/// Encoder frames per slice of the per-frame blocks of a long utterance.
+const FRAME_SLICE: usize = 2048;
+
+/// Nodes the encoder graph may need: a fixed part, plus per time slice of the subsampling and of
+/// each layer's sliced blocks (generous: about twice what they make).
+fn graph_nodes(feature_frames: usize, frames: usize, layers: usize) -> usize {
+    let pre_slices = feature_frames.div_ceil(PRE_ENCODE_SLICE);
+    let layer_slices = frames.div_ceil(FRAME_SLICE);
+    4096 + pre_slices * 64 + layers * (256 + layer_slices * 64)
+}
+
+/// `f` applied to `x` ([d, T]) in slices of at most [`FRAME_SLICE`] frames, for blocks that
+/// treat every frame on its own (exact): their wide intermediates ([4d, T] in a feed-forward)
+/// then never exist for the whole of a long file at once.
+fn per_frame<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    f: &dyn Fn(&mut Graph<'g>, Tensor<'g>) -> Tensor<'g>,
+) -> Tensor<'g> {
+    let t = x.ne(1);
+    if t <= FRAME_SLICE {
+        return f(g, x);
+    }
+    let parts: Vec<Tensor<'g>> = (0..t)
+        .step_by(FRAME_SLICE)
+        .map(|a| {
+            let xs = g.rows(x, a, FRAME_SLICE.min(t - a));
+            f(g, xs)
+        })
+        .collect();
+    g.stack_rows(&parts)
+}
+
 fn feed_forward<'g>(g: &mut Graph<'g>, x: Tensor<'g>, ff: &FeedForward) -> Tensor<'g> {
-    let h = g.linear(x, &ff.linear1.weight, ff.linear1.bias.as_ref());
-    let h = g.silu(h);
-    g.linear(h, &ff.linear2.weight, ff.linear2.bias.as_ref())
+    per_frame(g, x, &|g, x| {
+        let h = g.linear(x, &ff.linear1.weight, ff.linear1.bias.as_ref());
+        let h = g.silu(h);
+        g.linear(h, &ff.linear2.weight, ff.linear2.bias.as_ref())
+    })
 }
 
 /// One conformer layer (macaron FF, rel-pos MHSA, conv module, FF, LayerNorm).
@@ -258,7 +477,7 @@ fn conformer_layer<'g>(
     hp: &EncoderParams,
     l: &ConformerLayer,
     x: Tensor<'g>,
-    pos: Tensor<'g>,
+    pos: (Tensor<'g>, (usize, usize)),
     taps: bool,
 ) -> Tensor<'g> {
     let tap = |g: &mut Graph<'g>, name: &str, t: Tensor<'g>| {
@@ -314,57 +533,28 @@ fn conformer_layer<'g>(
 }
 
 /// Multi-head self-attention with relative positions (Transformer-XL style, untied biases):
-/// `softmax(((q + u) k^T + rel_shift((q + v) p^T)) / sqrt(d_k)) v`.
+/// `softmax(((q + u) k^T + rel_shift((q + v) p^T)) / sqrt(d_k)) v` over each query's window,
+/// as one fused op (`Graph::rel_pos_attention`).
 fn self_attention<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     a: &RelPositionAttention,
     x: Tensor<'g>,
-    pos: Tensor<'g>,
+    (pos, (left, right)): (Tensor<'g>, (usize, usize)),
 ) -> Tensor<'g> {
     let (d, t, h) = (hp.d_model, x.ne(1), hp.n_heads);
     let dk = d / h;
-    let heads = |g: &mut Graph<'g>, y: Tensor<'g>, len: usize| {
-        // [d, len] -> [dk, h, len] -> [dk, len, h]
-        let y = g.reshape(y, &[dk, h, len]);
-        g.permute(y, [0, 2, 1, 3])
-    };
     let q = g.linear(x, &a.linear_q.weight, a.linear_q.bias.as_ref());
     let q = g.reshape(q, &[dk, h, t]);
     let k = g.linear(x, &a.linear_k.weight, a.linear_k.bias.as_ref());
-    let k = heads(g, k, t);
+    let k = g.reshape(k, &[dk, h, t]);
     let v = g.linear(x, &a.linear_v.weight, a.linear_v.bias.as_ref());
-    let p_len = 2 * t - 1;
-    let p = g.linear(pos, &a.linear_pos, None);
-    let p = heads(g, p, p_len);
-
-    let u = g.weight(&a.pos_bias_u);
-    let q_u = g.add(q, u);
-    let q_u = g.permute(q_u, [0, 2, 1, 3]);
-    let vb = g.weight(&a.pos_bias_v);
-    let q_v = g.add(q, vb);
-    let q_v = g.permute(q_v, [0, 2, 1, 3]);
-
-    let ac = g.matmul(k, q_u); // [t_k, t_q, h]
-    let bd = g.matmul(p, q_v); // [2t-1, t_q, h]
-    // rel_shift: bd'[i][j] = bd[i][(t - 1) - i + j]; a strided view that steps one element
-    // back per row.
-    let elem = 4;
-    let bd = g.view(
-        bd,
-        &[t, t, h],
-        &[(p_len - 1) * elem, p_len * t * elem],
-        (t - 1) * elem,
-    );
-    let scores = g.add(ac, bd);
-    let probs = g.softmax(scores, 1.0 / (dk as f32).sqrt());
-    // out[dk, t_q, h] = v^T probs
     let v = g.reshape(v, &[dk, h, t]);
-    let v = g.permute(v, [1, 2, 0, 3]); // [t, dk, h]
-    let v = g.cont(v);
-    let o = g.matmul(v, probs); // [dk, t_q, h]
-    let o = g.permute(o, [0, 2, 1, 3]); // [dk, h, t]
-    let o = g.cont(o);
+    let p = g.linear(pos, &a.linear_pos, None);
+    let p = g.reshape(p, &[dk, h, pos.ne(1)]);
+    let u = g.weight(&a.pos_bias_u);
+    let vb = g.weight(&a.pos_bias_v);
+    let o = g.rel_pos_attention(q, k, v, p, u, vb, left, right);
     let o = g.reshape(o, &[d, t]);
     g.linear(o, &a.linear_out.weight, a.linear_out.bias.as_ref())
 }
@@ -372,16 +562,18 @@ fn self_attention<'g>(
 /// pointwise_conv1 -> GLU -> depthwise conv (BatchNorm folded) -> Swish -> pointwise_conv2.
 fn conv_module<'g>(g: &mut Graph<'g>, c: &ConvModule, x: Tensor<'g>) -> Tensor<'g> {
     let d = x.ne(0);
-    let y = g.linear(
-        x,
-        &c.pointwise_conv1.weight,
-        c.pointwise_conv1.bias.as_ref(),
-    );
-    let a = g.cols(y, 0, d);
-    let gate = g.cols(y, d, d);
-    let gate = g.sigmoid(gate);
-    let a = g.cont(a);
-    let y = g.mul(a, gate);
+    let y = per_frame(g, x, &|g, x| {
+        let y = g.linear(
+            x,
+            &c.pointwise_conv1.weight,
+            c.pointwise_conv1.bias.as_ref(),
+        );
+        let a = g.cols(y, 0, d);
+        let gate = g.cols(y, d, d);
+        let gate = g.sigmoid(gate);
+        let a = g.cont(a);
+        g.mul(a, gate)
+    });
     let k = g.weight(&c.depthwise_conv_folded);
     let y = g.conv1d_depthwise_same(y, k);
     let b = g.weight(&c.depthwise_bias_folded);

@@ -4,6 +4,7 @@
 use parakeet::convert::{OutType, convert};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 
 pub const MODELS: [&str; 4] = ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt", "tiny_ctc"];
@@ -93,4 +94,58 @@ pub fn clip_samples(clip: &str) -> Vec<f32> {
     let audio = parakeet::audio::load_audio(&reference("").join(clip)).unwrap();
     assert_eq!(audio.sample_rate, 16000);
     audio.samples
+}
+
+/// A fresh, empty scratch directory `<cargo's test tmp>/<suite>-<pid>/<name>`.
+pub fn scratch_dir(suite: &str, name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{suite}-{}", std::process::id()))
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Run the `parakeet` binary with `args` and its model cache in `cache`.
+pub fn run_parakeet(args: &[&str], cache: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_parakeet"))
+        .args(args)
+        .env("PARAKEET_CACHE", cache)
+        .env("GGML_NO_BACKTRACE", "1")
+        .env_remove("PARAKEET_MODEL")
+        .output()
+        .unwrap()
+}
+
+/// Deterministic values in [-1, 1) (a 64-bit LCG; no `rand` needed).
+pub struct Lcg(u64);
+
+impl Lcg {
+    pub fn new(seed: u64) -> Lcg {
+        Lcg(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        // Top 24 bits -> [0, 1) exactly representable in f32.
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+/// ‖ours − reference‖ / ‖reference‖.
+pub fn rel_err_f64(ours: &[f32], reference: &[f64]) -> f64 {
+    assert_eq!(ours.len(), reference.len(), "length mismatch");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&a, &b) in ours.iter().zip(reference) {
+        num += (a as f64 - b).powi(2);
+        den += b * b;
+    }
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }

@@ -1,0 +1,494 @@
+//! Relative-position self-attention as one fused ggml custom op.
+//!
+//! For every head and query frame `i` it computes, over the keys `j` of the window
+//! `[i - left, i + right]` clipped to the utterance,
+//! `softmax(((q_i + u) . k_j + (q_i + v) . p[j - i + left]) / sqrt(d_k)) . v_j`
+//! with f32 accumulation, without ever holding a `[T, T, heads]` tensor: the memory is
+//! `O(T * d)` and the work `O(T * window * d)`. The rel-shift of Transformer-XL is folded into
+//! the indexing (`p` has one row per offset `j - i`), so full attention is the window
+//! `[T - 1, T - 1]` with NeMo's `2T - 1` positional rows, and NeMo's local attention
+//! (`rel_pos_local_attn`) is the window `[L, R]` with its `L + R + 1` rows.
+//!
+//! Keys outside the utterance get exactly zero weight, as NeMo's `-inf` / `-10000` masks give
+//! after an f32 softmax.
+
+use super::{DType, Graph, Tensor};
+use llama_cpp_sys_2 as sys;
+use std::os::raw::{c_int, c_void};
+
+impl<'g> Graph<'g> {
+    /// Fused rel-pos multi-head attention over the window `[left, right]` around each query.
+    /// `q`, `k`, `v`: `[d_k, h, T]` (a linear's `[d, T]` output reshaped); `p`: the projected
+    /// positional rows `[d_k, h, left + right + 1]`, row `j - i + left` for key `j` of query
+    /// `i`; `bias_u`, `bias_v`: `[d_k, h]`. Returns `[d_k, h, T]` (before `linear_out`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rel_pos_attention(
+        &mut self,
+        q: Tensor<'g>,
+        k: Tensor<'g>,
+        v: Tensor<'g>,
+        p: Tensor<'g>,
+        bias_u: Tensor<'g>,
+        bias_v: Tensor<'g>,
+        left: usize,
+        right: usize,
+    ) -> Tensor<'g> {
+        let [dk, h, t, one] = q.shape();
+        let ok = one == 1
+            && t > 0
+            && k.shape() == q.shape()
+            && v.shape() == q.shape()
+            && p.shape() == [dk, h, left + right + 1, 1]
+            && bias_u.shape() == [dk, h, 1, 1]
+            && bias_v.shape() == [dk, h, 1, 1]
+            && left < 1 << 31
+            && right < 1 << 31;
+        assert!(
+            ok,
+            "graph shape error: rel_pos_attention q {:?} k {:?} v {:?} p {:?} u {:?} v {:?} \
+             window [{left}, {right}]",
+            q.shape(),
+            k.shape(),
+            v.shape(),
+            p.shape(),
+            bias_u.shape(),
+            bias_v.shape()
+        );
+        let mut args = [q, k, v, p, bias_u, bias_v].map(|x| {
+            let x = if x.is_contiguous() { x } else { self.cont(x) };
+            assert!(
+                x.dtype() == Some(DType::F32),
+                "graph shape error: rel_pos_attention needs f32 operands"
+            );
+            x.raw()
+        });
+        // SAFETY: a [d_k, h, T] f32 result whose sources are the six contiguous f32 operands
+        // checked above (kept alive and ordered by the graph); the callback reads them and
+        // writes disjoint rows of the result.
+        let r = unsafe {
+            sys::ggml_custom_4d(
+                self.ctx(),
+                sys::GGML_TYPE_F32,
+                dk as i64,
+                h as i64,
+                t as i64,
+                1,
+                args.as_mut_ptr(),
+                args.len() as c_int,
+                Some(rel_pos_attention_f32),
+                -1, // every thread of the backend
+                pack_window(left, right),
+            )
+        };
+        self.wrap(r, "rel_pos_attention")
+    }
+}
+
+/// Queries handled together by one task (keeps a block of keys hot in cache).
+const QUERY_BLOCK: usize = 32;
+
+/// The window travels in the op's `userdata` pointer as a plain integer (no allocation whose
+/// lifetime would have to outlive the graph): `left` in the high half, `right` in the low.
+pub(super) fn pack_window(left: usize, right: usize) -> *mut c_void {
+    debug_assert!(left < 1 << 31 && right < 1 << 31);
+    ((left << 32) | right) as *mut c_void
+}
+
+fn unpack_window(p: *mut c_void) -> (usize, usize) {
+    let v = p as usize;
+    (v >> 32, v & 0xffff_ffff)
+}
+
+/// ggml custom-op body. Sources: `q`, `k`, `v` `[d_k, h, T]`, `p` `[d_k, h, left + right + 1]`,
+/// `pos_bias_u`, `pos_bias_v` `[d_k, h]`, all contiguous f32; `dst` `[d_k, h, T]`.
+/// Tasks are (head, block of queries) pairs dealt round-robin over the threads.
+pub(super) unsafe extern "C" fn rel_pos_attention_f32(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    userdata: *mut c_void,
+) {
+    // SAFETY: ggml calls this with the tensor built by `Graph::rel_pos_attention`, which checked
+    // the shapes, types and contiguity listed above; every source is allocated and computed,
+    // and each task writes only its own (head, query block) rows of `dst`.
+    unsafe {
+        let d = &*dst;
+        let src = |i: usize| &*d.src[i];
+        let (dk, h, t) = (
+            src(0).ne[0] as usize,
+            src(0).ne[1] as usize,
+            src(0).ne[2] as usize,
+        );
+        let (left, right) = unpack_window(userdata);
+        let rows = src(3).ne[2] as usize;
+        let slice = |i: usize, n: usize| std::slice::from_raw_parts(src(i).data as *const f32, n);
+        let ops = Operands {
+            h,
+            dk,
+            t,
+            left,
+            right,
+            q: slice(0, dk * h * t),
+            k: slice(1, dk * h * t),
+            v: slice(2, dk * h * t),
+            p: slice(3, dk * h * rows),
+            bu: slice(4, dk * h),
+            bv: slice(5, dk * h),
+        };
+        let out = std::slice::from_raw_parts_mut(d.data as *mut f32, dk * h * t);
+        let blocks = t.div_ceil(QUERY_BLOCK);
+        let mut scratch = Scratch::default();
+        let mut task = ith as usize;
+        while task < h * blocks {
+            let (head, block) = (task / blocks, task % blocks);
+            let i0 = block * QUERY_BLOCK;
+            attend_block(&ops, head, i0..(i0 + QUERY_BLOCK).min(t), &mut scratch, out);
+            task += nth as usize;
+        }
+    }
+}
+
+/// The op's operands (see [`rel_pos_attention_f32`]).
+struct Operands<'a> {
+    h: usize,
+    dk: usize,
+    t: usize,
+    left: usize,
+    right: usize,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    p: &'a [f32],
+    bu: &'a [f32],
+    bv: &'a [f32],
+}
+
+impl Operands<'_> {
+    /// Head `head`'s `d_k` values of frame (or positional row) `n` of `x`.
+    fn row<'b>(&self, x: &'b [f32], n: usize, head: usize) -> &'b [f32] {
+        let at = (n * self.h + head) * self.dk;
+        &x[at..at + self.dk]
+    }
+}
+
+/// Per-thread buffers, grown to the largest block seen.
+#[derive(Default)]
+struct Scratch {
+    q_u: Vec<f32>,
+    q_v: Vec<f32>,
+    /// Keys, then positional rows, transposed: `[d_k][n]` with `n` padded to [`LANES`].
+    kt: Vec<f32>,
+    pt: Vec<f32>,
+    /// `[block][n]` content scores (then probabilities) and positional scores.
+    ac: Vec<f32>,
+    bd: Vec<f32>,
+}
+
+/// Columns computed together: two 8-lane (or one 16-lane) vectors.
+const LANES: usize = 16;
+
+fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// One head, a block of queries: the content and positional scores as two small matrix
+/// products over the union of the block's windows, the rel-shift as an index, a softmax per
+/// query, and the probabilities times `v` as a third product. Products keep a 4 x 16 tile of
+/// accumulators over contiguous operands so that they vectorise; work outside a query's
+/// window is skipped by zero probabilities (at most `block - 1` extra keys per query).
+fn attend_block(
+    o: &Operands<'_>,
+    head: usize,
+    queries: std::ops::Range<usize>,
+    s: &mut Scratch,
+    out: &mut [f32],
+) {
+    let (dk, nq, i0) = (o.dk, queries.len(), queries.start);
+    let i_last = queries.end - 1;
+    // Keys of any query of the block, and the positional rows `j - i + left` they need.
+    let j0 = i0.saturating_sub(o.left);
+    let j1 = (i_last + o.right).min(o.t - 1);
+    let nk = j1 + 1 - j0;
+    let r0 = (j0 + o.left).saturating_sub(i_last);
+    let r1 = (j1 + o.left - i0).min(o.left + o.right);
+    let nr = r1 + 1 - r0;
+    let (nk_pad, nr_pad) = (nk.next_multiple_of(LANES), nr.next_multiple_of(LANES));
+
+    let q_u = grow(&mut s.q_u, nq * dk);
+    let q_v = grow(&mut s.q_v, nq * dk);
+    for (b, i) in queries.clone().enumerate() {
+        let q = o.row(o.q, i, head);
+        let (bu, bv) = (
+            &o.bu[head * dk..(head + 1) * dk],
+            &o.bv[head * dk..(head + 1) * dk],
+        );
+        for c in 0..dk {
+            q_u[b * dk + c] = q[c] + bu[c];
+            q_v[b * dk + c] = q[c] + bv[c];
+        }
+    }
+    let kt = grow(&mut s.kt, dk * nk_pad);
+    transpose_rows(o, o.k, head, j0, nk, nk_pad, kt);
+    let pt = grow(&mut s.pt, dk * nr_pad);
+    transpose_rows(o, o.p, head, r0, nr, nr_pad, pt);
+    let ac = grow(&mut s.ac, nq * nk_pad);
+    product_qt(q_u, kt, dk, nq, nk_pad, ac);
+    let bd = grow(&mut s.bd, nq * nr_pad);
+    product_qt(q_v, pt, dk, nq, nr_pad, bd);
+
+    let scale = 1.0 / (dk as f32).sqrt();
+    for (b, i) in queries.clone().enumerate() {
+        let row = &mut ac[b * nk_pad..(b + 1) * nk_pad];
+        // This query's keys, as columns of the block's key range.
+        let lo = i.saturating_sub(o.left) - j0;
+        let hi = (i + o.right).min(o.t - 1) - j0;
+        let shift = &bd[b * nr_pad..(b + 1) * nr_pad];
+        // Key j0 + c needs positional row (j0 + c) - i + left: column c + first of `shift`.
+        let first = j0 + lo + o.left - i - r0;
+        for (x, &pos) in row[lo..=hi].iter_mut().zip(&shift[first..]) {
+            *x = (*x + pos) * scale;
+        }
+        let max = row[lo..=hi]
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        for x in &mut row[lo..=hi] {
+            *x -= max;
+        }
+        exp_in_place(&mut row[lo..=hi]);
+        let inv = 1.0 / row[lo..=hi].iter().sum::<f32>();
+        row[..lo].fill(0.0);
+        row[hi + 1..].fill(0.0);
+        for x in &mut row[lo..=hi] {
+            *x *= inv;
+        }
+    }
+    // out_i = sum_j prob[i][j] v_j, four queries and 16 channels at a time.
+    let mut b = 0;
+    while b < nq {
+        let nb = (nq - b).min(4);
+        let mut c0 = 0;
+        while c0 < dk {
+            let nc = (dk - c0).min(LANES);
+            let mut acc = [[0f32; LANES]; 4];
+            for j in 0..nk {
+                let vj = &o.row(o.v, j0 + j, head)[c0..c0 + nc];
+                for (qb, acc) in acc.iter_mut().enumerate().take(nb) {
+                    let pr = ac[(b + qb) * nk_pad + j];
+                    for (a, &x) in acc.iter_mut().zip(vj) {
+                        *a = pr.mul_add(x, *a);
+                    }
+                }
+            }
+            for (qb, acc) in acc.iter().enumerate().take(nb) {
+                let at = ((i0 + b + qb) * o.h + head) * dk + c0;
+                out[at..at + nc].copy_from_slice(&acc[..nc]);
+            }
+            c0 += nc;
+        }
+        b += nb;
+    }
+}
+
+/// Rows `first .. first + n` of head `head` of `x`, transposed into `dst` `[d_k][n_pad]`
+/// (padding columns zero).
+fn transpose_rows(
+    o: &Operands<'_>,
+    x: &[f32],
+    head: usize,
+    first: usize,
+    n: usize,
+    n_pad: usize,
+    dst: &mut [f32],
+) {
+    for j in 0..n {
+        for (c, &val) in o.row(x, first + j, head).iter().enumerate() {
+            dst[c * n_pad + j] = val;
+        }
+    }
+    for c in 0..o.dk {
+        dst[c * n_pad + n..(c + 1) * n_pad].fill(0.0);
+    }
+}
+
+/// `out[b][j] = sum_c a[b][c] * bt[c][j]` for `nq` rows of `a` (`[nq][dk]`) and `bt`
+/// `[dk][n_pad]`; four rows by 16 columns of accumulators at a time.
+fn product_qt(a: &[f32], bt: &[f32], dk: usize, nq: usize, n_pad: usize, out: &mut [f32]) {
+    let mut b = 0;
+    while b < nq {
+        let nb = (nq - b).min(4);
+        for j0 in (0..n_pad).step_by(LANES) {
+            let mut acc = [[0f32; LANES]; 4];
+            for c in 0..dk {
+                let col: &[f32; LANES] = bt[c * n_pad + j0..][..LANES].try_into().expect("lanes");
+                for (qb, acc) in acc.iter_mut().enumerate().take(nb) {
+                    let x = a[(b + qb) * dk + c];
+                    for (acc, &y) in acc.iter_mut().zip(col) {
+                        *acc = x.mul_add(y, *acc);
+                    }
+                }
+            }
+            for (qb, acc) in acc.iter().enumerate().take(nb) {
+                out[(b + qb) * n_pad + j0..][..LANES].copy_from_slice(acc);
+            }
+        }
+        b += nb;
+    }
+}
+
+/// `exp` of values `<= 0`, branch-free so that it vectorises: `2^n * e^r` with
+/// `r = x - n ln 2` in `[-ln2/2, ln2/2]` (Cody-Waite split) and a degree-6 polynomial;
+/// about 1 ulp, and exactly 0 below -87.3 (where f32 underflows anyway).
+fn exp_in_place(x: &mut [f32]) {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    for v in x.iter_mut() {
+        let a = v.max(-87.3);
+        let n = (a * LOG2E).round();
+        let r = (a - n * LN2_HI) - n * LN2_LO;
+        // Taylor coefficients 1/k!, Horner form.
+        let mut p = 1.0 / 720.0;
+        p = p * r + 1.0 / 120.0;
+        p = p * r + 1.0 / 24.0;
+        p = p * r + 1.0 / 6.0;
+        p = p * r + 0.5;
+        p = p * r + 1.0;
+        p = p * r + 1.0;
+        let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        *v = if *v < -87.3 { 0.0 } else { p * scale };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_matches_std() {
+        let mut worst = 0f32;
+        let xs: Vec<f32> = (0..20000).map(|i| -(i as f32) * 0.0044).collect();
+        let mut ys = xs.clone();
+        exp_in_place(&mut ys);
+        for (&x, &y) in xs.iter().zip(&ys) {
+            let e = x.exp();
+            if e > 1e-30 {
+                worst = worst.max(((y - e) / e).abs());
+            }
+        }
+        assert!(worst < 4e-7, "worst relative error {worst:e}");
+        let mut tiny = [-100.0f32, -88.0, 0.0];
+        exp_in_place(&mut tiny);
+        assert_eq!(tiny[..2], [0.0, 0.0]);
+        assert_eq!(tiny[2], 1.0);
+    }
+
+    /// Plain per-query reference of the op's math, in f64.
+    fn naive(o: &Operands<'_>) -> Vec<f64> {
+        let (dk, h, t) = (o.dk, o.h, o.t);
+        let mut out = vec![0f64; dk * h * t];
+        for head in 0..h {
+            for i in 0..t {
+                let q = o.row(o.q, i, head);
+                let (bu, bv) = (&o.bu[head * dk..][..dk], &o.bv[head * dk..][..dk]);
+                let keys: Vec<usize> =
+                    (i.saturating_sub(o.left)..=(i + o.right).min(t - 1)).collect();
+                let scores: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| {
+                        let (k, p) = (o.row(o.k, j, head), o.row(o.p, j + o.left - i, head));
+                        (0..dk)
+                            .map(|c| {
+                                (q[c] + bu[c]) as f64 * k[c] as f64
+                                    + (q[c] + bv[c]) as f64 * p[c] as f64
+                            })
+                            .sum::<f64>()
+                            / (dk as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for (&j, w) in keys.iter().zip(&e) {
+                    for (c, &x) in o.row(o.v, j, head).iter().enumerate() {
+                        out[(i * h + head) * dk + c] += w / sum * x as f64;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn blocks_match_a_per_query_reference_for_full_and_local_windows() {
+        let mut seed = 1u64;
+        let mut rnd = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+                })
+                .collect()
+        };
+        for &(dk, h, t, left, right) in &[
+            (8, 2, 5, 4, 4),
+            (16, 2, 70, 69, 69),
+            (8, 3, 70, 16, 16),
+            (24, 1, 33, 3, 7),
+            (8, 2, 16, 16, 16),
+            (8, 2, 100, 0, 5),
+        ] {
+            let rows = left + right + 1;
+            let (q, k, v, p, bu, bv) = (
+                rnd(dk * h * t),
+                rnd(dk * h * t),
+                rnd(dk * h * t),
+                rnd(dk * h * rows),
+                rnd(dk * h),
+                rnd(dk * h),
+            );
+            let o = Operands {
+                h,
+                dk,
+                t,
+                left,
+                right,
+                q: &q,
+                k: &k,
+                v: &v,
+                p: &p,
+                bu: &bu,
+                bv: &bv,
+            };
+            let want = naive(&o);
+            let mut got = vec![0f32; dk * h * t];
+            let mut s = Scratch::default();
+            for head in 0..h {
+                for i0 in (0..t).step_by(QUERY_BLOCK) {
+                    attend_block(&o, head, i0..(i0 + QUERY_BLOCK).min(t), &mut s, &mut got);
+                }
+            }
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(&a, &b)| (a as f64 - b).abs())
+                .fold(0f64, f64::max);
+            assert!(
+                worst < 1e-5,
+                "dk {dk} h {h} t {t} window [{left}, {right}]: worst {worst:e}"
+            );
+        }
+    }
+
+    #[test]
+    fn window_round_trips() {
+        for (l, r) in [(0, 0), (16, 16), (128, 4), (70_000, 70_000)] {
+            assert_eq!(unpack_window(pack_window(l, r)), (l, r));
+        }
+    }
+}

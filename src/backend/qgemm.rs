@@ -1,0 +1,681 @@
+//! Int8 GEMM over q8_0 weights stored in the `q8_0x8` panel layout (docs/GGUF.md).
+//!
+//! The quantization is ggml's q8_0 (blocks of 32 along a row, an f16 scale and 32 int8s), so a
+//! `q8_0x8` tensor holds exactly the values of a plain q8_0 one, only reordered: 8 output rows
+//! form a panel, and inside a panel each block of 32 columns is stored as the 8 scales followed
+//! by 8 groups of 32 bytes, group `g` holding 4 consecutive quants of each of the 8 rows. One
+//! 256-bit load then feeds 8 rows at once, and the integer dot products land in one register
+//! lane per row, so the per-block scaling is a plain vector multiply.
+//!
+//! Activations are quantized per time step on the fly, in blocks of 32 exactly like ggml's q8_0
+//! (scale `max|x| / 127` as f16, quants rounded to nearest).
+//!
+//! The AVX2 kernel multiplies with `vpmaddubsw` on |w| and sign(w) * x (both within 127 in
+//! magnitude, so the pairwise i16 sums cannot saturate), widens with `vpmaddwd`, sums a block in
+//! i32 and scales it once per block. Other CPUs run a portable loop.
+
+use llama_cpp_sys_2 as sys;
+use std::cell::RefCell;
+
+/// Output rows per panel.
+pub const PANEL: usize = 8;
+/// Weights per q8_0 block.
+const QK: usize = 32;
+/// Bytes of a plain q8_0 block (f16 scale + 32 quants).
+const Q8_BLOCK: usize = 2 + QK;
+/// Bytes of one block of a panel: 8 f16 scales, then 8 x 32 quants.
+const PANEL_BLOCK: usize = PANEL * Q8_BLOCK;
+
+pub use super::gguf::Layout;
+
+/// GGUF key listing the tensors stored in the `q8_0x8` layout.
+pub const Q8_0X8_KEY: &str = "parakeet.layout.q8_0x8";
+
+/// Whether a q8_0 weight of ggml shape `ne` can be stored as `q8_0x8`: a matrix whose rows split
+/// into blocks and whose row count splits into panels.
+pub fn can_repack(ne: &[usize]) -> bool {
+    ne.len() == 2
+        && ne[0] > 0
+        && ne[0].is_multiple_of(QK)
+        && ne[1] > 0
+        && ne[1].is_multiple_of(PANEL)
+}
+
+/// Byte offset of quant `(row r of the panel, column j of the block)` inside a panel block.
+fn quant_offset(r: usize, j: usize) -> usize {
+    2 * PANEL + (j / 4) * 4 * PANEL + r * 4 + j % 4
+}
+
+/// Reorders plain q8_0 rows (`m` rows of `k` weights) into the `q8_0x8` layout (same size).
+pub fn repack_q8_0x8(plain: &[u8], k: usize, m: usize) -> Vec<u8> {
+    assert!(
+        can_repack(&[k, m]),
+        "q8_0x8 needs k % 32 == 0 and m % 8 == 0"
+    );
+    let nb = k / QK;
+    assert_eq!(plain.len(), m * nb * Q8_BLOCK, "q8_0 data size");
+    let mut out = vec![0u8; plain.len()];
+    for p in 0..m / PANEL {
+        for b in 0..nb {
+            let dst = &mut out[(p * nb + b) * PANEL_BLOCK..][..PANEL_BLOCK];
+            for r in 0..PANEL {
+                let src = &plain[((p * PANEL + r) * nb + b) * Q8_BLOCK..][..Q8_BLOCK];
+                dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
+                for j in 0..QK {
+                    dst[quant_offset(r, j)] = src[2 + j];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The inverse of [`repack_q8_0x8`].
+pub fn unpack_q8_0x8(packed: &[u8], k: usize, m: usize) -> Vec<u8> {
+    assert!(
+        can_repack(&[k, m]),
+        "q8_0x8 needs k % 32 == 0 and m % 8 == 0"
+    );
+    let nb = k / QK;
+    assert_eq!(packed.len(), m * nb * Q8_BLOCK, "q8_0x8 data size");
+    let mut out = vec![0u8; packed.len()];
+    for p in 0..m / PANEL {
+        for b in 0..nb {
+            let src = &packed[(p * nb + b) * PANEL_BLOCK..][..PANEL_BLOCK];
+            for r in 0..PANEL {
+                let dst = &mut out[((p * PANEL + r) * nb + b) * Q8_BLOCK..][..Q8_BLOCK];
+                dst[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+                for j in 0..QK {
+                    dst[2 + j] = src[quant_offset(r, j)];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The kernels this build can run; [`Kernel::best`] picks one at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Portable Rust (any CPU; the compiler vectorises what it can).
+    Portable,
+    /// AVX2 + FMA + F16C.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Kernel {
+    pub fn best() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Kernel::Avx2;
+        }
+        Kernel::Portable
+    }
+
+    /// Every kernel this CPU can run (for tests and benchmarks).
+    pub fn available() -> Vec<Kernel> {
+        let mut v = vec![Kernel::Portable];
+        if Kernel::best() != Kernel::Portable {
+            v.push(Kernel::best());
+        }
+        v
+    }
+}
+
+/// Activations of `n` time steps quantized per block of 32: `q[c * k + i]` and the scale of
+/// block `b` of step `c` at `d[c * k / 32 + b]`.
+#[derive(Default)]
+struct QuantizedCols {
+    q: Vec<i8>,
+    d: Vec<f32>,
+}
+
+impl QuantizedCols {
+    fn quantize(&mut self, kernel: Kernel, x: &[f32], k: usize, n: usize) {
+        debug_assert!(k.is_multiple_of(QK) && x.len() == k * n);
+        self.q.resize(k * n, 0);
+        self.d.resize(k / QK * n, 0.0);
+        for ((xb, qb), d) in x
+            .chunks_exact(QK)
+            .zip(self.q.chunks_exact_mut(QK))
+            .zip(self.d.iter_mut())
+        {
+            *d = match kernel {
+                Kernel::Portable => quantize_block(xb, qb),
+                // SAFETY: the kernel is only chosen when the CPU has AVX2.
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx2 => unsafe { avx2::quantize_block(xb, qb) },
+            };
+        }
+    }
+}
+
+/// One block of 32 to int8; returns the scale. Exactly ggml's q8_0 activation quantization:
+/// quants `round(x * 127 / max|x|)`, the scale `max|x| / 127` rounded to f16 (its rounding,
+/// 2^-11 relative, is far below the quantization's own), so that our products equal ggml's up to
+/// the order of the sums.
+fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+    }
+    // SAFETY: pure conversions.
+    unsafe { sys::ggml_fp16_to_fp32(sys::ggml_fp32_to_fp16(amax / 127.0)) }
+}
+
+/// `out[c * m + r] = sum_i w[r, i] x[c, i] (+ bias[r])` for the rows of panels `p0..p1`, all
+/// `n` steps. `w` is the whole `q8_0x8` matrix ([k, m]).
+///
+/// # Safety
+/// `out` points to `n * m` writable f32s; no other thread writes the rows of these panels.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_panels(
+    kernel: Kernel,
+    w: &[u8],
+    k: usize,
+    m: usize,
+    (p0, p1): (usize, usize),
+    x: &QuantizedCols,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: *mut f32,
+) {
+    let nb = k / QK;
+    debug_assert!(w.len() == m * nb * Q8_BLOCK && x.q.len() == k * n && p1 * PANEL <= m);
+    for p in p0..p1 {
+        let panel = &w[p * nb * PANEL_BLOCK..][..nb * PANEL_BLOCK];
+        let bias = bias.map(|b| &b[p * PANEL..][..PANEL]);
+        // SAFETY: rows p*8..p*8+8 of every step are inside out and ours (the contract).
+        let out = unsafe { out.add(p * PANEL) };
+        match kernel {
+            // SAFETY: as above.
+            Kernel::Portable => unsafe { portable_panel(panel, k, x, n, bias, out, m) },
+            // SAFETY: chosen only on CPUs with AVX2/FMA/F16C; as above.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { avx2::panel(panel, k, x, n, bias, out, m) },
+        }
+    }
+}
+
+/// # Safety
+/// `out` holds 8 rows of `n` steps with step stride `m`.
+unsafe fn portable_panel(
+    panel: &[u8],
+    k: usize,
+    x: &QuantizedCols,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: *mut f32,
+    m: usize,
+) {
+    let nb = k / QK;
+    for c in 0..n {
+        let xq = &x.q[c * k..][..k];
+        let xd = &x.d[c * nb..][..nb];
+        let mut acc = [0f32; PANEL];
+        for (b, blk) in panel.chunks_exact(PANEL_BLOCK).enumerate() {
+            let xb = &xq[b * QK..][..QK];
+            let mut sums = [0i32; PANEL];
+            for (g, group) in blk[2 * PANEL..].chunks_exact(4 * PANEL).enumerate() {
+                for (r, s) in sums.iter_mut().enumerate() {
+                    for i in 0..4 {
+                        *s += i32::from(group[r * 4 + i] as i8) * i32::from(xb[g * 4 + i]);
+                    }
+                }
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let dw = f16_to_f32(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]));
+                *a += sums[r] as f32 * (dw * xd[b]);
+            }
+        }
+        for (r, &a) in acc.iter().enumerate() {
+            let v = a + bias.map_or(0.0, |b| b[r]);
+            // SAFETY: per the contract.
+            unsafe { *out.add(c * m + r) = v };
+        }
+    }
+}
+
+fn f16_to_f32(h: u16) -> f32 {
+    // SAFETY: pure conversion.
+    unsafe { sys::ggml_fp16_to_fp32(h) }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{PANEL, PANEL_BLOCK, QK, QuantizedCols};
+    use std::arch::x86_64::*;
+
+    /// Columns per register tile: 4 f32 and 4 i32 accumulators plus the weights fit in 16 ymm.
+    const NC: usize = 4;
+
+    /// # Safety
+    /// AVX2 and F16C are available; `x` and `q` hold 32 values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+        assert!(x.len() >= QK && q.len() >= QK);
+        let p = x.as_ptr();
+        // SAFETY: 32 floats readable, 32 bytes writable (asserted).
+        unsafe {
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let sign = _mm256_set1_ps(-0.0);
+            let mut mx = _mm256_andnot_ps(sign, v[0]);
+            for vi in &v[1..] {
+                mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, *vi));
+            }
+            let mut m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            let amax = _mm_cvtss_f32(m4);
+            let id = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+            // Round to nearest even (the default MXCSR mode), as the portable path does.
+            let i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], id));
+            let i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], id));
+            let i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], id));
+            let i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], id));
+            let w16 = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+            // The packs interleave 128-bit lanes: restore the order.
+            let w8 = _mm256_permutevar8x32_epi32(w16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr().cast(), w8);
+            let d = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(amax / 127.0));
+            _mm_cvtss_f32(_mm_cvtph_ps(d))
+        }
+    }
+
+    /// # Safety
+    /// AVX2/FMA/F16C available; `out` holds 8 rows of `n` steps with step stride `m`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn panel(
+        panel: &[u8],
+        k: usize,
+        x: &QuantizedCols,
+        n: usize,
+        bias: Option<&[f32]>,
+        out: *mut f32,
+        m: usize,
+    ) {
+        let nb = k / QK;
+        assert!(panel.len() == nb * PANEL_BLOCK && x.q.len() >= n * k && x.d.len() >= n * nb);
+        let bias = bias.map(|b| {
+            assert!(b.len() >= PANEL);
+            b.as_ptr()
+        });
+        let mut c = 0;
+        // SAFETY: sizes asserted above; out per the contract.
+        unsafe {
+            while c + NC <= n {
+                tile::<NC>(panel, k, x, c, bias, out.add(c * m), m);
+                c += NC;
+            }
+            match n - c {
+                3 => tile::<3>(panel, k, x, c, bias, out.add(c * m), m),
+                2 => tile::<2>(panel, k, x, c, bias, out.add(c * m), m),
+                1 => tile::<1>(panel, k, x, c, bias, out.add(c * m), m),
+                _ => {}
+            }
+        }
+    }
+
+    /// 8 rows x `N` steps starting at step `c0`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn tile<const N: usize>(
+        panel: &[u8],
+        k: usize,
+        x: &QuantizedCols,
+        c0: usize,
+        bias: Option<*const f32>,
+        out: *mut f32,
+        m: usize,
+    ) {
+        let nb = k / QK;
+        // SAFETY: the caller checked the panel and activation sizes for steps c0..c0+N.
+        unsafe {
+            let wp = panel.as_ptr();
+            let xq = x.q.as_ptr().add(c0 * k);
+            let xd = x.d.as_ptr().add(c0 * nb);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for b in 0..nb {
+                let blk = wp.add(b * PANEL_BLOCK);
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
+                let mut isum = [_mm256_setzero_si256(); N];
+                for g in 0..QK / 4 {
+                    let w = _mm256_loadu_si256(blk.add(2 * PANEL + g * 4 * PANEL).cast());
+                    let aw = _mm256_abs_epi8(w);
+                    for (j, s) in isum.iter_mut().enumerate() {
+                        let xv = xq
+                            .add(j * k + b * QK + g * 4)
+                            .cast::<i32>()
+                            .read_unaligned();
+                        let sx = _mm256_sign_epi8(_mm256_set1_epi32(xv), w);
+                        let p16 = _mm256_maddubs_epi16(aw, sx);
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p16, ones));
+                    }
+                }
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xd.add(j * nb + b)));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), scale, *a);
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                let v = match bias {
+                    Some(bp) => _mm256_add_ps(*a, _mm256_loadu_ps(bp)),
+                    None => *a,
+                };
+                _mm256_storeu_ps(out.add(j * m), v);
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Each ggml worker's quantized activations, reused across calls.
+    static SCRATCH: RefCell<QuantizedCols> = RefCell::default();
+}
+
+/// One thread's share: quantize every step (cheap next to the product: 1/m of it, and no
+/// thread has to wait for another), then its panels.
+///
+/// # Safety
+/// `out` points to `n * m` writable f32s shared only with the other `ith` of the same `nth`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_thread(
+    kernel: Kernel,
+    w: &[u8],
+    k: usize,
+    m: usize,
+    x: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: *mut f32,
+    ith: usize,
+    nth: usize,
+) {
+    let mine = super::thread_share(m / PANEL, ith, nth);
+    let panels = (mine.start, mine.end);
+    if panels.0 >= panels.1 {
+        return;
+    }
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        s.quantize(kernel, x, k, n);
+        // SAFETY: per the contract; the panels of different ith are disjoint.
+        unsafe { gemm_panels(kernel, w, k, m, panels, &s, n, bias, out) };
+    });
+}
+
+/// `w^T x (+ bias)` for a `q8_0x8` weight `w` ([k, m]) and f32 `x` ([k, n]) -> [m, n], on
+/// `threads` threads split exactly as inside a ggml graph. For tests and benchmarks.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_q8_0x8(
+    kernel: Kernel,
+    w: &[u8],
+    k: usize,
+    m: usize,
+    x: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+    threads: usize,
+) -> Vec<f32> {
+    assert!(can_repack(&[k, m]) && w.len() == m * k / QK * Q8_BLOCK);
+    assert!(x.len() == k * n && bias.is_none_or(|b| b.len() == m));
+    assert!(kernel == Kernel::Portable || Kernel::best() == kernel);
+    let mut out = vec![0f32; m * n];
+    struct Out(*mut f32);
+    // SAFETY: threads write disjoint rows (see run_thread).
+    unsafe impl Sync for Out {}
+    let dst = Out(out.as_mut_ptr());
+    let nth = threads.max(1);
+    std::thread::scope(|s| {
+        for ith in 0..nth {
+            let dst = &dst;
+            // SAFETY: out has n * m values; each ith writes only its own panels.
+            s.spawn(move || unsafe { run_thread(kernel, w, k, m, x, n, bias, dst.0, ith, nth) });
+        }
+    });
+    out
+}
+
+/// ggml custom-op body of [`Graph::linear`](super::Graph::linear) on a `q8_0x8` weight:
+/// `dst [m, n] = w^T x (+ b)`, panels of rows split over the backend's threads.
+///
+/// # Safety
+/// Called by ggml with the tensor built in `Graph::linear_q8_0x8`: src[0] = w (q8_0 type, the
+/// `q8_0x8` layout, [k, m]), src[1] = x (contiguous f32 [k, n]), src[2] = null or the f32 bias
+/// [m]; dst contiguous f32 [m, n]; all allocated.
+pub(super) unsafe extern "C" fn q8_0x8_linear_op(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    _: *mut std::os::raw::c_void,
+) {
+    // SAFETY: per the contract.
+    unsafe {
+        let d = &*dst;
+        let (w, x) = (&*d.src[0], &*d.src[1]);
+        let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, x.ne[1] as usize);
+        let wb = std::slice::from_raw_parts(w.data as *const u8, m * k / QK * Q8_BLOCK);
+        let xs = std::slice::from_raw_parts(x.data as *const f32, k * n);
+        let bias = (!d.src[2].is_null())
+            .then(|| std::slice::from_raw_parts((*d.src[2]).data as *const f32, m));
+        run_thread(
+            Kernel::best(),
+            wb,
+            k,
+            m,
+            xs,
+            n,
+            bias,
+            d.data as *mut f32,
+            ith as usize,
+            nth as usize,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::DType;
+    use crate::backend::gguf::quantize_rows;
+
+    /// Deterministic values in [-1, 1) with a few outliers, so blocks have different scales.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|i| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let v = ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+                if i % 97 == 5 { v * 8.0 } else { v }
+            })
+            .collect()
+    }
+
+    fn dequant_plain(plain: &[u8], k: usize, m: usize) -> Vec<f64> {
+        let mut out = Vec::with_capacity(k * m);
+        for blk in plain.chunks_exact(Q8_BLOCK) {
+            let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]])) as f64;
+            out.extend(blk[2..].iter().map(|&q| d * (q as i8) as f64));
+        }
+        out
+    }
+
+    #[test]
+    fn repack_round_trips() {
+        let (k, m) = (96, 24);
+        let plain = quantize_rows(&values(k * m, 1), k, DType::Q8_0).unwrap();
+        let packed = repack_q8_0x8(&plain, k, m);
+        assert_ne!(packed, plain);
+        assert_eq!(unpack_q8_0x8(&packed, k, m), plain);
+        assert!(can_repack(&[32, 8]) && !can_repack(&[32, 12]) && !can_repack(&[40, 8]));
+    }
+
+    #[test]
+    fn quantizers_agree() {
+        let x = values(32 * 7, 2);
+        for kernel in Kernel::available() {
+            let mut q = QuantizedCols::default();
+            q.quantize(kernel, &x, 32, 7);
+            for (b, xb) in x.chunks_exact(32).enumerate() {
+                let mut want = [0i8; 32];
+                let d = quantize_block(xb, &mut want);
+                assert_eq!(q.q[b * 32..][..32], want, "{kernel:?} block {b}");
+                assert_eq!(q.d[b], d);
+                // Every value within half a step of its quantized value, plus the f16 rounding
+                // of the scale (2^-11 relative, times at most 127 steps).
+                for (v, qv) in xb.iter().zip(want) {
+                    let bound = d * (0.5 + 127.0 / 2048.0) * 1.0001;
+                    assert!((v - d * qv as f32).abs() <= bound, "{v} vs {qv} * {d}");
+                }
+            }
+        }
+    }
+
+    /// Odd shapes (m, n, k not multiples of any tile beyond the layout's own 8 x 32), n = 1,
+    /// 1-3 threads: the kernels against an f64 product of the same quantized operands, which
+    /// they must match to f32 rounding; and against the unquantized f64 product within the
+    /// quantization bound.
+    #[test]
+    fn kernels_match_an_f64_reference() {
+        for &(k, m, n) in &[
+            (32, 8, 1),
+            (96, 24, 5),
+            (160, 40, 7),
+            (64, 16, 13),
+            (320, 56, 3),
+        ] {
+            let w = values(k * m, k as u64);
+            let x = values(k * n, n as u64 + 7);
+            let bias = values(m, 3);
+            let plain = quantize_rows(&w, k, DType::Q8_0).unwrap();
+            let wq = dequant_plain(&plain, k, m);
+            let packed = repack_q8_0x8(&plain, k, m);
+            let mut xq = QuantizedCols::default();
+            xq.quantize(Kernel::Portable, &x, k, n);
+            for kernel in Kernel::available() {
+                for threads in 1..=3 {
+                    let got = gemm_q8_0x8(kernel, &packed, k, m, &x, n, Some(&bias), threads);
+                    for c in 0..n {
+                        for r in 0..m {
+                            let (mut exact, mut quant, mut bound) = (0f64, 0f64, 0f64);
+                            for i in 0..k {
+                                let xd = xq.d[(c * k + i) / 32] as f64;
+                                let wv = wq[r * k + i];
+                                quant += wv * xd * xq.q[c * k + i] as f64;
+                                exact += wv * x[c * k + i] as f64;
+                                bound += wv.abs() * xd * 0.5;
+                            }
+                            let g = got[c * m + r] as f64 - bias[r] as f64;
+                            let what = format!("{kernel:?} k{k} m{m} n{n} t{threads} [{r},{c}]");
+                            assert!(
+                                (g - quant).abs() <= 1e-5 * (1.0 + quant.abs()),
+                                "{what}: {g} vs quantized {quant}"
+                            );
+                            assert!(
+                                (g - exact).abs() <= bound + 1e-5,
+                                "{what}: {g} vs exact {exact} (bound {bound})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The custom op inside a real ggml graph (ggml's threads, 1-3 of them) against ggml's own
+    /// q8_0 `ggml_mul_mat` on the same weights. Both quantize the activations the same way and
+    /// sum the same integer products, in another order and ggml partly in f16 (its AVX2 q8_0
+    /// dot product keeps the products of scales as f32 of f16s): stated bound per output
+    /// `1e-4 * sum_i |w_i| * d_x(i) + 1e-5`, about 1/10000 of one activation step summed over
+    /// the row, i.e. f32 rounding of the sums.
+    #[test]
+    fn custom_op_matches_ggml_q8_0_mul_mat() {
+        let (k, m, n) = (256, 40, 11);
+        let w = values(k * m, 11);
+        let x = values(k * n, 12);
+        let plain = quantize_rows(&w, k, DType::Q8_0).unwrap();
+        let packed = repack_q8_0x8(&plain, k, m);
+        let wq = dequant_plain(&plain, k, m);
+        let mut xq = QuantizedCols::default();
+        xq.quantize(Kernel::Portable, &x, k, n);
+        for threads in 1..=3 {
+            // SAFETY: a self-contained ggml context with allocated tensors, sized generously;
+            // every tensor is written before the compute and read after it.
+            let (ours, theirs) = unsafe {
+                let ctx = sys::ggml_init(sys::ggml_init_params {
+                    mem_size: 16 << 20,
+                    mem_buffer: std::ptr::null_mut(),
+                    no_alloc: false,
+                });
+                assert!(!ctx.is_null());
+                let wt = |data: &[u8]| {
+                    let t = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_Q8_0, k as i64, m as i64);
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), (*t).data as *mut u8, data.len());
+                    t
+                };
+                let (w_plain, w_packed) = (wt(&plain), wt(&packed));
+                let xt = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, k as i64, n as i64);
+                std::ptr::copy_nonoverlapping(x.as_ptr(), (*xt).data as *mut f32, x.len());
+                let theirs = sys::ggml_mul_mat(ctx, w_plain, xt);
+                let mut args = [w_packed, xt, std::ptr::null_mut()];
+                let ours = sys::ggml_custom_4d(
+                    ctx,
+                    sys::GGML_TYPE_F32,
+                    m as i64,
+                    n as i64,
+                    1,
+                    1,
+                    args.as_mut_ptr(),
+                    3,
+                    Some(q8_0x8_linear_op),
+                    -1,
+                    std::ptr::null_mut(),
+                );
+                let gf = sys::ggml_new_graph(ctx);
+                sys::ggml_build_forward_expand(gf, theirs);
+                sys::ggml_build_forward_expand(gf, ours);
+                let st = sys::ggml_graph_compute_with_ctx(ctx, gf, threads);
+                assert_eq!(st, sys::GGML_STATUS_SUCCESS);
+                let read = |t: *mut sys::ggml_tensor| {
+                    std::slice::from_raw_parts((*t).data as *const f32, m * n).to_vec()
+                };
+                let r = (read(ours), read(theirs));
+                sys::ggml_free(ctx);
+                r
+            };
+            let mut worst = 0f64;
+            for c in 0..n {
+                for r in 0..m {
+                    let bound: f64 = (0..k)
+                        .map(|i| wq[r * k + i].abs() * xq.d[(c * k + i) / 32] as f64 * 1e-4)
+                        .sum::<f64>()
+                        + 1e-5;
+                    let diff = (ours[c * m + r] as f64 - theirs[c * m + r] as f64).abs();
+                    worst = worst.max(diff / bound);
+                    assert!(
+                        diff <= bound,
+                        "t{threads} [{r},{c}]: ours {} ggml {} (bound {bound})",
+                        ours[c * m + r],
+                        theirs[c * m + r]
+                    );
+                }
+            }
+            println!("threads {threads}: worst |ours - ggml| / bound = {worst:.3}");
+        }
+    }
+}

@@ -1,0 +1,537 @@
+//! `parakeet serve`: an OpenAI-compatible transcription server.
+//!
+//! One [`Model`] is loaded (memory-mapped) and shared read-only by N worker threads, each with
+//! its own [`Transcriber`] (backend + graph allocator). HTTP is axum on a small tokio runtime;
+//! the compute happens on the workers ([`pool`]), fed by a bounded queue: a request that finds
+//! the queue full is answered 503 with `Retry-After` at once. Uploads are decoded from memory
+//! (nothing is written to disk).
+
+mod openai;
+pub mod pool;
+
+use crate::audio;
+use crate::model::Model;
+use crate::transcribe::{DecoderChoice, Transcriber, Transcript};
+use anyhow::{Context, Result};
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http_body_util::BodyExt;
+use openai::{ApiError, Granularities, ResponseFormat};
+use pool::{JobFailure, Pool};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// `parakeet serve` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Model: a .gguf file, a .nemo file (converted once into the cache), or a Hugging Face hub
+    /// id such as nvidia/parakeet-tdt-0.6b-v2.
+    #[arg(short, long, env = "PARAKEET_MODEL")]
+    pub model: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Requests transcribed at once, each by a worker with its own compute buffers (default:
+    /// one per 4 cores).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Compute threads per worker (default: the cores divided among the workers).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Requests that may wait for a free worker; beyond that the answer is 503 + Retry-After.
+    #[arg(long, default_value_t = 16)]
+    pub queue: usize,
+    /// Largest request body accepted, in MiB (413 beyond).
+    #[arg(long, value_name = "MIB", default_value_t = 100)]
+    pub max_upload_mb: u64,
+    /// Longest audio accepted, in seconds (400 beyond).
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
+    pub max_audio_seconds: f64,
+    /// A worker whose compute buffer grew past this many MiB (a very long request) gets a
+    /// fresh backend afterwards, releasing that memory.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub release_buffer_mb: u64,
+}
+
+/// Workers and threads per worker: what was asked, the rest filled in so that workers x
+/// threads does not exceed `cores`. A worker uses its threads well up to about 4 (the decoder
+/// is sequential), so the default is one worker per 4 cores.
+pub fn plan_workers(
+    cores: usize,
+    workers: Option<usize>,
+    threads: Option<usize>,
+) -> (usize, usize) {
+    let cores = cores.max(1);
+    let per = |n: usize| (cores / n.max(1)).max(1);
+    match (workers, threads) {
+        (Some(w), Some(t)) => (w.max(1), t.max(1)),
+        (Some(w), None) => (w.max(1), per(w)),
+        (None, Some(t)) => (per(t), t.max(1)),
+        (None, None) => {
+            let w = per(4);
+            (w, per(w))
+        }
+    }
+}
+
+struct AppState {
+    pool: Pool<Transcriber>,
+    model: Arc<Model>,
+    model_created: u64,
+    workers: usize,
+    threads: usize,
+    max_upload: usize,
+    max_audio_seconds: f64,
+    /// Each worker's compute buffer after its last request (0 after a release).
+    buffers: Arc<Vec<AtomicUsize>>,
+    next_id: AtomicU64,
+}
+
+/// Set on a transcription response, for the request log line.
+#[derive(Clone, Copy)]
+struct AudioSeconds(f64);
+
+/// Runs the server until SIGTERM or SIGINT, then finishes the requests in flight and returns.
+pub fn serve(args: ServeArgs) -> Result<()> {
+    let path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
+    let model = Arc::new(Model::load(&path)?);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (workers, threads) = plan_workers(cores, args.workers, args.threads);
+    if workers * threads > cores {
+        eprintln!(
+            "warning: {workers} workers x {threads} threads oversubscribe the {cores} cores; requests will slow each other down"
+        );
+    }
+    let release = usize::try_from(args.release_buffer_mb << 20).unwrap_or(usize::MAX);
+    let buffers: Arc<Vec<AtomicUsize>> = Arc::new((0..workers).map(|_| 0.into()).collect());
+    let pool = {
+        let (model, buffers) = (model.clone(), buffers.clone());
+        Pool::new(
+            workers,
+            args.queue,
+            move |_| Transcriber::shared(model.clone(), threads),
+            move |i, tr: &Transcriber| {
+                // The gallocr's buffer only grows; after a very long request, drop it whole.
+                let bytes = tr.backend.stats().compute_buffer_bytes;
+                let recycle = bytes > release;
+                buffers[i].store(if recycle { 0 } else { bytes }, Ordering::Relaxed);
+                recycle
+            },
+        )?
+    };
+    let model_created = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let state = Arc::new(AppState {
+        pool,
+        model: model.clone(),
+        model_created,
+        workers,
+        threads,
+        max_upload: usize::try_from(args.max_upload_mb << 20).unwrap_or(usize::MAX),
+        max_audio_seconds: args.max_audio_seconds,
+        buffers,
+        next_id: AtomicU64::new(0),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("http")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "parakeet serve: {} ({}), {workers} worker(s) x {threads} thread(s), queue {}, listening on http://{addr}",
+            model.name,
+            path.display(),
+            args.queue
+        );
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("server error")
+    })?;
+    // Every connection is closed, so every handler is done; the pool (dropped with the last
+    // state reference) joins its idle workers.
+    drop(rt);
+    eprintln!("parakeet serve: stopped");
+    Ok(())
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/audio/transcriptions", post(transcriptions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model_by_id))
+        .route("/health", get(health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // The upload is read by `read_body`, under its own limit.
+        .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(state.clone(), log_request))
+        .with_state(state)
+}
+
+/// Resolves on SIGTERM or SIGINT; the server then stops accepting and drains.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+    eprintln!("parakeet serve: shutting down, finishing the requests in flight");
+}
+
+/// One line per request: id, method and path, status, audio seconds, time. The id is also
+/// returned as `x-request-id`.
+async fn log_request(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let id = st.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let start = Instant::now();
+    let mut resp = next.run(req).await;
+    let audio = resp
+        .extensions()
+        .get::<AudioSeconds>()
+        .map_or("-".to_string(), |a| format!("{:.2} s", a.0));
+    eprintln!(
+        "#{id} {method} {path} {} audio {audio} time {:.3} s",
+        resp.status().as_u16(),
+        start.elapsed().as_secs_f64()
+    );
+    resp.headers_mut()
+        .insert("x-request-id", HeaderValue::from(id));
+    resp
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown endpoint: this server offers POST /v1/audio/transcriptions, GET /v1/models and GET /health",
+        None,
+        Some("unknown_url"),
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this endpoint",
+        None,
+        Some("method_not_allowed"),
+    )
+}
+
+fn model_entry(st: &AppState) -> serde_json::Value {
+    json!({
+        "id": st.model.name,
+        "object": "model",
+        "created": st.model_created,
+        "owned_by": "parakeet",
+    })
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(json!({"object": "list", "data": [model_entry(&st)]}))
+}
+
+async fn model_by_id(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id == st.model.name {
+        Json(model_entry(&st)).into_response()
+    } else {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "the model {id:?} is not loaded (this server holds {:?})",
+                st.model.name
+            ),
+            Some("model"),
+            Some("model_not_found"),
+        )
+        .into_response()
+    }
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let c = &st.pool.counters;
+    let buffers: Vec<usize> = st
+        .buffers
+        .iter()
+        .map(|b| b.load(Ordering::Relaxed))
+        .collect();
+    Json(json!({
+        "status": "ok",
+        "model": st.model.name,
+        "workers": st.workers,
+        "threads_per_worker": st.threads,
+        "busy": c.busy.load(Ordering::SeqCst),
+        "queued": c.queued.load(Ordering::SeqCst),
+        "compute_buffer_bytes": buffers,
+    }))
+}
+
+/// `POST /v1/audio/transcriptions`.
+async fn transcriptions(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    match transcribe_request(&st, req).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The request's fields, as read from the multipart body.
+struct Fields {
+    file: Bytes,
+    file_name: String,
+    format: ResponseFormat,
+    granularities: Granularities,
+}
+
+async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let body = read_body(body, st.max_upload).await?;
+    let req = Request::from_parts(parts, Body::from(body));
+    let multipart = Multipart::from_request(req, &()).await.map_err(|e| {
+        ApiError::bad_request(
+            format!("expected a multipart/form-data body: {}", e.body_text()),
+            None,
+            Some("invalid_multipart"),
+        )
+    })?;
+    let fields = read_fields(multipart).await?;
+    let max_seconds = st.max_audio_seconds;
+    let Fields {
+        file,
+        file_name,
+        format,
+        granularities,
+    } = fields;
+    let reply = st
+        .pool
+        .submit(move |tr: &mut Transcriber| {
+            let start = Instant::now();
+            run_job(tr, file, &file_name, max_seconds).map(|t| (t, start.elapsed()))
+        })
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is busy (every worker is busy and the queue is full); retry later",
+                None,
+                Some("server_busy"),
+            )
+        })?;
+    let (transcript, worker_time) = match reply.await {
+        Ok(Ok(result)) => result?,
+        Ok(Err(JobFailure::Panicked(msg))) => {
+            eprintln!("error: a worker panicked: {msg}");
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error while transcribing (the server goes on)",
+                None,
+                Some("internal_error"),
+            ));
+        }
+        Ok(Err(JobFailure::Busy)) | Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is shutting down",
+                None,
+                Some("server_busy"),
+            ));
+        }
+    };
+    let mut resp = openai::render(format, &transcript, granularities);
+    resp.extensions_mut()
+        .insert(AudioSeconds(transcript.audio_seconds));
+    // What the worker spent decoding and transcribing: the rest of a client's wait is the
+    // server's overhead (and the queue).
+    let ms = format!("{:.3}", worker_time.as_secs_f64() * 1e3);
+    if let Ok(v) = HeaderValue::from_str(&ms) {
+        resp.headers_mut().insert("x-worker-ms", v);
+    }
+    Ok(resp)
+}
+
+/// After the limit, the rest of an oversized body is still read (and dropped) up to this many
+/// bytes, so that the client, still sending, reads the 413 instead of a connection reset.
+const DRAIN_LIMIT: usize = 256 << 20;
+
+/// The whole request body, at most `limit` bytes.
+async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let mut buf = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ApiError::bad_request(
+                format!("cannot read the request body: {e}"),
+                None,
+                Some("body_read_error"),
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        total = total.saturating_add(data.len());
+        if total <= limit {
+            buf.extend_from_slice(&data);
+        } else {
+            buf = Vec::new();
+            if total > limit.saturating_add(DRAIN_LIMIT) {
+                break;
+            }
+        }
+    }
+    if total > limit {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is larger than this server's limit of {} MiB (--max-upload-mb)",
+                limit >> 20
+            ),
+            Some("file"),
+            Some("file_too_large"),
+        ));
+    }
+    Ok(Bytes::from(buf))
+}
+
+async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
+    let bad = |e: axum::extract::multipart::MultipartError| {
+        ApiError::bad_request(
+            format!("malformed multipart body: {}", e.body_text()),
+            None,
+            Some("invalid_multipart"),
+        )
+    };
+    let mut file = None;
+    let mut format = ResponseFormat::Json;
+    let mut granularities: Option<Granularities> = None;
+    while let Some(field) = multipart.next_field().await.map_err(bad)? {
+        let name = field.name().unwrap_or_default().to_string();
+        match name.as_str() {
+            "file" => {
+                let file_name = field.file_name().unwrap_or("upload").to_string();
+                file = Some((field.bytes().await.map_err(bad)?, file_name));
+            }
+            "response_format" => format = ResponseFormat::parse(&field.text().await.map_err(bad)?)?,
+            "timestamp_granularities[]" | "timestamp_granularities" => granularities
+                .get_or_insert_with(Granularities::default)
+                .add(&field.text().await.map_err(bad)?)?,
+            // `model`, `language`, `prompt`, `temperature` and anything newer are accepted
+            // and ignored: there is one model, and greedy decoding has no prompt or
+            // temperature. The parser skips the field's body when the next one is asked for.
+            _ => {}
+        }
+    }
+    let Some((file, file_name)) = file else {
+        return Err(ApiError::bad_request(
+            "no audio: the multipart body has no `file` field",
+            Some("file"),
+            Some("missing_file"),
+        ));
+    };
+    Ok(Fields {
+        file,
+        file_name,
+        format,
+        granularities: Granularities::resolve(granularities),
+    })
+}
+
+/// Decodes the upload (any format the CLI reads, from memory) and transcribes it.
+fn run_job(
+    tr: &mut Transcriber,
+    file: Bytes,
+    file_name: &str,
+    max_seconds: f64,
+) -> Result<Transcript, ApiError> {
+    let bad_audio = |e: anyhow::Error| {
+        ApiError::bad_request(format!("{e:#}"), Some("file"), Some("invalid_audio"))
+    };
+    let decoded = audio::decode_bytes(&file, file_name).map_err(bad_audio)?;
+    drop(file);
+    if decoded.duration_s > max_seconds {
+        return Err(ApiError::bad_request(
+            format!(
+                "{file_name}: {:.1} s of audio is longer than this server's limit of {max_seconds} s (--max-audio-seconds)",
+                decoded.duration_s
+            ),
+            Some("file"),
+            Some("audio_too_long"),
+        ));
+    }
+    let samples = audio::resample_to_16k(decoded).map_err(bad_audio)?;
+    if samples.len() < tr.model.hparams.preprocessor.hop_length {
+        return Err(ApiError::bad_request(
+            format!(
+                "{file_name}: the audio is too short to transcribe ({} samples at 16 kHz)",
+                samples.len()
+            ),
+            Some("file"),
+            Some("audio_too_short"),
+        ));
+    }
+    tr.transcribe(&samples, DecoderChoice::Auto).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{file_name}: {e:#}"),
+            None,
+            Some("internal_error"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_plan_never_oversubscribes() {
+        for cores in 1..=128 {
+            let (w, t) = plan_workers(cores, None, None);
+            assert!(w >= 1 && t >= 1 && w * t <= cores, "{cores}: {w} x {t}");
+            let (w2, t2) = plan_workers(cores, Some(2), None);
+            assert_eq!(w2, 2);
+            assert!(w2 * t2 <= cores.max(2), "{cores}: {w2} x {t2}");
+            let (w3, t3) = plan_workers(cores, None, Some(3));
+            assert!(w3 * t3 <= cores.max(3), "{cores}: {w3} x {t3}");
+        }
+        assert_eq!(plan_workers(2, None, None), (1, 2));
+        assert_eq!(plan_workers(16, None, None), (4, 4));
+        assert_eq!(plan_workers(8, Some(3), Some(5)), (3, 5));
+    }
+}

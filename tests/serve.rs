@@ -1,0 +1,596 @@
+//! `parakeet serve` end to end: the real binary on an ephemeral port with the tiny TDT model,
+//! every response format against the CLI's own output for the same file, concurrency, bad
+//! requests, a full queue, buffer release and a clean exit on SIGTERM.
+
+mod common;
+
+use common::*;
+use parakeet::convert::OutType;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+fn scratch(name: &str) -> PathBuf {
+    scratch_dir("serve", name)
+}
+
+fn model() -> PathBuf {
+    gguf("tiny_tdt", OutType::F32)
+}
+
+fn clip(name: &str) -> PathBuf {
+    fixtures().join("audio").join(name)
+}
+
+fn format_clip(name: &str) -> PathBuf {
+    fixtures().join("audio/formats").join(name)
+}
+
+/// A running `parakeet serve`; killed on drop if still running.
+struct Server {
+    child: Child,
+    addr: String,
+    /// stderr lines after the "listening" line.
+    log: Mutex<mpsc::Receiver<String>>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let model = model();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+            .args(["serve", "-m", model.to_str().unwrap(), "--port", "0"])
+            .args(extra)
+            .env("GGML_NO_BACKTRACE", "1")
+            .env_remove("PARAKEET_MODEL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let addr = loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the server did not start");
+            if let Some(at) = line.find("listening on http://") {
+                break line[at + "listening on http://".len()..].trim().to_string();
+            }
+        };
+        Server {
+            child,
+            addr,
+            log: Mutex::new(rx),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn get(&self, path: &str) -> Reply {
+        reply(ureq::get(&self.url(path)).call())
+    }
+
+    fn transcribe(&self, fields: &[(&str, &str)], file: Option<(&str, &[u8])>) -> Reply {
+        let (content_type, body) = multipart(fields, file);
+        self.post(&content_type, &body)
+    }
+
+    fn post(&self, content_type: &str, body: &[u8]) -> Reply {
+        reply(
+            ureq::post(&self.url("/v1/audio/transcriptions"))
+                .set("Content-Type", content_type)
+                .send_bytes(body),
+        )
+    }
+
+    fn health(&self) -> Value {
+        let r = self.get("/health");
+        assert_eq!(r.status, 200);
+        r.json()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    content_type: String,
+    retry_after: Option<String>,
+    /// The worker's time on the request.
+    worker_ms: Option<f64>,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// Asserts an OpenAI error body with this status, `param` and `code`.
+    fn assert_error(&self, status: u16, param: Option<&str>, code: &str) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert!(
+            self.content_type.starts_with("application/json"),
+            "{self:?}"
+        );
+        let e = &self.json()["error"];
+        assert!(
+            !e["message"].as_str().unwrap_or_default().is_empty(),
+            "{self:?}"
+        );
+        let kind = if status >= 500 {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        assert_eq!(e["type"], kind, "{self:?}");
+        assert_eq!(e["param"].as_str(), param, "{self:?}");
+        assert_eq!(e["code"], code, "{self:?}");
+    }
+}
+
+fn reply(r: Result<ureq::Response, ureq::Error>) -> Reply {
+    let resp = match r {
+        Ok(resp) => resp,
+        Err(ureq::Error::Status(_, resp)) => resp,
+        Err(e) => panic!("request failed: {e}"),
+    };
+    Reply {
+        status: resp.status(),
+        content_type: resp.header("content-type").unwrap_or_default().to_string(),
+        retry_after: resp.header("retry-after").map(str::to_string),
+        worker_ms: resp.header("x-worker-ms").map(|v| v.parse().unwrap()),
+        body: resp.into_string().unwrap(),
+    }
+}
+
+/// A multipart/form-data body (written here: the test plays the client).
+fn multipart(fields: &[(&str, &str)], file: Option<(&str, &[u8])>) -> (String, Vec<u8>) {
+    let boundary = "----parakeet-test-boundary-7f3a9c";
+    let mut body = Vec::new();
+    for (name, value) in fields {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+            )
+            .as_bytes(),
+        );
+    }
+    if let Some((file_name, bytes)) = file {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{file_name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+/// What the CLI writes for `input`: txt, json, srt and vtt.
+struct CliOutput {
+    txt: String,
+    json: Value,
+    srt: String,
+    vtt: String,
+}
+
+fn cli_output(input: &Path, dir: &Path) -> CliOutput {
+    let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+        .args(["transcribe", input.to_str().unwrap(), "-m"])
+        .arg(model())
+        .args(["-f", "txt,json,srt,vtt", "-q", "-o"])
+        .arg(dir)
+        .env("GGML_NO_BACKTRACE", "1")
+        .env_remove("PARAKEET_MODEL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stem = input.file_stem().unwrap().to_str().unwrap();
+    let read = |ext: &str| std::fs::read_to_string(dir.join(format!("{stem}.{ext}"))).unwrap();
+    CliOutput {
+        txt: read("txt"),
+        json: serde_json::from_str(&read("json")).unwrap(),
+        srt: read("srt"),
+        vtt: read("vtt"),
+    }
+}
+
+fn file_name(path: &Path) -> &str {
+    path.file_name().unwrap().to_str().unwrap()
+}
+
+/// The upload of `path` as the server's `file` field, with `fields` before it.
+fn upload(server: &Server, path: &Path, fields: &[(&str, &str)]) -> Reply {
+    let bytes = std::fs::read(path).unwrap();
+    server.transcribe(fields, Some((file_name(path), &bytes)))
+}
+
+/// `text` / `json` / `srt` / `vtt` answers for `path`, checked against the CLI's files.
+fn assert_matches_cli(server: &Server, path: &Path, format: &str, cli: &CliOutput) {
+    let r = upload(
+        server,
+        path,
+        &[("model", "whisper-1"), ("response_format", format)],
+    );
+    assert_eq!(r.status, 200, "{format} {}: {r:?}", path.display());
+    match format {
+        "json" => {
+            assert!(r.worker_ms.is_some_and(|ms| ms > 0.0), "{r:?}");
+            let j = r.json();
+            assert_eq!(j["text"].as_str().unwrap(), cli.txt.trim());
+            let seconds = cli.json["duration"].as_f64().unwrap().ceil();
+            assert_eq!(j["usage"]["seconds"].as_f64().unwrap(), seconds);
+        }
+        "text" => assert_eq!(r.body, cli.txt),
+        "srt" => assert_eq!(r.body, cli.srt),
+        "vtt" => assert_eq!(r.body, cli.vtt),
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn every_response_format_matches_the_cli() {
+    let dir = scratch("formats");
+    let server = Server::start(&["--workers", "1", "--threads", "2"]);
+    for path in [clip("speech_10s.wav"), format_clip("s24_stereo_44100.flac")] {
+        let cli = cli_output(&path, &dir);
+        assert!(!cli.txt.trim().is_empty());
+        for format in ["json", "text", "srt", "vtt"] {
+            assert_matches_cli(&server, &path, format, &cli);
+        }
+        // verbose_json: segments by default, words when asked, both when both are asked.
+        let r = upload(&server, &path, &[("response_format", "verbose_json")]);
+        assert_eq!(r.status, 200, "{r:?}");
+        let v = r.json();
+        assert_eq!(v["text"].as_str().unwrap(), cli.txt.trim());
+        assert_eq!(v["duration"], cli.json["duration"]);
+        assert!(v.get("words").is_none());
+        let segs = v["segments"].as_array().unwrap();
+        let cli_segs = cli.json["segments"].as_array().unwrap();
+        assert_eq!(segs.len(), cli_segs.len());
+        assert!(!segs.is_empty());
+        let mut tokens = 0;
+        for (i, (s, c)) in segs.iter().zip(cli_segs).enumerate() {
+            assert_eq!(s["id"], i);
+            for key in ["start", "end", "text"] {
+                assert_eq!(s[key], c[key], "segment {i} {key}");
+            }
+            tokens += s["tokens"].as_array().unwrap().len();
+        }
+        // Every token id lands in exactly one segment.
+        assert_eq!(tokens, cli.json["tokens"].as_array().unwrap().len());
+
+        let r = upload(
+            &server,
+            &path,
+            &[
+                ("response_format", "verbose_json"),
+                ("timestamp_granularities[]", "word"),
+            ],
+        );
+        let v = r.json();
+        assert!(v.get("segments").is_none(), "{v}");
+        assert_eq!(v["words"], cli.json["words"]);
+        assert!(!v["words"].as_array().unwrap().is_empty());
+
+        let r = upload(
+            &server,
+            &path,
+            &[
+                ("response_format", "verbose_json"),
+                ("timestamp_granularities[]", "word"),
+                ("timestamp_granularities[]", "segment"),
+                ("language", "en"),
+                ("prompt", "ignored"),
+                ("temperature", "0.3"),
+            ],
+        );
+        let v = r.json();
+        assert_eq!(v["words"], cli.json["words"]);
+        assert_eq!(v["segments"].as_array().unwrap().len(), cli_segs.len());
+    }
+
+    // The model listing and health.
+    let models = server.get("/v1/models").json();
+    let name = models["data"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["object"], "model");
+    assert_eq!(server.get(&format!("/v1/models/{name}")).json()["id"], name);
+    let h = server.health();
+    assert_eq!(
+        (h["status"].as_str(), h["workers"].as_u64()),
+        (Some("ok"), Some(1))
+    );
+    assert_eq!(h["model"], name);
+}
+
+#[test]
+fn concurrent_requests_are_untangled() {
+    let dir = scratch("concurrent");
+    let server = Server::start(&["--workers", "2", "--threads", "1"]);
+    let inputs = [
+        clip("speech_10s.wav"),
+        clip("speech_2s.wav"),
+        format_clip("mono_22050.mp3"),
+        format_clip("s24_stereo_44100.flac"),
+        format_clip("stereo_22050.ogg"),
+        format_clip("s16_stereo_22050.aiff"),
+        format_clip("ulaw_mono_8000.wav"),
+        format_clip("f32_stereo_22050.wav"),
+    ];
+    let expected: Vec<String> = inputs.iter().map(|p| cli_output(p, &dir).txt).collect();
+    // Different clips give different texts, so a mix-up cannot go unnoticed.
+    let distinct: std::collections::HashSet<_> = expected.iter().collect();
+    assert!(distinct.len() >= 4, "{expected:?}");
+    let server = &server;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = inputs
+            .iter()
+            .map(|p| s.spawn(move || upload(server, p, &[("response_format", "text")])))
+            .collect();
+        for ((h, want), path) in handles.into_iter().zip(&expected).zip(&inputs) {
+            let r = h.join().unwrap();
+            assert_eq!(r.status, 200, "{}: {r:?}", path.display());
+            assert_eq!(&r.body, want, "{}", path.display());
+        }
+    });
+    // Every request was logged once, with its audio seconds.
+    // (A line is written before its response is sent, but reaches us through a pipe.)
+    let mut logged = Vec::new();
+    while logged.len() < inputs.len() {
+        let Ok(line) = server
+            .log
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(10))
+        else {
+            break;
+        };
+        if line.contains("POST /v1/audio/transcriptions 200") {
+            logged.push(line);
+        }
+    }
+    assert_eq!(logged.len(), inputs.len(), "{logged:?}");
+    assert!(logged.iter().all(|l| l.contains(" s time ")), "{logged:?}");
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_goes_on() {
+    let dir = scratch("bad");
+    let server = Server::start(&[
+        "--workers",
+        "1",
+        "--max-upload-mb",
+        "1",
+        "--max-audio-seconds",
+        "5",
+    ]);
+    let good = clip("speech_2s.wav");
+    let good_text = cli_output(&good, &dir).txt;
+    let wav = std::fs::read(&good).unwrap();
+    let check_good = || {
+        let r = upload(&server, &good, &[("response_format", "text")]);
+        assert_eq!((r.status, r.body.as_str()), (200, good_text.as_str()));
+    };
+    let boundary_ct = "multipart/form-data; boundary=xyz";
+
+    // Not multipart at all.
+    server
+        .post("application/json", br#"{"file": "x"}"#)
+        .assert_error(400, None, "invalid_multipart");
+    check_good();
+    // Multipart that ends in the middle of a part.
+    server
+        .post(
+            boundary_ct,
+            b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF",
+        )
+        .assert_error(400, None, "invalid_multipart");
+    check_good();
+    // No file.
+    server
+        .transcribe(&[("model", "whisper-1")], None)
+        .assert_error(400, Some("file"), "missing_file");
+    check_good();
+    // Bytes that are no audio.
+    let r = server.transcribe(
+        &[],
+        Some(("notes.wav", b"this is not audio at all, just text")),
+    );
+    r.assert_error(400, Some("file"), "invalid_audio");
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("notes.wav")
+    );
+    check_good();
+    // A WAV cut short.
+    server
+        .transcribe(&[], Some(("cut.wav", &wav[..wav.len() / 2])))
+        .assert_error(400, Some("file"), "invalid_audio");
+    check_good();
+    // An empty file.
+    server
+        .transcribe(&[], Some(("empty.wav", b"")))
+        .assert_error(400, Some("file"), "invalid_audio");
+    check_good();
+    // Unknown response format and granularity.
+    server
+        .transcribe(&[("response_format", "xml")], Some(("a.wav", &wav)))
+        .assert_error(400, Some("response_format"), "invalid_value");
+    check_good();
+    server
+        .transcribe(
+            &[
+                ("response_format", "verbose_json"),
+                ("timestamp_granularities[]", "char"),
+            ],
+            Some(("a.wav", &wav)),
+        )
+        .assert_error(400, Some("timestamp_granularities[]"), "invalid_value");
+    check_good();
+    // Over the upload limit (1 MiB).
+    let big = vec![0u8; 3 << 20];
+    server
+        .transcribe(&[], Some(("big.wav", &big)))
+        .assert_error(413, Some("file"), "file_too_large");
+    check_good();
+    // Over the duration limit (5 s).
+    upload(&server, &clip("speech_10s.wav"), &[]).assert_error(400, Some("file"), "audio_too_long");
+    check_good();
+    // Unknown endpoint and method.
+    server
+        .get("/v1/audio/translations-nope")
+        .assert_error(404, None, "unknown_url");
+    server
+        .get("/v1/audio/transcriptions")
+        .assert_error(405, None, "method_not_allowed");
+    server
+        .get("/v1/models/no-such-model")
+        .assert_error(404, Some("model"), "model_not_found");
+    check_good();
+}
+
+/// A 16 kHz 16-bit WAV of `clip` repeated `times` times.
+fn repeated_wav(clip: &Path, times: usize, out: &Path) -> Vec<u8> {
+    let mut reader = hound::WavReader::open(clip).unwrap();
+    let spec = reader.spec();
+    let samples: Vec<i16> = reader.samples::<i16>().map(Result::unwrap).collect();
+    let mut writer = hound::WavWriter::create(out, spec).unwrap();
+    for _ in 0..times {
+        for &s in &samples {
+            writer.write_sample(s).unwrap();
+        }
+    }
+    writer.finalize().unwrap();
+    std::fs::read(out).unwrap()
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let dir = scratch("queue");
+    let long = dir.join("long.wav");
+    let bytes = repeated_wav(&clip("speech_10s.wav"), 6, &long);
+    let want = cli_output(&long, &dir).txt;
+    // One worker, nothing waiting: while a 60 s clip is transcribed, others are refused.
+    let server = Server::start(&["--workers", "1", "--threads", "1", "--queue", "0"]);
+    let server = &server;
+    let replies: Vec<Reply> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let bytes = &bytes;
+                s.spawn(move || {
+                    server.transcribe(&[("response_format", "text")], Some(("long.wav", bytes)))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (ok, busy): (Vec<_>, Vec<_>) = replies.iter().partition(|r| r.status == 200);
+    assert!(!ok.is_empty() && !busy.is_empty(), "{replies:?}");
+    for r in ok {
+        assert_eq!(r.body, want);
+    }
+    for r in busy {
+        r.assert_error(503, None, "server_busy");
+        assert_eq!(r.retry_after.as_deref(), Some("1"));
+    }
+    // Once the worker is free, requests are taken again.
+    let r = upload(server, &clip("speech_2s.wav"), &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+#[test]
+fn a_long_request_s_compute_buffer_is_released() {
+    let dir = scratch("release");
+    let short = clip("speech_2s.wav");
+    let short_text = cli_output(&short, &dir).txt;
+    let long = dir.join("long.wav");
+    repeated_wav(&clip("speech_10s.wav"), 3, &long);
+    let long_text = cli_output(&long, &dir).txt;
+    let server = Server::start(&["--workers", "1", "--release-buffer-mb", "4"]);
+    let buffer = || server.health()["compute_buffer_bytes"][0].as_u64().unwrap();
+    let r = upload(&server, &short, &[("response_format", "text")]);
+    assert_eq!(r.body, short_text);
+    // A 2 s clip's buffer stays (it is reused by the next request).
+    let kept = buffer();
+    assert!(kept > 0 && kept <= 4 << 20, "{kept}");
+    // 30 s needs more than 4 MiB: the worker starts afresh after it.
+    let r = upload(&server, &long, &[("response_format", "text")]);
+    assert_eq!(r.body, long_text);
+    assert_eq!(buffer(), 0);
+    // And transcribes as before.
+    let r = upload(&server, &short, &[("response_format", "text")]);
+    assert_eq!(r.body, short_text);
+    assert_eq!(buffer(), kept);
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_finishes_the_request_in_flight_and_exits_0() {
+    let dir = scratch("sigterm");
+    let long = dir.join("long.wav");
+    let bytes = repeated_wav(&clip("speech_10s.wav"), 3, &long);
+    let want = cli_output(&long, &dir).txt;
+    let mut server = Server::start(&["--workers", "1", "--threads", "1"]);
+    let url = server.url("/v1/audio/transcriptions");
+    let (content_type, body) =
+        multipart(&[("response_format", "text")], Some(("long.wav", &bytes)));
+    let in_flight = std::thread::spawn(move || {
+        reply(
+            ureq::post(&url)
+                .set("Content-Type", &content_type)
+                .send_bytes(&body),
+        )
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.health()["busy"] != 1 {
+        assert!(Instant::now() < deadline, "the request never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let r = in_flight.join().unwrap();
+    assert_eq!((r.status, r.body.as_str()), (200, want.as_str()));
+    let status = server.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    // The process has exited: the pipe ends after its last line.
+    let log: Vec<String> = server.log.get_mut().unwrap().iter().collect();
+    assert!(log.iter().any(|l| l.contains("shutting down")), "{log:?}");
+    assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
+    // Nothing listens any more.
+    assert!(ureq::get(&server.url("/health")).call().is_err());
+}
