@@ -3,11 +3,13 @@
 //! `cargo run --release --example qgemm_throughput [threads...]` (default: 1 and 2).
 //!
 //! Types: f32 (the f32 GEMM), q8_0 in ggml's layout (ggml's quantized matmul), q8_0x8 (our int8
-//! kernel), q4_0 (ggml). Prints the median of several runs, in ms and GMAC/s.
+//! kernel), q4_0 (ggml). Prints the median of several runs, in ms and GMAC/s. Then every int8
+//! kernel this CPU runs (AVX2, AVX-512 VNNI, portable) on its own, outside a graph.
 
 use parakeet::backend::gguf::GgufFile;
+use parakeet::backend::gguf::quantize_rows;
 use parakeet::backend::gguf_writer::GgufWriter;
-use parakeet::backend::qgemm::{Layout, Q8_0X8_KEY};
+use parakeet::backend::qgemm::{self, Kernel, Layout, Q8_0X8_KEY};
 use parakeet::backend::{Backend, DType};
 use std::time::Instant;
 
@@ -85,6 +87,41 @@ fn main() {
                 }
                 println!("{line}");
             }
+        }
+    }
+    kernels(&threads, &shapes);
+}
+
+/// Each int8 kernel on its own (std threads, split as in the graph).
+fn kernels(threads: &[usize], shapes: &[(usize, usize)]) {
+    for &nth in threads {
+        for &(k, m) in shapes {
+            let w: Vec<f32> = (0..k * m)
+                .map(|j| (((j * 7919) % 2003) as f32 - 1001.0) * 1e-4)
+                .collect();
+            let plain = quantize_rows(&w, k, DType::Q8_0).unwrap();
+            let packed = qgemm::repack_q8_0x8(&plain, k, m);
+            let n = 138;
+            let x: Vec<f32> = (0..k * n)
+                .map(|i| ((i % 89) as f32 - 44.0) * 1e-2)
+                .collect();
+            let mut line = format!("kernels threads {nth} K={k:<4} M={m:<4} N={n:<3}:");
+            for kernel in Kernel::available() {
+                let mut times: Vec<f64> = (0..7)
+                    .map(|_| {
+                        let t = Instant::now();
+                        qgemm::gemm_q8_0x8(kernel, &packed, k, m, &x, n, None, nth);
+                        t.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                times.sort_by(f64::total_cmp);
+                line += &format!(
+                    "  {} {:6.1} GMAC/s",
+                    kernel.name(),
+                    (k * m * n) as f64 / times[3] / 1e9
+                );
+            }
+            println!("{line}");
         }
     }
 }

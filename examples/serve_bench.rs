@@ -76,7 +76,7 @@ fn overhead(url: &str, model: &Path, path: &Path, n: usize, threads: usize) -> a
     let mut local = || -> anyhow::Result<String> {
         let decoded = audio::decode_bytes(&bytes, &name)?;
         let samples = audio::resample_to_16k(decoded)?;
-        Ok(tr.transcribe(&samples, DecoderChoice::Auto)?.text)
+        Ok(tr.transcribe(samples, DecoderChoice::Auto)?.text)
     };
     let text = local()?;
     let (remote, _) = post(url, &content_type, &body)?;

@@ -539,7 +539,7 @@ fn transcribe_one(
         dump_layers(tr, &samples, dir).with_context(|| format!("{shown}: dumping layers"))?;
     }
     let t = tr
-        .transcribe(&samples, args.decoder)
+        .transcribe(samples, args.decoder)
         .with_context(|| shown.clone())?;
     profile.stages.add(&t.times);
     profile.audio_seconds += t.audio_seconds;

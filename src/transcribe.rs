@@ -4,7 +4,9 @@
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::Backend;
 use crate::decoder::{Token, TransducerDecoder, Word, ctc_greedy, detokenize, words};
-use crate::encoder::{Attention, AttentionChoice, Encoded, encode};
+use crate::encoder::{
+    Attention, AttentionChoice, Encoded, FeatureImage, Outputs, encode, encode_image,
+};
 use crate::model::Model;
 use anyhow::{Result, bail};
 use std::path::Path;
@@ -162,6 +164,35 @@ impl Transcriber {
         )
     }
 
+    /// The head `choice` decodes with, or why this model has none.
+    fn head(&self, choice: DecoderChoice) -> Result<Outputs> {
+        let model = &self.model;
+        let ctc = match choice {
+            DecoderChoice::Ctc => true,
+            DecoderChoice::Tdt => false,
+            DecoderChoice::Auto => !model.hparams.model_type.has_transducer(),
+        };
+        if ctc && model.ctc.is_none() {
+            bail!(
+                "{}: this model has no CTC head (it is {})",
+                model.path.display(),
+                model.hparams.model_type.name()
+            );
+        }
+        if !ctc && model.joint.is_none() {
+            bail!(
+                "{}: this model has no transducer decoder (it is {}); use --decoder ctc",
+                model.path.display(),
+                model.hparams.model_type.name()
+            );
+        }
+        Ok(if ctc {
+            Outputs::CtcLogits
+        } else {
+            Outputs::JointEnc
+        })
+    }
+
     /// Greedy decoding of an encoder pass.
     pub fn decode(
         &mut self,
@@ -170,28 +201,12 @@ impl Transcriber {
     ) -> Result<(Vec<Token>, StageTimes)> {
         let mut times = StageTimes::default();
         let graphs_before = self.backend.stats().graphs_computed;
-        let use_ctc = match choice {
-            DecoderChoice::Ctc => true,
-            DecoderChoice::Tdt => false,
-            DecoderChoice::Auto => !self.model.hparams.model_type.has_transducer(),
-        };
-        let tokens = if use_ctc {
-            let Some(logits) = &enc.ctc_logits else {
-                bail!(
-                    "{}: this model has no CTC head (it is {})",
-                    self.model.path.display(),
-                    self.model.hparams.model_type.name()
-                );
-            };
+        let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
+        let tokens = if self.head(choice)? == Outputs::CtcLogits {
+            let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
             ctc_greedy(logits, self.model.hparams.vocab_size + 1)
         } else {
-            let Some(joint_enc) = &enc.joint_enc else {
-                bail!(
-                    "{}: this model has no transducer decoder (it is {}); use --decoder ctc",
-                    self.model.path.display(),
-                    self.model.hparams.model_type.name()
-                );
-            };
+            let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
             let mut dec = TransducerDecoder::new(&self.model)?;
             let tokens = dec.decode(&mut self.backend, joint_enc, enc.frames, None)?;
             times.decoder_steps = dec.joint_steps;
@@ -203,8 +218,9 @@ impl Transcriber {
     }
 
     /// Transcribe 16 kHz mono samples: the whole file in one encoder pass and one decoder
-    /// pass (local attention keeps long files linear in time and memory).
-    pub fn transcribe(&mut self, samples: &[f32], choice: DecoderChoice) -> Result<Transcript> {
+    /// pass (local attention keeps long files linear in time and memory). The samples are
+    /// taken by value so that an hour of audio is freed once its features exist.
+    pub fn transcribe(&mut self, samples: Vec<f32>, choice: DecoderChoice) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
         let (tokens, times, attention) = self.transcribe_piece(samples, choice)?;
         let vocab = &self.model.vocab;
@@ -224,31 +240,36 @@ impl Transcriber {
         })
     }
 
-    /// Features, encoder and decoder over one utterance.
+    /// Features, encoder and decoder over one utterance. Each stage's input is dropped as soon
+    /// as the next stage has what it needs, and the encoder returns only the head the decoder
+    /// reads: for a long file these are each hundreds of MB.
     fn transcribe_piece(
         &mut self,
-        samples: &[f32],
+        samples: Vec<f32>,
         choice: DecoderChoice,
     ) -> Result<(Vec<Token>, StageTimes, Attention)> {
+        let outputs = self.head(choice)?;
         let t0 = Instant::now();
         self.report("features", 0.0);
-        let features = self.features(samples);
+        let features = self.features(&samples);
         if features.n_frames == 0 {
             bail!(
                 "audio too short ({:.3} s): nothing to transcribe",
                 samples.len() as f64 / self.sample_rate() as f64
             );
         }
-        let t1 = Instant::now();
+        drop(samples);
         let attention = self.attention_for(features.n_frames);
+        let image = FeatureImage::from(&features);
+        drop(features);
+        let t1 = Instant::now();
         if let Some(p) = self.progress.clone() {
             self.backend
                 .set_progress(Some(Box::new(move |done| p("encoder", done))));
         }
-        let enc = self.encode(&features, false);
+        let enc = encode_image(&mut self.backend, &self.model, image, attention, outputs);
         self.backend.set_progress(None);
         let enc = enc?;
-        drop(features);
         self.report("decoder", 0.0);
         // A long file grew the compute buffer to its encoder's size; the decoder's graphs and
         // the next (shorter) files need far less.

@@ -36,7 +36,7 @@ fn transcripts_match_nemo_token_for_token() {
             }
             assert!(!heads.is_empty(), "{name}: no reference decode");
             for (choice, nemo, what) in heads {
-                let ours = tr.transcribe(&samples, choice).unwrap();
+                let ours = tr.transcribe(samples.clone(), choice).unwrap();
                 let ids: Vec<usize> = ours.tokens.iter().map(|t| t.id).collect();
                 assert_eq!(ids, ints(&nemo["tokens"]), "{name} {what}: tokens");
                 if let Some(ts) = nemo.get("timestamp") {

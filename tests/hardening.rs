@@ -228,6 +228,30 @@ fn gguf_defects_name_the_field_and_offset() {
         e.contains("no-tensors.gguf: the GGUF holds no tensors"),
         "{e}"
     );
+    // Two tensor names that ggml reads as one C string (found by the fuzzer: ggml aborted when
+    // the second was placed on the same tensor).
+    let mut b = good.clone();
+    // Strings follow their u64 length (high byte 0); the tensor infos come after the metadata,
+    // so the last two such "encoder." strings are tensor names.
+    let names: Vec<usize> = b[..header.data_offset as usize]
+        .windows(8)
+        .enumerate()
+        .filter(|(i, w)| *i > 0 && b[i - 1] == 0 && *w == b"encoder.")
+        .map(|(i, _)| i)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .take(2)
+        .collect();
+    assert_eq!(names.len(), 2, "two tensor names in the header");
+    for &at in &names {
+        b[at] = 0;
+    }
+    let e = write("nul-names.gguf", &b);
+    assert!(
+        e.contains("nul-names.gguf: malformed GGUF: tensor") && e.contains("NUL byte in the name"),
+        "{e}"
+    );
     // Tensor data cut off.
     let e = write("cut.gguf", &good[..header.data_end as usize - 100]);
     assert!(e.contains("data at byte") && e.contains("truncated"), "{e}");

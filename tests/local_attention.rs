@@ -62,7 +62,7 @@ fn check_against_nemo(tr: &mut Transcriber, samples: &[f32], dir: &Path, name: &
     }
     assert!(!heads.is_empty(), "{name}: no reference decode");
     for (choice, nemo, what) in heads {
-        let ours = tr.transcribe(samples, choice).unwrap();
+        let ours = tr.transcribe(samples.to_vec(), choice).unwrap();
         let ids: Vec<usize> = ours.tokens.iter().map(|t| t.id).collect();
         assert_eq!(ids, ints(&nemo["tokens"]), "{name} {what}: tokens");
         if let Some(ts) = nemo.get("timestamp") {

@@ -345,6 +345,9 @@ impl GgufFile {
                 if !(addr as usize).is_multiple_of(32) {
                     bail!("{shown}: tensor '{name}' is misaligned in the file");
                 }
+                if !t.as_ref().buffer.is_null() {
+                    bail!("{shown}: tensor '{name}' is listed twice");
+                }
                 let st = sys::ggml_backend_tensor_alloc(buffer, t.as_ptr(), addr);
                 if st != sys::GGML_STATUS_SUCCESS {
                     bail!("{shown}: could not place tensor '{name}'");

@@ -113,6 +113,10 @@ pub fn check_header(bytes: &[u8]) -> Result<HeaderSummary, HeaderError> {
                 format!("name of {} bytes (at most {MAX_NAME})", name.len()),
             ));
         }
+        // ggml reads names as C strings: "a\0x" and "a\0y" would be one tensor, placed twice.
+        if name.is_empty() || name.contains('\0') {
+            return Err(r.fail_at(at, "empty name or a NUL byte in the name"));
+        }
         if !names.insert(name.clone()) {
             return Err(r.fail_at(at, "duplicate tensor name"));
         }

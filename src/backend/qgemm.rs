@@ -12,7 +12,8 @@
 //!
 //! The AVX2 kernel multiplies with `vpmaddubsw` on |w| and sign(w) * x (both within 127 in
 //! magnitude, so the pairwise i16 sums cannot saturate), widens with `vpmaddwd`, sums a block in
-//! i32 and scales it once per block. Other CPUs run a portable loop.
+//! i32 and scales it once per block. With AVX-512 VNNI, one `vpdpbusd` does all three for 64
+//! bytes (the `vnni` module). Other CPUs run a portable loop.
 
 use llama_cpp_sys_2 as sys;
 use std::cell::RefCell;
@@ -102,27 +103,46 @@ pub enum Kernel {
     /// AVX2 + FMA + F16C.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX-512 (F, BW) with VNNI's `vpdpbusd`, plus the AVX2 set for quantizing.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
 }
 
 impl Kernel {
+    /// The fastest kernel this CPU runs.
     pub fn best() -> Kernel {
+        *Kernel::available()
+            .last()
+            .expect("portable is always there")
+    }
+
+    /// Every kernel this CPU can run, slowest first (for tests and benchmarks).
+    pub fn available() -> Vec<Kernel> {
+        let mut v = vec![Kernel::Portable];
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
-            return Kernel::Avx2;
-        }
-        Kernel::Portable
-    }
-
-    /// Every kernel this CPU can run (for tests and benchmarks).
-    pub fn available() -> Vec<Kernel> {
-        let mut v = vec![Kernel::Portable];
-        if Kernel::best() != Kernel::Portable {
-            v.push(Kernel::best());
+            v.push(Kernel::Avx2);
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                v.push(Kernel::Avx512Vnni);
+            }
         }
         v
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => "avx512-vnni",
+        }
     }
 }
 
@@ -132,6 +152,8 @@ impl Kernel {
 struct QuantizedCols {
     q: Vec<i8>,
     d: Vec<f32>,
+    /// `q + 128` as unsigned bytes, for `vpdpbusd` (unsigned x signed); VNNI kernel only.
+    biased: Vec<u8>,
 }
 
 impl QuantizedCols {
@@ -146,10 +168,15 @@ impl QuantizedCols {
         {
             *d = match kernel {
                 Kernel::Portable => quantize_block(xb, qb),
-                // SAFETY: the kernel is only chosen when the CPU has AVX2.
+                // SAFETY: these kernels are only chosen when the CPU has AVX2.
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Avx2 => unsafe { avx2::quantize_block(xb, qb) },
+                Kernel::Avx2 | Kernel::Avx512Vnni => unsafe { avx2::quantize_block(xb, qb) },
             };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if kernel == Kernel::Avx512Vnni {
+            self.biased.clear();
+            self.biased.extend(self.q.iter().map(|&v| (v as u8) ^ 0x80));
         }
     }
 }
@@ -198,6 +225,9 @@ unsafe fn gemm_panels(
             // SAFETY: chosen only on CPUs with AVX2/FMA/F16C; as above.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => unsafe { avx2::panel(panel, k, x, n, bias, out, m) },
+            // SAFETY: chosen only on CPUs with AVX-512 F/BW/VNNI; as above.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => unsafe { vnni::panel(panel, k, x, n, bias, out, m) },
         }
     }
 }
@@ -379,6 +409,132 @@ mod avx2 {
     }
 }
 
+/// The same panels with AVX-512 VNNI. `vpdpbusd` multiplies unsigned by signed bytes, so the
+/// activations come biased by +128 and each block subtracts `128 * sum(w)`, which one more
+/// `vpdpbusd` per weight load computes for every column at once.
+///
+/// A 64-byte load holds two 4-byte groups of the panel's 8 rows (`[group][row]`); one
+/// permutation per load turns it into `[row][group]`, so that lane `2r + h` holds row `r`,
+/// group `h`, and one 8-byte broadcast of the activations feeds every lane. The two lanes of a
+/// row are summed once, after the last block.
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{PANEL, PANEL_BLOCK, QK, QuantizedCols};
+    use std::arch::x86_64::*;
+
+    /// Columns per register tile: one accumulator each, plus about 10 shared registers.
+    const NC: usize = 16;
+
+    /// # Safety
+    /// AVX-512 F/BW/VNNI and F16C available; the activations were quantized for this kernel;
+    /// `out` holds 8 rows of `n` steps with step stride `m`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn panel(
+        panel: &[u8],
+        k: usize,
+        x: &QuantizedCols,
+        n: usize,
+        bias: Option<&[f32]>,
+        out: *mut f32,
+        m: usize,
+    ) {
+        let nb = k / QK;
+        assert!(panel.len() == nb * PANEL_BLOCK && x.biased.len() >= n * k && x.d.len() >= n * nb);
+        let bias = bias.map(|b| {
+            assert!(b.len() >= PANEL);
+            b.as_ptr()
+        });
+        let mut c = 0;
+        // SAFETY: sizes asserted above; out per the contract.
+        unsafe {
+            while c + NC <= n {
+                tile::<NC>(panel, k, x, c, bias, out.add(c * m), m);
+                c += NC;
+            }
+            if n - c >= 8 {
+                tile::<8>(panel, k, x, c, bias, out.add(c * m), m);
+                c += 8;
+            }
+            match n - c {
+                7 => tile::<7>(panel, k, x, c, bias, out.add(c * m), m),
+                6 => tile::<6>(panel, k, x, c, bias, out.add(c * m), m),
+                5 => tile::<5>(panel, k, x, c, bias, out.add(c * m), m),
+                4 => tile::<4>(panel, k, x, c, bias, out.add(c * m), m),
+                3 => tile::<3>(panel, k, x, c, bias, out.add(c * m), m),
+                2 => tile::<2>(panel, k, x, c, bias, out.add(c * m), m),
+                1 => tile::<1>(panel, k, x, c, bias, out.add(c * m), m),
+                _ => {}
+            }
+        }
+    }
+
+    /// 8 rows x `N` steps starting at step `c0`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn tile<const N: usize>(
+        panel: &[u8],
+        k: usize,
+        x: &QuantizedCols,
+        c0: usize,
+        bias: Option<*const f32>,
+        out: *mut f32,
+        m: usize,
+    ) {
+        let nb = k / QK;
+        // SAFETY: the caller checked the panel and activation sizes for steps c0..c0+N.
+        unsafe {
+            let wp = panel.as_ptr();
+            let xq = x.biased.as_ptr().add(c0 * k);
+            let xd = x.d.as_ptr().add(c0 * nb);
+            // Lane 2r + h takes row r of group h, found at lane 8h + r of the load.
+            let to_rows = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+            let pair_scales = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+            let bias128 = _mm512_set1_epi8(0x80u8 as i8);
+            let mut acc = [_mm512_setzero_ps(); N];
+            for b in 0..nb {
+                let blk = wp.add(b * PANEL_BLOCK);
+                let dw8 = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
+                let dw = _mm512_permutexvar_ps(pair_scales, _mm512_castps256_ps512(dw8));
+                let mut w = [_mm512_setzero_si512(); QK / 8];
+                let mut corr = _mm512_setzero_si512();
+                for (q, wq) in w.iter_mut().enumerate() {
+                    let raw = _mm512_loadu_si512(blk.add(2 * PANEL + q * 8 * PANEL).cast());
+                    *wq = _mm512_permutexvar_epi32(to_rows, raw);
+                    corr = _mm512_dpbusd_epi32(corr, bias128, *wq);
+                }
+                // Every column's sums start at -128 * sum(w): what the bias added.
+                let start = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+                // Column by column, so that each column's broadcasts are used at once (loading
+                // them all first spills registers).
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let xp = xq.add(j * k + b * QK);
+                    let mut sum = start;
+                    for (q, &wq) in w.iter().enumerate() {
+                        let xv = xp.add(q * 8).cast::<i64>().read_unaligned();
+                        sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi64(xv), wq);
+                    }
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(j * nb + b)));
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, *a);
+                }
+            }
+            // Even lanes (group 0 of each row) and odd lanes into the two halves, then add.
+            let split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+            for (j, a) in acc.iter().enumerate() {
+                let s = _mm512_permutexvar_ps(split, *a);
+                let rows = _mm256_add_ps(
+                    _mm512_castps512_ps256(s),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s))),
+                );
+                let v = match bias {
+                    Some(bp) => _mm256_add_ps(rows, _mm256_loadu_ps(bp)),
+                    None => rows,
+                };
+                _mm256_storeu_ps(out.add(j * m), v);
+            }
+        }
+    }
+}
+
 thread_local! {
     /// Each ggml worker's quantized activations, reused across calls.
     static SCRATCH: RefCell<QuantizedCols> = RefCell::default();
@@ -430,7 +586,7 @@ pub fn gemm_q8_0x8(
 ) -> Vec<f32> {
     assert!(can_repack(&[k, m]) && w.len() == m * k / QK * Q8_BLOCK);
     assert!(x.len() == k * n && bias.is_none_or(|b| b.len() == m));
-    assert!(kernel == Kernel::Portable || Kernel::best() == kernel);
+    assert!(Kernel::available().contains(&kernel));
     let mut out = vec![0f32; m * n];
     struct Out(*mut f32);
     // SAFETY: threads write disjoint rows (see run_thread).

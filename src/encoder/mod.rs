@@ -23,7 +23,8 @@ pub struct Encoded {
     /// Encoder frames T' (80 ms each).
     pub frames: usize,
     pub d_model: usize,
-    /// `[T'][d_model]`: the last conformer layer's output.
+    /// `[T'][d_model]`: the last conformer layer's output (empty when only a head was asked
+    /// for).
     pub output: Vec<f32>,
     /// `[T'][joint_hidden]`: `joint.enc(output)` (transducer models).
     pub joint_enc: Option<Vec<f32>>,
@@ -149,6 +150,43 @@ impl std::str::FromStr for AttentionChoice {
     }
 }
 
+/// What an encoder pass hands back. A long file's decode needs one head only; every other
+/// `[T', width]` result would hold memory (in the compute buffer and as a copy) for nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outputs {
+    /// The last layer's output, every head the model has and, with `layers`, every layer's
+    /// output (and layer 0's sub-blocks).
+    All { layers: bool },
+    /// Only `joint.enc` of every frame (what a transducer decodes).
+    JointEnc,
+    /// Only the CTC logits.
+    CtcLogits,
+}
+
+/// Feature frames laid out for the encoder graph: `[T][n_mels]`, mels fastest.
+pub struct FeatureImage {
+    data: Vec<f32>,
+    n_mels: usize,
+    n_frames: usize,
+}
+
+impl From<&Features> for FeatureImage {
+    fn from(features: &Features) -> FeatureImage {
+        let (n_mels, n_frames) = (features.n_mels, features.n_frames);
+        let mut data = vec![0f32; n_frames * n_mels];
+        for m in 0..n_mels {
+            for (t, &v) in features.band(m).iter().enumerate() {
+                data[t * n_mels + m] = v;
+            }
+        }
+        FeatureImage {
+            data,
+            n_mels,
+            n_frames,
+        }
+    }
+}
+
 /// Run the encoder over `features` (valid frames only) with the given self-attention.
 /// `capture_layers` also returns every layer's output (and layer 0's sub-blocks) from the same
 /// graph.
@@ -159,32 +197,45 @@ pub fn encode(
     attention: Attention,
     capture_layers: bool,
 ) -> Result<Encoded> {
+    let outputs = Outputs::All {
+        layers: capture_layers,
+    };
+    encode_image(backend, model, features.into(), attention, outputs)
+}
+
+/// [`encode`] over features already in the graph's layout, returning only `outputs`.
+pub fn encode_image(
+    backend: &mut Backend,
+    model: &Model,
+    image: FeatureImage,
+    attention: Attention,
+    outputs: Outputs,
+) -> Result<Encoded> {
     let hp = &model.hparams.encoder;
-    if features.n_mels != hp.feat_in {
+    if image.n_mels != hp.feat_in {
         bail!(
             "features have {} mel bins, the model expects {}",
-            features.n_mels,
+            image.n_mels,
             hp.feat_in
         );
     }
-    if features.n_frames == 0 {
+    if image.n_frames == 0 {
         bail!("audio too short: no complete feature frame");
     }
-    let t_feat = features.n_frames;
-    // ggml wants mels fastest: [T][n_mels].
-    let mut image = vec![0f32; t_feat * hp.feat_in];
-    for m in 0..hp.feat_in {
-        for (t, &v) in features.band(m).iter().enumerate() {
-            image[t * hp.feat_in + m] = v;
-        }
+    match outputs {
+        Outputs::JointEnc if model.joint.is_none() => bail!("the model has no transducer joint"),
+        Outputs::CtcLogits if model.ctc.is_none() => bail!("the model has no CTC head"),
+        _ => {}
     }
+    let t_feat = image.n_frames;
     let frames = model.hparams.geometry().encoded_len(t_feat);
     let window = attention.window(frames);
     let pos = positional_rows(attention, frames, hp.d_model);
+    let capture_layers = outputs == Outputs::All { layers: true };
 
     let mut head_ids = HeadIds::default();
     let computed = backend.compute_sized(graph_nodes(t_feat, frames, hp.n_layers), |g| {
-        let x = g.input_f32_owned(image, &[hp.feat_in, t_feat, 1, 1]);
+        let x = g.input_f32_owned(image.data, &[hp.feat_in, t_feat, 1, 1]);
         let mut x = pre_encode_sliced(g, &model.encoder.pre_encode, x, frames);
         if capture_layers {
             g.capture("enc_pre_encode", x);
@@ -200,10 +251,31 @@ pub fn encode(
                 g.capture(&format!("enc_layer_{i:02}"), x);
             }
         }
-        head_ids = heads(g, model, x);
-        Ok(x)
+        Ok(match outputs {
+            Outputs::All { .. } => {
+                head_ids = heads(g, model, x);
+                x
+            }
+            // The one head asked for is the graph's output: no capture, no second copy.
+            Outputs::JointEnc => joint_enc(g, model, x).expect("checked above"),
+            Outputs::CtcLogits => ctc_logits(g, model, x).expect("checked above"),
+        })
     })?;
-    collect(frames, hp.d_model, computed, head_ids)
+    match outputs {
+        Outputs::All { .. } => collect(frames, hp.d_model, computed, head_ids),
+        Outputs::JointEnc => Ok(Encoded {
+            frames,
+            d_model: hp.d_model,
+            joint_enc: Some(computed.output),
+            ..Encoded::default()
+        }),
+        Outputs::CtcLogits => Ok(Encoded {
+            frames,
+            d_model: hp.d_model,
+            ctc_logits: Some(computed.output),
+            ..Encoded::default()
+        }),
+    }
 }
 
 /// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's
@@ -239,18 +311,22 @@ struct HeadIds {
 
 /// `joint.enc` for every frame and the CTC head, as captures of the encoder's graph.
 fn heads<'g>(g: &mut Graph<'g>, model: &Model, x: Tensor<'g>) -> HeadIds {
-    let joint_enc = model.joint.as_ref().map(|j| {
-        let e = g.linear(x, &j.enc.weight, j.enc.bias.as_ref());
-        g.capture("joint_enc", e)
-    });
-    let ctc_logits = model.ctc.as_ref().map(|c| {
-        let l = g.linear(x, &c.weight, c.bias.as_ref());
-        g.capture("ctc_logits", l)
-    });
     HeadIds {
-        joint_enc,
-        ctc_logits,
+        joint_enc: joint_enc(g, model, x).map(|e| g.capture("joint_enc", e)),
+        ctc_logits: ctc_logits(g, model, x).map(|l| g.capture("ctc_logits", l)),
     }
+}
+
+/// `joint.enc(x)`, when the model has a transducer joint.
+fn joint_enc<'g>(g: &mut Graph<'g>, model: &Model, x: Tensor<'g>) -> Option<Tensor<'g>> {
+    let j = model.joint.as_ref()?;
+    Some(g.linear(x, &j.enc.weight, j.enc.bias.as_ref()))
+}
+
+/// The CTC head's logits, when the model has one.
+fn ctc_logits<'g>(g: &mut Graph<'g>, model: &Model, x: Tensor<'g>) -> Option<Tensor<'g>> {
+    let c = model.ctc.as_ref()?;
+    Some(g.linear(x, &c.weight, c.bias.as_ref()))
 }
 
 /// The heads are read through their handles; every other capture is a layer tap, kept with

@@ -505,7 +505,7 @@ fn run_job(
             Some("audio_too_short"),
         ));
     }
-    tr.transcribe(&samples, DecoderChoice::Auto).map_err(|e| {
+    tr.transcribe(samples, DecoderChoice::Auto).map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("{file_name}: {e:#}"),
