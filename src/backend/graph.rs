@@ -911,14 +911,16 @@ impl<'g> Graph<'g> {
     /// # Safety
     /// The graph has been allocated.
     pub(super) unsafe fn upload_inputs(&mut self) {
-        for (t, data) in &self.inputs {
+        // Drained: a long file's feature image is hundreds of MB, not needed once it is in the
+        // compute buffer.
+        for (t, data) in std::mem::take(&mut self.inputs) {
             // An input the result does not depend on is not in the graph, so the gallocr gave
             // it no memory: writing it would trip ggml's "tensor buffer not set" abort.
             // SAFETY: reads the tensor's metadata.
             if unsafe { t.as_ref().buffer.is_null() } {
                 continue;
             }
-            let (ptr, bytes) = match data {
+            let (ptr, bytes) = match &data {
                 HostData::F32(v) => (v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
                 HostData::I32(v) => (v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())),
             };
