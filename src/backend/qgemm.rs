@@ -214,6 +214,11 @@ unsafe fn gemm_panels(
 ) {
     let nb = k / QK;
     debug_assert!(w.len() == m * nb * Q8_BLOCK && x.q.len() == k * n && p1 * PANEL <= m);
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx512Vnni {
+        // SAFETY: chosen only on CPUs with AVX-512 F/BW/VNNI; out per the contract.
+        return unsafe { vnni::panels(w, k, m, (p0, p1), x, n, bias, out) };
+    }
     for p in p0..p1 {
         let panel = &w[p * nb * PANEL_BLOCK..][..nb * PANEL_BLOCK];
         let bias = bias.map(|b| &b[p * PANEL..][..PANEL]);
@@ -225,9 +230,8 @@ unsafe fn gemm_panels(
             // SAFETY: chosen only on CPUs with AVX2/FMA/F16C; as above.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => unsafe { avx2::panel(panel, k, x, n, bias, out, m) },
-            // SAFETY: chosen only on CPUs with AVX-512 F/BW/VNNI; as above.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni => unsafe { vnni::panel(panel, k, x, n, bias, out, m) },
+            Kernel::Avx512Vnni => unreachable!("runs all its panels above"),
         }
     }
 }
@@ -425,46 +429,81 @@ mod vnni {
     /// Columns per register tile: one accumulator each, plus about 10 shared registers.
     const NC: usize = 16;
 
+    /// Panels per group: a group's weights (16 x 8 rows, 140-560 KB at the encoder's widths)
+    /// stay in L2 while each column tile's activations, read from L1, meet all of them.
+    const GROUP: usize = 16;
+
+    /// Panels `p0..p1` of the whole `q8_0x8` matrix `w`, every step: per group of panels,
+    /// column tile by column tile.
+    ///
     /// # Safety
     /// AVX-512 F/BW/VNNI and F16C available; the activations were quantized for this kernel;
-    /// `out` holds 8 rows of `n` steps with step stride `m`.
+    /// `out` holds `n` steps of `m` rows (step stride `m`) and the rows of these panels are
+    /// ours alone.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn panel(
-        panel: &[u8],
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn panels(
+        w: &[u8],
         k: usize,
+        m: usize,
+        (p0, p1): (usize, usize),
         x: &QuantizedCols,
         n: usize,
         bias: Option<&[f32]>,
         out: *mut f32,
-        m: usize,
     ) {
         let nb = k / QK;
-        assert!(panel.len() == nb * PANEL_BLOCK && x.biased.len() >= n * k && x.d.len() >= n * nb);
-        let bias = bias.map(|b| {
-            assert!(b.len() >= PANEL);
-            b.as_ptr()
-        });
-        let mut c = 0;
-        // SAFETY: sizes asserted above; out per the contract.
-        unsafe {
-            while c + NC <= n {
-                tile::<NC>(panel, k, x, c, bias, out.add(c * m), m);
-                c += NC;
+        assert!(w.len() >= p1 * nb * PANEL_BLOCK && p1 * PANEL <= m);
+        assert!(x.biased.len() >= n * k && x.d.len() >= n * nb);
+        assert!(bias.is_none_or(|b| b.len() >= m));
+        let mut g0 = p0;
+        while g0 < p1 {
+            let group = (g0, (g0 + GROUP).min(p1));
+            let mut c = 0;
+            // SAFETY: sizes asserted above; out per the contract.
+            unsafe {
+                while c + NC <= n {
+                    tiles::<NC>(w, k, m, group, x, c, bias, out);
+                    c += NC;
+                }
+                if n - c >= 8 {
+                    tiles::<8>(w, k, m, group, x, c, bias, out);
+                    c += 8;
+                }
+                match n - c {
+                    7 => tiles::<7>(w, k, m, group, x, c, bias, out),
+                    6 => tiles::<6>(w, k, m, group, x, c, bias, out),
+                    5 => tiles::<5>(w, k, m, group, x, c, bias, out),
+                    4 => tiles::<4>(w, k, m, group, x, c, bias, out),
+                    3 => tiles::<3>(w, k, m, group, x, c, bias, out),
+                    2 => tiles::<2>(w, k, m, group, x, c, bias, out),
+                    1 => tiles::<1>(w, k, m, group, x, c, bias, out),
+                    _ => {}
+                }
             }
-            if n - c >= 8 {
-                tile::<8>(panel, k, x, c, bias, out.add(c * m), m);
-                c += 8;
-            }
-            match n - c {
-                7 => tile::<7>(panel, k, x, c, bias, out.add(c * m), m),
-                6 => tile::<6>(panel, k, x, c, bias, out.add(c * m), m),
-                5 => tile::<5>(panel, k, x, c, bias, out.add(c * m), m),
-                4 => tile::<4>(panel, k, x, c, bias, out.add(c * m), m),
-                3 => tile::<3>(panel, k, x, c, bias, out.add(c * m), m),
-                2 => tile::<2>(panel, k, x, c, bias, out.add(c * m), m),
-                1 => tile::<1>(panel, k, x, c, bias, out.add(c * m), m),
-                _ => {}
-            }
+            g0 = group.1;
+        }
+    }
+
+    /// Steps `c..c + N` of every panel in `g0..g1`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tiles<const N: usize>(
+        w: &[u8],
+        k: usize,
+        m: usize,
+        (g0, g1): (usize, usize),
+        x: &QuantizedCols,
+        c: usize,
+        bias: Option<&[f32]>,
+        out: *mut f32,
+    ) {
+        let size = k / QK * PANEL_BLOCK;
+        for p in g0..g1 {
+            let panel = &w[p * size..][..size];
+            let bias = bias.map(|b| b[p * PANEL..].as_ptr());
+            // SAFETY: per panels' contract.
+            unsafe { tile::<N>(panel, k, x, c, bias, out.add(c * m + p * PANEL), m) };
         }
     }
 
