@@ -328,6 +328,27 @@ fn a_nan_sample_is_a_clear_error() {
     assert!(e.contains("is inf"), "{e}");
 }
 
+/// Found by the fuzzer (wav inputs 76909 and 17 others of seed 1): a finite float sample near
+/// f32's limit in a 22.05 kHz file made the resampler's FFT produce NaN, and rubato panicked.
+#[test]
+fn a_huge_float_sample_is_a_clear_error() {
+    let dir = scratch("huge");
+    let mut samples = vec![0.1f32; 22_050];
+    samples[11_025] = 3.3e38;
+    let path = dir.join("huge.wav");
+    std::fs::write(&path, wav_bytes(22_050, &samples, true)).unwrap();
+    let e = format!("{:#}", parakeet::audio::load_audio(&path).unwrap_err());
+    assert!(
+        e.contains("huge.wav") && e.contains("sample 11025 (at 0.500 s) is 3.3e38, beyond +-1e6"),
+        "{e}"
+    );
+    // Integer-scaled floats (up to 32768) are audio, not corruption.
+    samples[11_025] = 32_767.0;
+    std::fs::write(&path, wav_bytes(22_050, &samples, true)).unwrap();
+    let audio = parakeet::audio::load_audio(&path).unwrap();
+    assert!(parakeet::audio::resample_to_16k(audio).unwrap().len() > 15_000);
+}
+
 #[test]
 fn streamed_wav_files_are_read_to_the_end() {
     let dir = scratch("streamed");

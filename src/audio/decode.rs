@@ -35,6 +35,11 @@ pub struct Audio {
 pub const MIN_SAMPLE_RATE: u32 = 1_000;
 pub const MAX_SAMPLE_RATE: u32 = 768_000;
 
+/// Largest sample magnitude accepted. Integer PCM decodes to [-1, 1]; float files may exceed it
+/// (headroom, or floats written at integer scale, up to 32768), but values near f32's range
+/// turn into inf and NaN inside the resampler's FFT and the STFT.
+pub const MAX_SAMPLE_MAGNITUDE: f32 = 1e6;
+
 /// Refuses a header's sample rate outside [`MIN_SAMPLE_RATE`]..=[`MAX_SAMPLE_RATE`], before
 /// any sample is decoded.
 fn check_sample_rate(rate: u32) -> Result<()> {
@@ -53,12 +58,21 @@ impl Audio {
             bail!("contains no audio samples");
         }
         check_sample_rate(sample_rate)?;
-        // One NaN would spread through the per-feature normalisation into every frame.
-        if let Some(i) = samples.iter().position(|s| !s.is_finite()) {
+        // One NaN would spread through the per-feature normalisation into every frame, and a
+        // finite value near f32's limit overflows the resampler's FFT (found by the fuzzer).
+        if let Some(i) = samples
+            .iter()
+            .position(|s| !s.is_finite() || s.abs() > MAX_SAMPLE_MAGNITUDE)
+        {
+            let v = samples[i];
+            let value = if v.is_finite() {
+                format!("{v:e}, beyond +-{MAX_SAMPLE_MAGNITUDE:e}")
+            } else {
+                v.to_string()
+            };
             bail!(
-                "sample {i} (at {:.3} s) is {}: the audio data is corrupt",
+                "sample {i} (at {:.3} s) is {value}: the audio data is corrupt",
                 i as f64 / f64::from(sample_rate),
-                samples[i]
             );
         }
         let duration_s = samples.len() as f64 / f64::from(sample_rate);
