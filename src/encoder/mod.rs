@@ -261,21 +261,21 @@ pub fn encode_image(
             Outputs::CtcLogits => ctc_logits(g, model, x).expect("checked above"),
         })
     })?;
-    match outputs {
-        Outputs::All { .. } => collect(frames, hp.d_model, computed, head_ids),
-        Outputs::JointEnc => Ok(Encoded {
-            frames,
-            d_model: hp.d_model,
-            joint_enc: Some(computed.output),
-            ..Encoded::default()
-        }),
-        Outputs::CtcLogits => Ok(Encoded {
-            frames,
-            d_model: hp.d_model,
-            ctc_logits: Some(computed.output),
-            ..Encoded::default()
-        }),
+    if let Outputs::All { .. } = outputs {
+        return collect(frames, hp.d_model, computed, head_ids);
     }
+    let head = Some(computed.output);
+    let (joint_enc, ctc_logits) = match outputs {
+        Outputs::JointEnc => (head, None),
+        _ => (None, head),
+    };
+    Ok(Encoded {
+        frames,
+        d_model: hp.d_model,
+        joint_enc,
+        ctc_logits,
+        ..Encoded::default()
+    })
 }
 
 /// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's
