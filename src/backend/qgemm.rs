@@ -417,10 +417,12 @@ mod avx2 {
 /// activations come biased by +128 and each block subtracts `128 * sum(w)`, which one more
 /// `vpdpbusd` per weight load computes for every column at once.
 ///
-/// A 64-byte load holds two 4-byte groups of the panel's 8 rows (`[group][row]`); one
-/// permutation per load turns it into `[row][group]`, so that lane `2r + h` holds row `r`,
-/// group `h`, and one 8-byte broadcast of the activations feeds every lane. The two lanes of a
-/// row are summed once, after the last block.
+/// A 64-byte load holds two 4-byte groups of the panel's 8 rows (`[group][row]`). Panels go in
+/// pairs: the same group of both panels makes one register of 16 rows (one shuffle per load),
+/// a 4-byte broadcast of the activations feeds it, and each block's sum is scaled once per row
+/// per 8 `vpdpbusd` (the scaling, not the products, bounds this kernel: 10 % faster than single
+/// panels). A last odd panel permutes each load into `[row][group]` (lane `2r + h` = row `r`,
+/// group `h`) for an 8-byte broadcast, and sums a row's two lanes after the last block.
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::{PANEL, PANEL_BLOCK, QK, QuantizedCols};
@@ -516,22 +518,90 @@ mod vnni {
         out: *mut f32,
     ) {
         let size = k / QK * PANEL_BLOCK;
-        for p in span.group.0..span.group.1 {
-            let panel = &w[p * size..][..size];
+        let mut p = span.group.0;
+        // Panels in pairs (16 rows, one lane per row), a last odd one on its own.
+        while p < span.group.1 {
             let bias = bias.map(|b| b[p * PANEL..].as_ptr());
             // SAFETY: per panels' contract.
             unsafe {
-                tile::<N>(
-                    panel,
-                    k,
-                    x,
-                    c,
-                    span.blocks,
-                    bias,
-                    out.add(c * m + p * PANEL),
-                    m,
-                )
-            };
+                let out = out.add(c * m + p * PANEL);
+                if p + 1 < span.group.1 {
+                    let pair = &w[p * size..][..2 * size];
+                    pair_tile::<N>(pair, k, x, c, span.blocks, bias, out, m);
+                    p += 2;
+                } else {
+                    let panel = &w[p * size..][..size];
+                    tile::<N>(panel, k, x, c, span.blocks, bias, out, m);
+                    p += 1;
+                }
+            }
+        }
+    }
+
+    /// 16 rows (two neighbouring panels) x `N` steps starting at step `c0`. Lane `r` of a
+    /// register is row `r`: the groups of the two panels are interleaved by 256-bit halves, so a
+    /// 4-byte broadcast of the activations feeds all 16 rows and each block's integer sum is
+    /// scaled once per row, twice the products per scaling of [`tile`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pair_tile<const N: usize>(
+        pair: &[u8],
+        k: usize,
+        x: &QuantizedCols,
+        c0: usize,
+        (b0, b1): (usize, usize),
+        bias: Option<*const f32>,
+        out: *mut f32,
+        m: usize,
+    ) {
+        let nb = k / QK;
+        // SAFETY: the caller checked the panel and activation sizes for steps c0..c0+N.
+        unsafe {
+            let wa = pair.as_ptr();
+            let wb = wa.add(nb * PANEL_BLOCK);
+            let xq = x.biased.as_ptr().add(c0 * k);
+            let xd = x.d.as_ptr().add(c0 * nb);
+            let bias128 = _mm512_set1_epi8(0x80u8 as i8);
+            let mut acc = [_mm512_setzero_ps(); N];
+            for b in b0..b1 {
+                let (ba, bb) = (wa.add(b * PANEL_BLOCK), wb.add(b * PANEL_BLOCK));
+                let dw = _mm512_cvtph_ps(_mm256_set_m128i(
+                    _mm_loadu_si128(bb.cast()),
+                    _mm_loadu_si128(ba.cast()),
+                ));
+                let mut w = [_mm512_setzero_si512(); QK / 4];
+                let mut corr = _mm512_setzero_si512();
+                for q in 0..QK / 8 {
+                    let ra = _mm512_loadu_si512(ba.add(2 * PANEL + q * 8 * PANEL).cast());
+                    let rb = _mm512_loadu_si512(bb.add(2 * PANEL + q * 8 * PANEL).cast());
+                    // Group 2q of both panels, then group 2q + 1.
+                    w[2 * q] = _mm512_inserti64x4::<1>(ra, _mm512_castsi512_si256(rb));
+                    w[2 * q + 1] = _mm512_shuffle_i64x2::<0xEE>(ra, rb);
+                    corr = _mm512_dpbusd_epi32(corr, bias128, w[2 * q]);
+                    corr = _mm512_dpbusd_epi32(corr, bias128, w[2 * q + 1]);
+                }
+                let start = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let xp = xq.add(j * k + b * QK);
+                    let mut sum = start;
+                    for (g, &wg) in w.iter().enumerate() {
+                        let xv = xp.add(g * 4).cast::<i32>().read_unaligned();
+                        sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(xv), wg);
+                    }
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(j * nb + b)));
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, *a);
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                // The first pass over the blocks adds the bias, later ones what is there.
+                let v = match bias {
+                    _ if b0 > 0 => _mm512_add_ps(*a, _mm512_loadu_ps(out.add(j * m))),
+                    Some(bp) => _mm512_add_ps(*a, _mm512_loadu_ps(bp)),
+                    None => *a,
+                };
+                _mm512_storeu_ps(out.add(j * m), v);
+            }
         }
     }
 
