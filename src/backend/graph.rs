@@ -10,6 +10,7 @@ use super::sgemm::{self, Dims, Isa, PANEL};
 use super::{Capture, DType, MAX_NAME};
 use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -84,6 +85,9 @@ pub struct Graph<'g> {
     max_nodes: usize,
     inputs: Vec<(NonNull<sys::ggml_tensor>, HostData)>,
     captures: Vec<(String, NonNull<sys::ggml_tensor>)>,
+    /// Int8-quantized activations by the tensor they quantize: linears reading the same input
+    /// (q, k and v) share one quantization.
+    quantized: HashMap<usize, Tensor<'g>>,
     _graph: PhantomData<fn(&'g ()) -> &'g ()>,
 }
 
@@ -215,6 +219,7 @@ impl<'g> Graph<'g> {
             max_nodes,
             inputs: Vec::new(),
             captures: Vec::new(),
+            quantized: HashMap::new(),
             _graph: PhantomData,
         })
     }
@@ -462,8 +467,9 @@ impl<'g> Graph<'g> {
         self.wrap(p, "linear (panel16 gemm)")
     }
 
-    /// [`linear`](Self::linear) on a `q8_0x8` weight: our int8 kernel as one custom op, the
-    /// bias added in its store.
+    /// [`linear`](Self::linear) on a `q8_0x8` weight: the input quantized by one custom op
+    /// (shared by every linear reading it), then our int8 kernel as another, the bias added in
+    /// its store.
     fn linear_q8_0x8(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
         let [k, m, ..] = w.shape();
         let xs = x.shape();
@@ -475,29 +481,29 @@ impl<'g> Graph<'g> {
                 format!("linear {}: bias {:?}", w.name(), b.shape())
             });
         }
-        let x = if x.is_contiguous() { x } else { self.cont(x) };
         let n = xs[1] * xs[2] * xs[3];
-        let x2 = self.reshape(x, &[k, n]);
-        let mut args = [
-            w.raw(),
-            x2.raw(),
-            b.map_or(std::ptr::null_mut(), |b| b.raw()),
-        ];
-        // SAFETY: an [m, n] f32 result whose srcs are the q8_0x8 weight, the contiguous f32
-        // input and the optional bias (checked above), as `q8_0x8_linear_op` requires.
+        let xq = match self.quantized.get(&(x.raw() as usize)) {
+            Some(&xq) => xq,
+            None => {
+                let xc = if x.is_contiguous() { x } else { self.cont(x) };
+                let x2 = self.reshape(xc, &[k, n]);
+                // SAFETY: x2 is a contiguous f32 [k, n] of this context, k % 32 == 0 (the
+                // weight's rows are whole q8_0 blocks).
+                let p = unsafe { qgemm::quantize_node(self.ctx(), x2.raw()) };
+                let xq = self.wrap(p, "quantize (q8_0)");
+                self.quantized.insert(x.raw() as usize, xq);
+                xq
+            }
+        };
+        // SAFETY: a q8_0x8 weight [k, m], the quantized [k, n] input and the optional f32 bias
+        // [m] (all checked above), as `linear_node` requires.
         let p = unsafe {
-            sys::ggml_custom_4d(
+            qgemm::linear_node(
                 self.ctx(),
-                sys::GGML_TYPE_F32,
-                m as i64,
-                n as i64,
-                1,
-                1,
-                args.as_mut_ptr(),
-                if b.is_some() { 3 } else { 2 },
-                Some(qgemm::q8_0x8_linear_op),
-                -1, // every thread of the backend
-                std::ptr::null_mut(),
+                w.raw(),
+                xq.raw(),
+                n,
+                b.map_or(std::ptr::null_mut(), |b| b.raw()),
             )
         };
         let y = self.wrap(p, "linear (q8_0x8)");

@@ -8,7 +8,8 @@
 //! lane per row, so the per-block scaling is a plain vector multiply.
 //!
 //! Activations are quantized per time step on the fly, in blocks of 32 exactly like ggml's q8_0
-//! (scale `max|x| / 127` as f16, quants rounded to nearest).
+//! (scale `max|x| / 127` as f16, quants rounded to nearest), by a graph node of their own: the
+//! threads split the steps, and the linears that read the same input share the result.
 //!
 //! The AVX2 kernel multiplies with `vpmaddubsw` on |w| and sign(w) * x (both within 127 in
 //! magnitude, so the pairwise i16 sums cannot saturate), widens with `vpmaddwd`, sums a block in
@@ -16,7 +17,6 @@
 //! bytes (the `vnni` module). Other CPUs run a portable loop.
 
 use llama_cpp_sys_2 as sys;
-use std::cell::RefCell;
 
 /// Output rows per panel.
 pub const PANEL: usize = 8;
@@ -146,50 +146,61 @@ impl Kernel {
     }
 }
 
-/// Activations of `n` time steps quantized per block of 32: `q[c * k + i]` and the scale of
-/// block `b` of step `c` at `d[c * k / 32 + b]`.
+/// Activations of `n` time steps quantized per block of 32, as `kernel` reads them: the quants
+/// of step `c` at `q[c * k..]` (int8 bits; +128 as unsigned bytes for the VNNI kernel, whose
+/// `vpdpbusd` multiplies unsigned by signed) and the scale of its block `b` at `d[c * k / 32 + b]`.
+#[derive(Clone, Copy)]
+struct Cols<'a> {
+    q: &'a [u8],
+    d: &'a [f32],
+}
+
+/// Owned [`Cols`], for tests and benchmarks outside a graph.
 #[derive(Default)]
 struct QuantizedCols {
-    q: Vec<i8>,
+    q: Vec<u8>,
     d: Vec<f32>,
-    /// `q + 128` as unsigned bytes, for `vpdpbusd` (unsigned x signed); VNNI kernel only.
-    biased: Vec<u8>,
 }
 
 impl QuantizedCols {
     fn quantize(&mut self, kernel: Kernel, x: &[f32], k: usize, n: usize) {
-        debug_assert!(k.is_multiple_of(QK) && x.len() == k * n);
         self.q.resize(k * n, 0);
         self.d.resize(k / QK * n, 0.0);
-        for ((xb, qb), d) in x
-            .chunks_exact(QK)
-            .zip(self.q.chunks_exact_mut(QK))
-            .zip(self.d.iter_mut())
-        {
-            *d = match kernel {
-                Kernel::Portable => quantize_block(xb, qb),
-                // SAFETY: these kernels are only chosen when the CPU has AVX2.
-                #[cfg(target_arch = "x86_64")]
-                Kernel::Avx2 | Kernel::Avx512Vnni => unsafe { avx2::quantize_block(xb, qb) },
-            };
-        }
-        #[cfg(target_arch = "x86_64")]
-        if kernel == Kernel::Avx512Vnni {
-            self.biased.clear();
-            self.biased.extend(self.q.iter().map(|&v| (v as u8) ^ 0x80));
+        quantize_cols(kernel, x, &mut self.q, &mut self.d);
+    }
+
+    fn cols(&self) -> Cols<'_> {
+        Cols {
+            q: &self.q,
+            d: &self.d,
         }
     }
 }
 
-/// One block of 32 to int8; returns the scale. Exactly ggml's q8_0 activation quantization:
-/// quants `round(x * 127 / max|x|)`, the scale `max|x| / 127` rounded to f16 (its rounding,
-/// 2^-11 relative, is far below the quantization's own), so that our products equal ggml's up to
-/// the order of the sums.
-fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+/// Quantizes whole steps `x` into `q` and `d` (sized for them) the way `kernel` reads them.
+fn quantize_cols(kernel: Kernel, x: &[f32], q: &mut [u8], d: &mut [f32]) {
+    debug_assert!(x.len() == q.len() && x.len() == d.len() * QK);
+    for ((xb, qb), d) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d) {
+        *d = match kernel {
+            Kernel::Portable => quantize_block(xb, qb),
+            // SAFETY: these kernels are only chosen when the CPU has AVX2.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { avx2::quantize_block(xb, qb, false) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => unsafe { avx2::quantize_block(xb, qb, true) },
+        };
+    }
+}
+
+/// One block of 32 to int8 (stored as its bits); returns the scale. Exactly ggml's q8_0
+/// activation quantization: quants `round(x * 127 / max|x|)`, the scale `max|x| / 127` rounded to
+/// f16 (its rounding, 2^-11 relative, is far below the quantization's own), so that our products
+/// equal ggml's up to the order of the sums.
+fn quantize_block(x: &[f32], q: &mut [u8]) -> f32 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = (v * id).round_ties_even() as i8;
+        *q = (v * id).round_ties_even() as i8 as u8;
     }
     // SAFETY: pure conversions.
     unsafe { sys::ggml_fp16_to_fp32(sys::ggml_fp32_to_fp16(amax / 127.0)) }
@@ -207,7 +218,7 @@ unsafe fn gemm_panels(
     k: usize,
     m: usize,
     (p0, p1): (usize, usize),
-    x: &QuantizedCols,
+    x: Cols,
     n: usize,
     bias: Option<&[f32]>,
     out: *mut f32,
@@ -241,7 +252,7 @@ unsafe fn gemm_panels(
 unsafe fn portable_panel(
     panel: &[u8],
     k: usize,
-    x: &QuantizedCols,
+    x: Cols,
     n: usize,
     bias: Option<&[f32]>,
     out: *mut f32,
@@ -258,7 +269,7 @@ unsafe fn portable_panel(
             for (g, group) in blk[2 * PANEL..].chunks_exact(4 * PANEL).enumerate() {
                 for (r, s) in sums.iter_mut().enumerate() {
                     for i in 0..4 {
-                        *s += i32::from(group[r * 4 + i] as i8) * i32::from(xb[g * 4 + i]);
+                        *s += i32::from(group[r * 4 + i] as i8) * i32::from(xb[g * 4 + i] as i8);
                     }
                 }
             }
@@ -282,16 +293,18 @@ fn f16_to_f32(h: u16) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{PANEL, PANEL_BLOCK, QK, QuantizedCols};
+    use super::{Cols, PANEL, PANEL_BLOCK, QK};
     use std::arch::x86_64::*;
 
     /// Columns per register tile: 4 f32 and 4 i32 accumulators plus the weights fit in 16 ymm.
     const NC: usize = 4;
 
+    /// [`super::quantize_block`]; with `biased`, the quants are stored +128 as unsigned bytes.
+    ///
     /// # Safety
     /// AVX2 and F16C are available; `x` and `q` hold 32 values.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+    pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [u8], biased: bool) -> f32 {
         assert!(x.len() >= QK && q.len() >= QK);
         let p = x.as_ptr();
         // SAFETY: 32 floats readable, 32 bytes writable (asserted).
@@ -319,7 +332,11 @@ mod avx2 {
             let i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], id));
             let w16 = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
             // The packs interleave 128-bit lanes: restore the order.
-            let w8 = _mm256_permutevar8x32_epi32(w16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let mut w8 =
+                _mm256_permutevar8x32_epi32(w16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            if biased {
+                w8 = _mm256_xor_si256(w8, _mm256_set1_epi8(0x80u8 as i8));
+            }
             _mm256_storeu_si256(q.as_mut_ptr().cast(), w8);
             let d = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(amax / 127.0));
             _mm_cvtss_f32(_mm_cvtph_ps(d))
@@ -332,7 +349,7 @@ mod avx2 {
     pub(super) unsafe fn panel(
         panel: &[u8],
         k: usize,
-        x: &QuantizedCols,
+        x: Cols,
         n: usize,
         bias: Option<&[f32]>,
         out: *mut f32,
@@ -366,7 +383,7 @@ mod avx2 {
     unsafe fn tile<const N: usize>(
         panel: &[u8],
         k: usize,
-        x: &QuantizedCols,
+        x: Cols,
         c0: usize,
         bias: Option<*const f32>,
         out: *mut f32,
@@ -425,7 +442,7 @@ mod avx2 {
 /// group `h`) for an 8-byte broadcast, and sums a row's two lanes after the last block.
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{PANEL, PANEL_BLOCK, QK, QuantizedCols};
+    use super::{Cols, PANEL, PANEL_BLOCK, QK};
     use std::arch::x86_64::*;
 
     /// Columns per register tile: one accumulator each, plus about 10 shared registers.
@@ -453,14 +470,14 @@ mod vnni {
         k: usize,
         m: usize,
         (p0, p1): (usize, usize),
-        x: &QuantizedCols,
+        x: Cols,
         n: usize,
         bias: Option<&[f32]>,
         out: *mut f32,
     ) {
         let nb = k / QK;
         assert!(w.len() >= p1 * nb * PANEL_BLOCK && p1 * PANEL <= m);
-        assert!(x.biased.len() >= n * k && x.d.len() >= n * nb);
+        assert!(x.q.len() >= n * k && x.d.len() >= n * nb);
         assert!(bias.is_none_or(|b| b.len() >= m));
         let mut g0 = p0;
         while g0 < p1 {
@@ -512,7 +529,7 @@ mod vnni {
         k: usize,
         m: usize,
         span: Span,
-        x: &QuantizedCols,
+        x: Cols,
         c: usize,
         bias: Option<&[f32]>,
         out: *mut f32,
@@ -548,7 +565,7 @@ mod vnni {
     unsafe fn pair_tile<const N: usize>(
         pair: &[u8],
         k: usize,
-        x: &QuantizedCols,
+        x: Cols,
         c0: usize,
         (b0, b1): (usize, usize),
         bias: Option<*const f32>,
@@ -560,7 +577,7 @@ mod vnni {
         unsafe {
             let wa = pair.as_ptr();
             let wb = wa.add(nb * PANEL_BLOCK);
-            let xq = x.biased.as_ptr().add(c0 * k);
+            let xq = x.q.as_ptr().add(c0 * k);
             let xd = x.d.as_ptr().add(c0 * nb);
             let bias128 = _mm512_set1_epi8(0x80u8 as i8);
             let mut acc = [_mm512_setzero_ps(); N];
@@ -612,7 +629,7 @@ mod vnni {
     unsafe fn tile<const N: usize>(
         panel: &[u8],
         k: usize,
-        x: &QuantizedCols,
+        x: Cols,
         c0: usize,
         (b0, b1): (usize, usize),
         bias: Option<*const f32>,
@@ -623,7 +640,7 @@ mod vnni {
         // SAFETY: the caller checked the panel and activation sizes for steps c0..c0+N.
         unsafe {
             let wp = panel.as_ptr();
-            let xq = x.biased.as_ptr().add(c0 * k);
+            let xq = x.q.as_ptr().add(c0 * k);
             let xd = x.d.as_ptr().add(c0 * nb);
             // Lane 2r + h takes row r of group h, found at lane 8h + r of the load.
             let to_rows = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
@@ -676,42 +693,6 @@ mod vnni {
     }
 }
 
-thread_local! {
-    /// Each ggml worker's quantized activations, reused across calls.
-    static SCRATCH: RefCell<QuantizedCols> = RefCell::default();
-}
-
-/// One thread's share: quantize every step (cheap next to the product: 1/m of it, and no
-/// thread has to wait for another), then its panels.
-///
-/// # Safety
-/// `out` points to `n * m` writable f32s shared only with the other `ith` of the same `nth`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn run_thread(
-    kernel: Kernel,
-    w: &[u8],
-    k: usize,
-    m: usize,
-    x: &[f32],
-    n: usize,
-    bias: Option<&[f32]>,
-    out: *mut f32,
-    ith: usize,
-    nth: usize,
-) {
-    let mine = super::thread_share(m / PANEL, ith, nth);
-    let panels = (mine.start, mine.end);
-    if panels.0 >= panels.1 {
-        return;
-    }
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        s.quantize(kernel, x, k, n);
-        // SAFETY: per the contract; the panels of different ith are disjoint.
-        unsafe { gemm_panels(kernel, w, k, m, panels, &s, n, bias, out) };
-    });
-}
-
 /// `w^T x (+ bias)` for a `q8_0x8` weight `w` ([k, m]) and f32 `x` ([k, n]) -> [m, n], on
 /// `threads` threads split exactly as inside a ggml graph. For tests and benchmarks.
 #[allow(clippy::too_many_arguments)]
@@ -728,30 +709,144 @@ pub fn gemm_q8_0x8(
     assert!(can_repack(&[k, m]) && w.len() == m * k / QK * Q8_BLOCK);
     assert!(x.len() == k * n && bias.is_none_or(|b| b.len() == m));
     assert!(Kernel::available().contains(&kernel));
+    let mut xq = QuantizedCols::default();
+    xq.quantize(kernel, x, k, n);
+    let cols = xq.cols();
     let mut out = vec![0f32; m * n];
     struct Out(*mut f32);
-    // SAFETY: threads write disjoint rows (see run_thread).
+    // SAFETY: threads write disjoint rows (their own panels).
     unsafe impl Sync for Out {}
     let dst = Out(out.as_mut_ptr());
     let nth = threads.max(1);
     std::thread::scope(|s| {
         for ith in 0..nth {
             let dst = &dst;
-            // SAFETY: out has n * m values; each ith writes only its own panels.
-            s.spawn(move || unsafe { run_thread(kernel, w, k, m, x, n, bias, dst.0, ith, nth) });
+            let mine = super::thread_share(m / PANEL, ith, nth);
+            // SAFETY: out has n * m values; each thread writes only the rows of its panels.
+            s.spawn(move || unsafe {
+                gemm_panels(
+                    kernel,
+                    w,
+                    k,
+                    m,
+                    (mine.start, mine.end),
+                    cols,
+                    n,
+                    bias,
+                    dst.0,
+                )
+            });
         }
     });
     out
 }
 
-/// ggml custom-op body of [`Graph::linear`](super::Graph::linear) on a `q8_0x8` weight:
-/// `dst [m, n] = w^T x (+ b)`, panels of rows split over the backend's threads.
+/// Bytes of `n` quantized steps of `k` inputs as the [`quantize_op`] stores them: all quants
+/// (`n * k`), then all block scales (f32).
+fn quantized_bytes(k: usize, n: usize) -> usize {
+    n * k + n * (k / QK) * 4
+}
+
+/// A graph node quantizing `x` (contiguous f32 [k, n], k a multiple of 32) for the int8 GEMM,
+/// once for every linear that reads `x` and split over the threads by steps (each GEMM thread
+/// needs all of them).
 ///
 /// # Safety
-/// Called by ggml with the tensor built in `Graph::linear_q8_0x8`: src[0] = w (q8_0 type, the
-/// `q8_0x8` layout, [k, m]), src[1] = x (contiguous f32 [k, n]), src[2] = null or the f32 bias
-/// [m]; dst contiguous f32 [m, n]; all allocated.
-pub(super) unsafe extern "C" fn q8_0x8_linear_op(
+/// `ctx` is a live context and `x` a contiguous f32 [k, n] tensor of it.
+pub(super) unsafe fn quantize_node(
+    ctx: *mut sys::ggml_context,
+    x: *mut sys::ggml_tensor,
+) -> *mut sys::ggml_tensor {
+    // SAFETY: per the contract.
+    unsafe {
+        let (k, n) = ((*x).ne[0] as usize, (*x).ne[1] as usize);
+        let mut args = [x];
+        sys::ggml_custom_4d(
+            ctx,
+            sys::GGML_TYPE_I8,
+            quantized_bytes(k, n) as i64,
+            1,
+            1,
+            1,
+            args.as_mut_ptr(),
+            1,
+            Some(quantize_op),
+            -1, // every thread of the backend
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// A graph node `[m, n] = w^T x (+ bias)` over the output of [`quantize_node`], panels of rows
+/// split over the threads.
+///
+/// # Safety
+/// `w` is a `q8_0x8` weight [k, m] (q8_0 type), `xq` the [`quantize_node`] of an f32 [k, n],
+/// `bias` null or an f32 [m].
+pub(super) unsafe fn linear_node(
+    ctx: *mut sys::ggml_context,
+    w: *mut sys::ggml_tensor,
+    xq: *mut sys::ggml_tensor,
+    n: usize,
+    bias: *mut sys::ggml_tensor,
+) -> *mut sys::ggml_tensor {
+    // SAFETY: per the contract.
+    unsafe {
+        let mut args = [w, xq, bias];
+        sys::ggml_custom_4d(
+            ctx,
+            sys::GGML_TYPE_F32,
+            (*w).ne[1],
+            n as i64,
+            1,
+            1,
+            args.as_mut_ptr(),
+            if bias.is_null() { 2 } else { 3 },
+            Some(linear_op),
+            -1,
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// ggml custom-op body of [`quantize_node`]: this thread's share of the steps.
+///
+/// # Safety
+/// Called by ggml on a tensor built by [`quantize_node`], allocated.
+unsafe extern "C" fn quantize_op(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    _: *mut std::os::raw::c_void,
+) {
+    // SAFETY: per the contract: src[0] is a contiguous f32 [k, n], dst holds
+    // quantized_bytes(k, n) (the scales start at n * k, 4-aligned as k is a multiple of 32).
+    unsafe {
+        let d = &*dst;
+        let x = &*d.src[0];
+        let (k, n) = (x.ne[0] as usize, x.ne[1] as usize);
+        let nb = k / QK;
+        let mine = super::thread_share(n, ith as usize, nth as usize);
+        if mine.is_empty() {
+            return;
+        }
+        let base = d.data as *mut u8;
+        let xs =
+            std::slice::from_raw_parts((x.data as *const f32).add(mine.start * k), mine.len() * k);
+        let q = std::slice::from_raw_parts_mut(base.add(mine.start * k), mine.len() * k);
+        let scales = (base.add(n * k) as *mut f32).add(mine.start * nb);
+        let ds = std::slice::from_raw_parts_mut(scales, mine.len() * nb);
+        quantize_cols(Kernel::best(), xs, q, ds);
+    }
+}
+
+/// ggml custom-op body of [`linear_node`]: this thread's panels of rows, every step.
+///
+/// # Safety
+/// Called by ggml on a tensor built by [`linear_node`]: src[0] = w (`q8_0x8`, [k, m]), src[1] =
+/// the quantized steps, src[2] = null or the f32 bias [m]; dst contiguous f32 [m, n]; all
+/// allocated.
+unsafe extern "C" fn linear_op(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
     nth: std::os::raw::c_int,
@@ -760,23 +855,31 @@ pub(super) unsafe extern "C" fn q8_0x8_linear_op(
     // SAFETY: per the contract.
     unsafe {
         let d = &*dst;
-        let (w, x) = (&*d.src[0], &*d.src[1]);
-        let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, x.ne[1] as usize);
-        let wb = std::slice::from_raw_parts(w.data as *const u8, m * k / QK * Q8_BLOCK);
-        let xs = std::slice::from_raw_parts(x.data as *const f32, k * n);
+        let (w, xq) = (&*d.src[0], &*d.src[1]);
+        let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, d.ne[1] as usize);
+        let nb = k / QK;
+        let mine = super::thread_share(m / PANEL, ith as usize, nth as usize);
+        if mine.is_empty() {
+            return;
+        }
+        let wb = std::slice::from_raw_parts(w.data as *const u8, m * nb * Q8_BLOCK);
+        let base = xq.data as *const u8;
+        let cols = Cols {
+            q: std::slice::from_raw_parts(base, n * k),
+            d: std::slice::from_raw_parts(base.add(n * k) as *const f32, n * nb),
+        };
         let bias = (!d.src[2].is_null())
             .then(|| std::slice::from_raw_parts((*d.src[2]).data as *const f32, m));
-        run_thread(
+        gemm_panels(
             Kernel::best(),
             wb,
             k,
             m,
-            xs,
+            (mine.start, mine.end),
+            cols,
             n,
             bias,
             d.data as *mut f32,
-            ith as usize,
-            nth as usize,
         );
     }
 }
@@ -828,14 +931,24 @@ mod tests {
         for kernel in Kernel::available() {
             let mut q = QuantizedCols::default();
             q.quantize(kernel, &x, 32, 7);
+            // The VNNI kernel reads its quants +128 as unsigned bytes.
+            #[cfg(target_arch = "x86_64")]
+            let bias = if kernel == Kernel::Avx512Vnni {
+                0x80
+            } else {
+                0
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let bias = 0;
             for (b, xb) in x.chunks_exact(32).enumerate() {
-                let mut want = [0i8; 32];
+                let mut want = [0u8; 32];
                 let d = quantize_block(xb, &mut want);
-                assert_eq!(q.q[b * 32..][..32], want, "{kernel:?} block {b}");
+                let got: Vec<u8> = q.q[b * 32..][..32].iter().map(|v| v ^ bias).collect();
+                assert_eq!(got, want, "{kernel:?} block {b}");
                 assert_eq!(q.d[b], d);
                 // Every value within half a step of its quantized value, plus the f16 rounding
                 // of the scale (2^-11 relative, times at most 127 steps).
-                for (v, qv) in xb.iter().zip(want) {
+                for (v, qv) in xb.iter().zip(want.map(|q| q as i8)) {
                     let bound = d * (0.5 + 127.0 / 2048.0) * 1.0001;
                     assert!((v - d * qv as f32).abs() <= bound, "{v} vs {qv} * {d}");
                 }
@@ -875,7 +988,7 @@ mod tests {
                             for i in 0..k {
                                 let xd = xq.d[(c * k + i) / 32] as f64;
                                 let wv = wq[r * k + i];
-                                quant += wv * xd * xq.q[c * k + i] as f64;
+                                quant += wv * xd * (xq.q[c * k + i] as i8) as f64;
                                 exact += wv * x[c * k + i] as f64;
                                 bound += wv.abs() * xd * 0.5;
                             }
@@ -931,20 +1044,8 @@ mod tests {
                 let xt = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, k as i64, n as i64);
                 std::ptr::copy_nonoverlapping(x.as_ptr(), (*xt).data as *mut f32, x.len());
                 let theirs = sys::ggml_mul_mat(ctx, w_plain, xt);
-                let mut args = [w_packed, xt, std::ptr::null_mut()];
-                let ours = sys::ggml_custom_4d(
-                    ctx,
-                    sys::GGML_TYPE_F32,
-                    m as i64,
-                    n as i64,
-                    1,
-                    1,
-                    args.as_mut_ptr(),
-                    3,
-                    Some(q8_0x8_linear_op),
-                    -1,
-                    std::ptr::null_mut(),
-                );
+                let xq = quantize_node(ctx, xt);
+                let ours = linear_node(ctx, w_packed, xq, n, std::ptr::null_mut());
                 let gf = sys::ggml_new_graph(ctx);
                 sys::ggml_build_forward_expand(gf, theirs);
                 sys::ggml_build_forward_expand(gf, ours);
