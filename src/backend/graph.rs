@@ -195,6 +195,44 @@ unsafe extern "C" fn panel16_gemm_f32(
     }
 }
 
+/// ggml custom-op body of [`Graph::lstm_pointwise`].
+///
+/// # Safety
+/// Called by ggml on the tensor built there: srcs gx, gh, b_ih, b_hh (f32 [4H]) and
+/// c (f32 [H]), dst f32 [H, 2], all contiguous and allocated.
+unsafe extern "C" fn lstm_pointwise_op(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    _: *mut std::os::raw::c_void,
+) {
+    // SAFETY: per the contract; each thread writes only its own units of h1 and c1.
+    let (src, c, out) = unsafe {
+        let d = &*dst;
+        let h = d.ne[0] as usize;
+        let src = |i: usize| std::slice::from_raw_parts((*d.src[i]).data as *const f32, 4 * h);
+        let c = std::slice::from_raw_parts((*d.src[4]).data as *const f32, h);
+        let mine = super::thread_share(h, ith as usize, nth as usize);
+        let out = d.data as *mut f32;
+        let h1 = std::slice::from_raw_parts_mut(out.add(mine.start), mine.len());
+        let c1 = std::slice::from_raw_parts_mut(out.add(h + mine.start), mine.len());
+        ([src(0), src(1), src(2), src(3)], c, (mine, h1, c1))
+    };
+    let [gx, gh, b_ih, b_hh] = src;
+    let (mine, h1, c1) = out;
+    let h = c.len();
+    let gate = |j: usize| (gx[j] + b_ih[j]) + (gh[j] + b_hh[j]);
+    // ggml's own sigmoid (1 / (1 + e^-x), libm's expf) and tanh (libm's tanhf).
+    let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
+    for (u, j) in mine.enumerate() {
+        let (i, f) = (sigmoid(gate(j)), sigmoid(gate(h + j)));
+        let (g, o) = (gate(2 * h + j).tanh(), sigmoid(gate(3 * h + j)));
+        let cell = f * c[j] + i * g;
+        c1[u] = cell;
+        h1[u] = o * cell.tanh();
+    }
+}
+
 fn can_repeat(small: [usize; 4], big: [usize; 4]) -> bool {
     (0..4).all(|i| small[i] != 0 && big[i].is_multiple_of(small[i]))
 }
@@ -553,6 +591,60 @@ impl<'g> Graph<'g> {
         // SAFETY: any f32 tensor.
         let p = unsafe { sys::ggml_norm(self.ctx(), a.raw(), eps) };
         self.wrap(p, "norm")
+    }
+
+    /// The pointwise part of one PyTorch LSTM cell step (gate order i, f, g, o) as one node:
+    /// from the gate products `gx = W_ih x` and `gh = W_hh h` ([4H, 1] each), their biases and
+    /// the cell `c` ([H, 1]), `[h1 | c1]` ([H, 2]) with `gates = (gx + b_ih) + (gh + b_hh)`,
+    /// `c1 = σ(f) c + σ(i) tanh(g)`, `h1 = σ(o) tanh(c1)`: the same operations, in the same
+    /// order, as the ten ggml nodes it replaces (each a barrier of the decoder's per-step graph).
+    pub fn lstm_pointwise(
+        &mut self,
+        gx: Tensor<'g>,
+        gh: Tensor<'g>,
+        (b_ih, b_hh): (&Weight, &Weight),
+        c: Tensor<'g>,
+    ) -> Tensor<'g> {
+        let h = c.ne(0);
+        let gates = [h * 4, 1, 1, 1];
+        check(
+            c.shape() == [h, 1, 1, 1]
+                && gx.shape() == gates
+                && gh.shape() == gates
+                && b_ih.shape() == gates
+                && b_hh.shape() == gates
+                && [gx, gh, c]
+                    .iter()
+                    .all(|t| t.dtype() == Some(DType::F32) && t.is_contiguous())
+                && [b_ih, b_hh].iter().all(|b| b.dtype() == DType::F32),
+            || {
+                format!(
+                    "lstm_pointwise: gates {:?} {:?}, cell {:?}",
+                    gx.shape(),
+                    gh.shape(),
+                    c.shape()
+                )
+            },
+        );
+        let mut args = [gx.raw(), gh.raw(), b_ih.raw(), b_hh.raw(), c.raw()];
+        // SAFETY: an f32 [H, 2] result whose five srcs are the contiguous f32 tensors checked
+        // above, as `lstm_pointwise_op` requires.
+        let p = unsafe {
+            sys::ggml_custom_4d(
+                self.ctx(),
+                sys::GGML_TYPE_F32,
+                h as i64,
+                2,
+                1,
+                1,
+                args.as_mut_ptr(),
+                args.len() as i32,
+                Some(lstm_pointwise_op),
+                -1, // libm's tanhf is slow enough (~50 us for 640 units) to split
+                std::ptr::null_mut(),
+            )
+        };
+        self.wrap(p, "lstm_pointwise")
     }
 
     /// A torch `LayerNorm` over `ne0`.

@@ -284,12 +284,17 @@ fn is_panel_packed(name: &str, ne: &[usize]) -> bool {
     encoder_linear && ne.len() == 2 && ne[1].is_multiple_of(PANEL) && ne[0] > 0
 }
 
-/// The layout of a tensor stored as `dtype`: the encoder's q8_0 linears (and the joint's
-/// encoder projection, which runs in the encoder graph) go to the `q8_0x8` panels of our int8
-/// kernel when their shape allows; the decoder's per-step matrix-vector products stay on ggml.
+/// The layout of a tensor stored as `dtype`: every q8_0 matrix our int8 kernel multiplies (the
+/// encoder's linears, the joint's encoder projection, the decoder's LSTM and `joint.pred`) goes
+/// to its `q8_0x8` panels when the shape allows; the kernel's matrix-vector products run at
+/// about 1.7x ggml's q8_0 ones. Other shapes (`joint.joint_net.2`: vocabulary + durations rows)
+/// stay on ggml.
 pub fn storage_layout(name: &str, ne: &[usize], dtype: DType) -> Layout {
-    let in_encoder_graph = name.starts_with("encoder.") || name == "joint.enc.weight";
-    if dtype == DType::Q8_0 && in_encoder_graph && qgemm::can_repack(ne) {
+    let ours = name.starts_with("encoder.")
+        || name.starts_with("decoder.prediction.dec_rnn.lstm.")
+        || name == "joint.enc.weight"
+        || name == "joint.pred.weight";
+    if dtype == DType::Q8_0 && ours && qgemm::can_repack(ne) {
         Layout::Q8_0x8
     } else {
         Layout::Plain

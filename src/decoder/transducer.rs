@@ -99,7 +99,7 @@ impl<'m> TransducerDecoder<'m> {
             for (l, (layer, (h0, c0))) in pred.lstm.iter().zip(state).enumerate() {
                 let h0 = g.input_f32(h0, &[h, 1]);
                 let c0 = g.input_f32(c0, &[h, 1]);
-                let (h1, c1) = lstm_cell(g, layer, x, h0, c0, h);
+                let (h1, c1) = lstm_cell(g, layer, x, h0, c0);
                 ids.push((
                     g.capture(&format!("h{l}"), h1),
                     g.capture(&format!("c{l}"), c1),
@@ -249,31 +249,17 @@ fn joint_net<'g>(
     g.linear(s, &joint.joint_net.weight, joint.joint_net.bias.as_ref())
 }
 
-/// One LSTM cell step (PyTorch gate order i, f, g, o; both biases).
+/// One LSTM cell step (PyTorch gate order i, f, g, o; both biases): the two gate products,
+/// then the pointwise rest as one node.
 fn lstm_cell<'g>(
     g: &mut Graph<'g>,
     w: &LstmLayer,
     x: Tensor<'g>,
     h: Tensor<'g>,
     c: Tensor<'g>,
-    hidden: usize,
 ) -> (Tensor<'g>, Tensor<'g>) {
-    let gx = g.linear(x, &w.weight_ih, Some(&w.bias_ih));
-    let gh = g.linear(h, &w.weight_hh, Some(&w.bias_hh));
-    let gates = g.add(gx, gh); // [4H, 1]
-    let gate = |g: &mut Graph<'g>, i: usize| g.cols(gates, i * hidden, hidden);
-    let i = gate(g, 0);
-    let i = g.sigmoid(i);
-    let f = gate(g, 1);
-    let f = g.sigmoid(f);
-    let cell = gate(g, 2);
-    let cell = g.tanh(cell);
-    let o = gate(g, 3);
-    let o = g.sigmoid(o);
-    let fc = g.mul(f, c);
-    let ig = g.mul(i, cell);
-    let c1 = g.add(fc, ig);
-    let tc = g.tanh(c1);
-    let h1 = g.mul(o, tc);
-    (h1, c1)
+    let gx = g.linear(x, &w.weight_ih, None);
+    let gh = g.linear(h, &w.weight_hh, None);
+    let out = g.lstm_pointwise(gx, gh, (&w.bias_ih, &w.bias_hh), c); // [H, 2]: h1, c1
+    (g.rows(out, 0, 1), g.rows(out, 1, 1))
 }
