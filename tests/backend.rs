@@ -561,18 +561,28 @@ fn conv2d_depthwise_channels_contiguous_matches_plain_rust_in_f32() {
 fn conv1d_depthwise_same_matches_plain_rust_in_f32() {
     let mut be = backend(2);
     let mut rng = Lcg::new(30);
-    for &(c, t, k) in &[(24, 37, 9), (5, 4, 9), (8, 16, 31), (3, 10, 1)] {
+    for &(c, t, k, with_bias) in &[
+        (24, 37, 9, true),
+        (5, 4, 9, false),
+        (8, 16, 31, true),
+        (3, 10, 1, false),
+        // One step: a thread with no steps, and every tap but the centre in the padding.
+        (16, 1, 9, true),
+    ] {
         let x = rng.vec(c * t); // [C, T], channels fastest
         let kernel = rng.vec(k * c); // [K, C]: torch depthwise Conv1d weight [C, 1, K]
-        // The kernel as a realised weight, as the encoder uses it.
+        let bias = rng.vec(c);
+        // The kernel and bias as realised weights, as the encoder uses them.
         let mut hw = HostWeights::new();
         hw.push("dw.weight", &[k, c], kernel.clone());
+        hw.push("dw.bias", &[c], bias.clone());
         let ws = hw.realize().unwrap();
         let got = be
             .compute(|g| {
                 let xt = g.input_f32(&x, &[c, t]);
                 let kt = g.weight(&ws["dw.weight"]);
-                Ok(g.conv1d_depthwise_same(xt, kt))
+                let bt = with_bias.then(|| g.weight(&ws["dw.bias"]));
+                Ok(g.conv1d_depthwise_same(xt, kt, bt))
             })
             .unwrap();
         assert_eq!(got.shape, [c, t, 1, 1]);
@@ -580,12 +590,13 @@ fn conv1d_depthwise_same_matches_plain_rust_in_f32() {
         let mut reference = vec![0.0; c * t];
         for ti in 0..t {
             for ch in 0..c {
-                reference[ch + c * ti] = (0..k)
+                let taps: f64 = (0..k)
                     .filter_map(|j| {
                         let src = (ti + j).checked_sub(half).filter(|&s| s < t)?;
                         Some(kernel[j + k * ch] as f64 * x[ch + c * src] as f64)
                     })
                     .sum();
+                reference[ch + c * ti] = taps + if with_bias { bias[ch] as f64 } else { 0.0 };
             }
         }
         let err = max_abs_err(&got.output, &reference);
@@ -594,6 +605,34 @@ fn conv1d_depthwise_same_matches_plain_rust_in_f32() {
             err < ABS_TOL,
             "conv1d_depthwise_same C={c} T={t} K={k}: {err:.3e}"
         );
+    }
+}
+
+/// The fused GLU gives exactly what ggml's sigmoid and product nodes give.
+#[test]
+fn glu_matches_ggml_sigmoid_and_mul_exactly() {
+    let mut be = backend(2);
+    let mut rng = Lcg::new(31);
+    for &(d, t) in &[(24, 37), (5, 1), (64, 3)] {
+        let y: Vec<f32> = rng.vec(2 * d * t).iter().map(|v| v * 8.0).collect();
+        let fused = be
+            .compute(|g| {
+                let yt = g.input_f32(&y, &[2 * d, t]);
+                Ok(g.glu(yt))
+            })
+            .unwrap();
+        let nodes = be
+            .compute(|g| {
+                let yt = g.input_f32(&y, &[2 * d, t]);
+                let a = g.cols(yt, 0, d);
+                let gate = g.cols(yt, d, d);
+                let gate = g.sigmoid(gate);
+                let a = g.cont(a);
+                Ok(g.mul(a, gate))
+            })
+            .unwrap();
+        assert_eq!(fused.shape, [d, t, 1, 1]);
+        assert_eq!(fused.output, nodes.output, "glu d={d} t={t}");
     }
 }
 

@@ -233,6 +233,99 @@ unsafe extern "C" fn lstm_pointwise_op(
     }
 }
 
+/// ggml custom-op body of [`Graph::conv1d_depthwise_same`]: this thread's time steps.
+///
+/// # Safety
+/// Called by ggml on the tensor built there: src[0] x (f32 [C, T]), src[1] kernel (f32
+/// [K, C]), src[2] null or bias (f32 [C]), dst f32 [C, T]; all contiguous and allocated.
+unsafe extern "C" fn depthwise_conv_op(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    _: *mut std::os::raw::c_void,
+) {
+    // SAFETY: per the contract; each thread writes only its own time steps.
+    let (x, kernel, bias, out, (c, t, k), mine) = unsafe {
+        let d = &*dst;
+        let (c, t, k) = (d.ne[0] as usize, d.ne[1] as usize, (*d.src[1]).ne[0] as usize);
+        let mine = super::thread_share(t, ith as usize, nth as usize);
+        let x = std::slice::from_raw_parts((*d.src[0]).data as *const f32, c * t);
+        let kernel = std::slice::from_raw_parts((*d.src[1]).data as *const f32, k * c);
+        let bias = (!d.src[2].is_null())
+            .then(|| std::slice::from_raw_parts((*d.src[2]).data as *const f32, c));
+        let out = std::slice::from_raw_parts_mut(
+            (d.data as *mut f32).add(mine.start * c),
+            mine.len() * c,
+        );
+        (x, kernel, bias, out, (c, t, k), mine)
+    };
+    if mine.is_empty() {
+        return;
+    }
+    // Tap-major kernel ([K][C]) so that the channel loop below runs over contiguous memory.
+    let mut taps = vec![0f32; k * c];
+    for (ch, w) in kernel.chunks_exact(k).enumerate() {
+        for (j, &v) in w.iter().enumerate() {
+            taps[j * c + ch] = v;
+        }
+    }
+    let half = k / 2;
+    for (ti, row) in mine.zip(out.chunks_exact_mut(c)) {
+        row.fill(0.0);
+        for (j, tap) in taps.chunks_exact(c).enumerate() {
+            // Input step ti + j - half; outside the clip it is the zero padding.
+            let Some(src) = (ti + j).checked_sub(half).filter(|&s| s < t) else {
+                continue;
+            };
+            for ((o, &xv), &w) in row.iter_mut().zip(&x[src * c..][..c]).zip(tap) {
+                *o += xv * w;
+            }
+        }
+        if let Some(b) = bias {
+            for (o, &bv) in row.iter_mut().zip(b) {
+                *o += bv;
+            }
+        }
+    }
+}
+
+/// ggml custom-op body of [`Graph::glu`]: this thread's time steps.
+///
+/// # Safety
+/// Called by ggml on the tensor built there: src[0] f32 [2D, T], dst f32 [D, T]; both
+/// contiguous and allocated.
+unsafe extern "C" fn glu_op(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    _: *mut std::os::raw::c_void,
+) {
+    // SAFETY: per the contract; each thread writes only its own time steps.
+    let (y, out, dd) = unsafe {
+        let d = &*dst;
+        let (dd, t) = (d.ne[0] as usize, d.ne[1] as usize);
+        let mine = super::thread_share(t, ith as usize, nth as usize);
+        let y = std::slice::from_raw_parts(
+            ((*d.src[0]).data as *const f32).add(mine.start * 2 * dd),
+            mine.len() * 2 * dd,
+        );
+        let out = std::slice::from_raw_parts_mut(
+            (d.data as *mut f32).add(mine.start * dd),
+            mine.len() * dd,
+        );
+        (y, out, dd)
+    };
+    if dd == 0 {
+        return;
+    }
+    for (row, o) in y.chunks_exact(2 * dd).zip(out.chunks_exact_mut(dd)) {
+        let (a, gate) = row.split_at(dd);
+        for ((o, &a), &g) in o.iter_mut().zip(a).zip(gate) {
+            *o = a * (1.0 / (1.0 + (-g).exp()));
+        }
+    }
+}
+
 fn can_repeat(small: [usize; 4], big: [usize; 4]) -> bool {
     (0..4).all(|i| small[i] != 0 && big[i].is_multiple_of(small[i]))
 }
@@ -962,28 +1055,81 @@ impl<'g> Graph<'g> {
         self.wrap(t, "conv2d_dw")
     }
 
-    /// Depthwise 1-D convolution over time in f32 ('same' padding, odd kernel).
-    /// `x` [C, T] (channels fastest), `kernel` [K, C] -> [C, T].
-    pub fn conv1d_depthwise_same(&mut self, x: Tensor<'g>, kernel: Tensor<'g>) -> Tensor<'g> {
+    /// Depthwise 1-D convolution over time in f32 ('same' padding, odd kernel), plus an
+    /// optional per-channel bias. `x` [C, T] (channels fastest), `kernel` [K, C], `bias` [C] ->
+    /// [C, T]. One custom op: each thread slides the kernel over its own time steps, all
+    /// channels at once, with the padding implied (no padded or transposed copy of `x`); the
+    /// taps are summed in kernel order from zero, then the bias added, as ggml's `ssm_conv`
+    /// followed by an add would.
+    pub fn conv1d_depthwise_same(
+        &mut self,
+        x: Tensor<'g>,
+        kernel: Tensor<'g>,
+        bias: Option<Tensor<'g>>,
+    ) -> Tensor<'g> {
         let (k, c, t) = (kernel.ne(0), x.ne(0), x.ne(1));
-        check(kernel.ne(1) == c && k % 2 == 1 && x.ne(2) == 1, || {
-            format!(
-                "conv1d_dw: kernel {:?} for input {:?}",
-                kernel.shape(),
-                x.shape()
+        check(
+            kernel.shape() == [k, c, 1, 1]
+                && k % 2 == 1
+                && x.shape() == [c, t, 1, 1]
+                && bias.is_none_or(|b| b.shape() == [c, 1, 1, 1])
+                && [Some(x), Some(kernel), bias]
+                    .iter()
+                    .flatten()
+                    .all(|t| t.dtype() == Some(DType::F32)),
+            || format!("conv1d_dw: kernel {:?} for input {:?}", kernel.shape(), x.shape()),
+        );
+        let x = if x.is_contiguous() { x } else { self.cont(x) };
+        let kernel = if kernel.is_contiguous() { kernel } else { self.cont(kernel) };
+        let mut args = [x.raw(), kernel.raw(), bias.map_or(std::ptr::null_mut(), |b| b.raw())];
+        // SAFETY: an f32 [C, T] result over the contiguous f32 srcs checked above (the bias,
+        // when given, a contiguous [C] weight or node), as `depthwise_conv_op` requires.
+        let p = unsafe {
+            sys::ggml_custom_4d(
+                self.ctx(),
+                sys::GGML_TYPE_F32,
+                c as i64,
+                t as i64,
+                1,
+                1,
+                args.as_mut_ptr(),
+                if bias.is_some() { 3 } else { 2 },
+                Some(depthwise_conv_op),
+                -1,
+                std::ptr::null_mut(),
             )
-        });
-        // ggml_ssm_conv slides a [K, C] kernel along a time-fastest [T + K - 1, C] input in f32
-        // (ggml_conv_1d_dw would round through an f16 im2col).
-        let xt = self.transpose(x);
-        let xt = self.cont(xt);
-        let half = k / 2;
-        let xp = self.pad(xt, [(half, half), (0, 0), (0, 0), (0, 0)]);
-        let xp = self.reshape(xp, &[t + k - 1, c, 1]);
-        // SAFETY: xp is [T + K - 1, C, 1] and kernel [K, C].
-        let y = unsafe { sys::ggml_ssm_conv(self.ctx(), xp.raw(), kernel.raw()) };
-        let y = self.wrap(y, "ssm_conv");
-        self.reshape(y, &[c, t])
+        };
+        self.wrap(p, "conv1d_dw")
+    }
+
+    /// Gated linear unit over `ne0`: `y` [2D, T] -> `y[..D] * sigmoid(y[D..])` [D, T], as one
+    /// pass (ggml's sigmoid, `1 / (1 + expf(-x))`, then the product: the same bits as the
+    /// three ggml nodes it replaces).
+    pub fn glu(&mut self, y: Tensor<'g>) -> Tensor<'g> {
+        let (d2, t) = (y.ne(0), y.ne(1));
+        check(
+            d2 % 2 == 0 && y.shape() == [d2, t, 1, 1] && y.dtype() == Some(DType::F32),
+            || format!("glu: input {:?}", y.shape()),
+        );
+        let y = if y.is_contiguous() { y } else { self.cont(y) };
+        let mut args = [y.raw()];
+        // SAFETY: an f32 [D, T] result over a contiguous f32 [2D, T], as `glu_op` requires.
+        let p = unsafe {
+            sys::ggml_custom_4d(
+                self.ctx(),
+                sys::GGML_TYPE_F32,
+                (d2 / 2) as i64,
+                t as i64,
+                1,
+                1,
+                args.as_mut_ptr(),
+                1,
+                Some(glu_op),
+                -1,
+                std::ptr::null_mut(),
+            )
+        };
+        self.wrap(p, "glu")
     }
 
     // ---- finishing ----------------------------------------------------------------------

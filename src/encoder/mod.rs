@@ -637,23 +637,17 @@ fn self_attention<'g>(
 
 /// pointwise_conv1 -> GLU -> depthwise conv (BatchNorm folded) -> Swish -> pointwise_conv2.
 fn conv_module<'g>(g: &mut Graph<'g>, c: &ConvModule, x: Tensor<'g>) -> Tensor<'g> {
-    let d = x.ne(0);
     let y = per_frame(g, x, &|g, x| {
         let y = g.linear(
             x,
             &c.pointwise_conv1.weight,
             c.pointwise_conv1.bias.as_ref(),
         );
-        let a = g.cols(y, 0, d);
-        let gate = g.cols(y, d, d);
-        let gate = g.sigmoid(gate);
-        let a = g.cont(a);
-        g.mul(a, gate)
+        g.glu(y)
     });
     let k = g.weight(&c.depthwise_conv_folded);
-    let y = g.conv1d_depthwise_same(y, k);
     let b = g.weight(&c.depthwise_bias_folded);
-    let y = g.add(y, b);
+    let y = g.conv1d_depthwise_same(y, k, Some(b));
     let y = g.silu(y);
     g.linear(
         y,
