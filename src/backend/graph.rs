@@ -247,7 +247,11 @@ unsafe extern "C" fn depthwise_conv_op(
     // SAFETY: per the contract; each thread writes only its own time steps.
     let (x, kernel, bias, out, (c, t, k), mine) = unsafe {
         let d = &*dst;
-        let (c, t, k) = (d.ne[0] as usize, d.ne[1] as usize, (*d.src[1]).ne[0] as usize);
+        let (c, t, k) = (
+            d.ne[0] as usize,
+            d.ne[1] as usize,
+            (*d.src[1]).ne[0] as usize,
+        );
         let mine = super::thread_share(t, ith as usize, nth as usize);
         let x = std::slice::from_raw_parts((*d.src[0]).data as *const f32, c * t);
         let kernel = std::slice::from_raw_parts((*d.src[1]).data as *const f32, k * c);
@@ -1077,11 +1081,25 @@ impl<'g> Graph<'g> {
                     .iter()
                     .flatten()
                     .all(|t| t.dtype() == Some(DType::F32)),
-            || format!("conv1d_dw: kernel {:?} for input {:?}", kernel.shape(), x.shape()),
+            || {
+                format!(
+                    "conv1d_dw: kernel {:?} for input {:?}",
+                    kernel.shape(),
+                    x.shape()
+                )
+            },
         );
         let x = if x.is_contiguous() { x } else { self.cont(x) };
-        let kernel = if kernel.is_contiguous() { kernel } else { self.cont(kernel) };
-        let mut args = [x.raw(), kernel.raw(), bias.map_or(std::ptr::null_mut(), |b| b.raw())];
+        let kernel = if kernel.is_contiguous() {
+            kernel
+        } else {
+            self.cont(kernel)
+        };
+        let mut args = [
+            x.raw(),
+            kernel.raw(),
+            bias.map_or(std::ptr::null_mut(), |b| b.raw()),
+        ];
         // SAFETY: an f32 [C, T] result over the contiguous f32 srcs checked above (the bias,
         // when given, a contiguous [C] weight or node), as `depthwise_conv_op` requires.
         let p = unsafe {
