@@ -304,10 +304,22 @@ fn transpose_rows(
     n_pad: usize,
     dst: &mut [f32],
 ) {
-    for j in 0..n {
-        for (c, &val) in o.row(x, first + j, head).iter().enumerate() {
-            dst[c * n_pad + j] = val;
+    // Sixteen rows at a time, so that each store fills one contiguous run of a destination row
+    // and the sixteen source rows stay in L1 while their channels are walked (a row-by-row
+    // scatter wrote one float per cache line).
+    const STRIP: usize = 16;
+    let mut j0 = 0;
+    while j0 < n {
+        let nj = (n - j0).min(STRIP);
+        let rows: [&[f32]; STRIP] =
+            std::array::from_fn(|jj| o.row(x, first + j0 + jj.min(nj - 1), head));
+        for c in 0..o.dk {
+            let out = &mut dst[c * n_pad + j0..][..nj];
+            for (jj, v) in out.iter_mut().enumerate() {
+                *v = rows[jj][c];
+            }
         }
+        j0 += nj;
     }
     for c in 0..o.dk {
         dst[c * n_pad + n..(c + 1) * n_pad].fill(0.0);
