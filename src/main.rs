@@ -136,8 +136,10 @@ fn main() -> ExitCode {
 /// there for up to 300,000 rounds before sleeping. On a busy machine the spinning thread burns
 /// the core its descheduled partner needs: a 2-thread 110m transcription under load took 25 s
 /// with the default and about 2 s with short spins. Measured both ways (docs/BENCHMARKS.md),
-/// 1000 rounds is as fast as spinning on an idle machine (passive waits cost 10-20 % there) and
-/// within 5-10 % of passive waits under load. libgomp reads its settings once, when it is
+/// 5000 rounds beat 1000 on an idle machine (the decoder's small graphs come about 50 us apart,
+/// and with 1000 rounds the second thread had gone to sleep by then: 0.34 -> 0.25 ms per step)
+/// and under load (encoder -5 %, decoder -40 %); 10,000 and more made the decoder bimodal under
+/// load. libgomp reads its settings once, when it is
 /// loaded, so unless the user chose (`OMP_WAIT_POLICY` / `GOMP_SPINCOUNT`), run ourselves again
 /// with the spin count set. `exec` only returns on failure; then carry on as we are.
 fn bound_openmp_spinning() {
@@ -163,7 +165,7 @@ fn bound_openmp_spinning() {
 }
 
 /// Barrier spin rounds before a libgomp thread sleeps (see [`bound_openmp_spinning`]).
-const GOMP_SPINCOUNT: &str = "1000";
+const GOMP_SPINCOUNT: &str = "5000";
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
