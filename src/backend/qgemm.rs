@@ -109,11 +109,14 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The fastest kernel this CPU runs.
+    /// The fastest kernel this CPU runs (found once: every int8 op asks, on every thread).
     pub fn best() -> Kernel {
-        *Kernel::available()
-            .last()
-            .expect("portable is always there")
+        static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            *Kernel::available()
+                .last()
+                .expect("portable is always there")
+        })
     }
 
     /// Every kernel this CPU can run, slowest first (for tests and benchmarks).
