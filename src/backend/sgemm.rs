@@ -110,6 +110,15 @@ impl Isa {
         }
     }
 
+    /// Whether the kernel has a 32-row tile over two neighbouring panels.
+    fn pairs(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self == Isa::Avx512 {
+            return true;
+        }
+        false
+    }
+
     /// Columns per register tile.
     fn nr(self) -> usize {
         match self {
@@ -132,6 +141,11 @@ pub struct Dims {
 
 /// Panels `panels` of the product, every column, with kernel `isa`.
 ///
+/// Each KC x NC block of the activations is first copied into column tiles, step-major
+/// (`[tile][kk][column]`), so that a micro-kernel reads its NR broadcasts at fixed offsets of
+/// one pointer: reading them in place, NR rows apart, made the compiler chain the address
+/// computations (one dependent add per FMA), which halved the AVX-512 kernel's rate.
+///
 /// # Safety
 /// `w` holds `m * k` packed values, `x` `n * k` values (column `j` at `x + j * k`), `y` has
 /// room for `n * m` values (column `j` at `y + j * m`); the panel range is within `m / 16`;
@@ -153,55 +167,111 @@ pub(crate) unsafe fn gemm_panels(
         }
         return;
     }
-    let nr = isa.nr();
-    let mut n0 = 0;
-    while n0 < d.n {
-        let nc = NC.min(d.n - n0);
-        let mut k0 = 0;
-        while k0 < d.k {
-            let kc = KC.min(d.k - k0);
-            let first = k0 == 0;
-            for p in panels.clone() {
-                // SAFETY: offsets stay within the extents in the contract.
-                unsafe {
-                    let a = w.add((p * d.k + k0) * PANEL);
+    thread_local! {
+        /// This thread's copy of one activation block (KC x NC).
+        static BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BLOCK.with_borrow_mut(|block| {
+        block.resize(KC * NC, 0.0);
+        let nr = isa.nr();
+        // Panels in pairs (32 rows) where the kernel has a pair tile.
+        let step = if isa.pairs() { 2 } else { 1 };
+        let mut n0 = 0;
+        while n0 < d.n {
+            let nc = NC.min(d.n - n0);
+            let mut k0 = 0;
+            while k0 < d.k {
+                let kc = KC.min(d.k - k0);
+                let first = k0 == 0;
+                // SAFETY: the block lies within x per the contract.
+                unsafe { pack_block(x, d.k, (n0, nc), (k0, kc), nr, block) };
+                let mut p = panels.start;
+                while p < panels.end {
+                    let pair = step == 2 && p + 1 < panels.end;
                     let mut j = n0;
                     while j < n0 + nc {
                         let cols = nr.min(n0 + nc - j);
-                        let xb = x.add(j * d.k + k0);
-                        let yb = y.add(j * d.m + p * PANEL);
-                        tile(isa, cols, a, xb, d.k, kc, yb, d.m, first);
+                        // SAFETY: offsets stay within the extents in the contract; the tile's
+                        // activations are `cols * kc` values at `(j - n0) * kc` of the block.
+                        unsafe {
+                            let a = w.add((p * d.k + k0) * PANEL);
+                            let xb = block.as_ptr().add((j - n0) * kc);
+                            let yb = y.add(j * d.m + p * PANEL);
+                            let t = Tile {
+                                a,
+                                x: xb,
+                                kc,
+                                y: yb,
+                                ldy: d.m,
+                                first,
+                            };
+                            if pair {
+                                pair_tile(isa, cols, t, d.k * PANEL);
+                            } else {
+                                tile(isa, cols, t);
+                            }
+                        }
                         j += cols;
                     }
+                    p += if pair { 2 } else { 1 };
                 }
+                k0 += kc;
             }
-            k0 += kc;
+            n0 += nc;
         }
-        n0 += nc;
+    });
+}
+
+/// Copies columns `n0..n0 + nc`, inputs `k0..k0 + kc` of `x` into `block`: tile by tile of
+/// `nr` columns (fewer in the last), each `[kk][column]`.
+///
+/// # Safety
+/// `x` holds the columns `n0..n0 + nc` of `ldx` values each.
+unsafe fn pack_block(
+    x: *const f32,
+    ldx: usize,
+    (n0, nc): (usize, usize),
+    (k0, kc): (usize, usize),
+    nr: usize,
+    block: &mut [f32],
+) {
+    let mut t0 = 0;
+    while t0 < nc {
+        let cols = nr.min(nc - t0);
+        let dst = &mut block[t0 * kc..][..cols * kc];
+        for c in 0..cols {
+            // SAFETY: column n0 + t0 + c is within x per the contract.
+            let src = unsafe { std::slice::from_raw_parts(x.add((n0 + t0 + c) * ldx + k0), kc) };
+            for (kk, &v) in src.iter().enumerate() {
+                dst[kk * cols + c] = v;
+            }
+        }
+        t0 += cols;
     }
 }
 
-/// One 16 x `cols` tile over `kc` inner steps; `first` stores, otherwise accumulates.
-///
-/// # Safety
-/// As [`gemm_panels`], for this tile.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn tile(
-    isa: Isa,
-    cols: usize,
+/// One micro-tile's operands: panel slice `a` (16 x kc), packed activations `x` (`[kk][col]`),
+/// output `y` (column stride `ldy`); `first` stores, otherwise accumulates.
+#[derive(Clone, Copy)]
+struct Tile {
     a: *const f32,
     x: *const f32,
-    ldx: usize,
     kc: usize,
     y: *mut f32,
     ldy: usize,
     first: bool,
-) {
+}
+
+/// One 16 x `cols` tile over `kc` inner steps.
+///
+/// # Safety
+/// As [`gemm_panels`], for this tile.
+#[inline(always)]
+unsafe fn tile(isa: Isa, cols: usize, t: Tile) {
     macro_rules! by_cols {
         ($f:ident, $($n:literal)*) => {
             match cols {
-                $($n => $f::<$n>(a, x, ldx, kc, y, ldy, first),)*
+                $($n => $f::<$n>(t),)*
                 _ => unreachable!("tile of {cols} columns"),
             }
         };
@@ -218,33 +288,49 @@ unsafe fn tile(
     }
 }
 
+/// Two neighbouring panels (32 rows; the second `next` values after the first) x `cols`.
+///
+/// # Safety
+/// As [`gemm_panels`], for both panels' tiles; `isa.pairs()`.
+#[inline(always)]
+unsafe fn pair_tile(isa: Isa, cols: usize, t: Tile, next: usize) {
+    macro_rules! by_cols {
+        ($f:ident, $($n:literal)*) => {
+            match cols {
+                $($n => $f::<$n>(t, next),)*
+                _ => unreachable!("tile of {cols} columns"),
+            }
+        };
+    }
+    // SAFETY: the caller checked the CPU supports `isa`; extents per the contract.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => by_cols!(pair_avx512, 1 2 3 4 5 6 7 8 9 10 11 12),
+            _ => unreachable!("{} has no pair tile", isa.name()),
+        }
+    }
+}
+
 /// # Safety
 /// As [`tile`].
-unsafe fn tile_portable<const NR: usize>(
-    a: *const f32,
-    x: *const f32,
-    ldx: usize,
-    kc: usize,
-    y: *mut f32,
-    ldy: usize,
-    first: bool,
-) {
+unsafe fn tile_portable<const NR: usize>(t: Tile) {
     let mut acc = [[0f32; PANEL]; NR];
     // SAFETY: per the contract.
     unsafe {
-        for kk in 0..kc {
-            let w: &[f32; PANEL] = &*(a.add(kk * PANEL) as *const [f32; PANEL]);
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let xv = *x.add(j * ldx + kk);
+        for kk in 0..t.kc {
+            let w: &[f32; PANEL] = &*(t.a.add(kk * PANEL) as *const [f32; PANEL]);
+            let xs: &[f32; NR] = &*(t.x.add(kk * NR) as *const [f32; NR]);
+            for (acc, &xv) in acc.iter_mut().zip(xs) {
                 for r in 0..PANEL {
                     acc[r] = w[r].mul_add(xv, acc[r]);
                 }
             }
         }
         for (j, acc) in acc.iter().enumerate() {
-            let out = std::slice::from_raw_parts_mut(y.add(j * ldy), PANEL);
+            let out = std::slice::from_raw_parts_mut(t.y.add(j * t.ldy), PANEL);
             for r in 0..PANEL {
-                out[r] = if first { acc[r] } else { out[r] + acc[r] };
+                out[r] = if t.first { acc[r] } else { out[r] + acc[r] };
             }
         }
     }
@@ -254,32 +340,25 @@ unsafe fn tile_portable<const NR: usize>(
 #[target_feature(enable = "avx2,fma")]
 /// # Safety
 /// As [`tile`], on a CPU with AVX2 and FMA.
-unsafe fn tile_avx2<const NR: usize>(
-    a: *const f32,
-    x: *const f32,
-    ldx: usize,
-    kc: usize,
-    y: *mut f32,
-    ldy: usize,
-    first: bool,
-) {
+unsafe fn tile_avx2<const NR: usize>(t: Tile) {
     use std::arch::x86_64::*;
     // SAFETY: per the contract; unaligned loads and stores throughout.
     unsafe {
         let mut lo = [_mm256_setzero_ps(); NR];
         let mut hi = [_mm256_setzero_ps(); NR];
-        for kk in 0..kc {
-            let w0 = _mm256_loadu_ps(a.add(kk * PANEL));
-            let w1 = _mm256_loadu_ps(a.add(kk * PANEL + 8));
+        for kk in 0..t.kc {
+            let w0 = _mm256_loadu_ps(t.a.add(kk * PANEL));
+            let w1 = _mm256_loadu_ps(t.a.add(kk * PANEL + 8));
+            let xs = t.x.add(kk * NR);
             for j in 0..NR {
-                let b = _mm256_broadcast_ss(&*x.add(j * ldx + kk));
+                let b = _mm256_broadcast_ss(&*xs.add(j));
                 lo[j] = _mm256_fmadd_ps(w0, b, lo[j]);
                 hi[j] = _mm256_fmadd_ps(w1, b, hi[j]);
             }
         }
         for j in 0..NR {
-            let out = y.add(j * ldy);
-            if !first {
+            let out = t.y.add(j * t.ldy);
+            if !t.first {
                 lo[j] = _mm256_add_ps(lo[j], _mm256_loadu_ps(out));
                 hi[j] = _mm256_add_ps(hi[j], _mm256_loadu_ps(out.add(8)));
             }
@@ -293,34 +372,67 @@ unsafe fn tile_avx2<const NR: usize>(
 #[target_feature(enable = "avx512f")]
 /// # Safety
 /// As [`tile`], on a CPU with AVX-512F.
-unsafe fn tile_avx512<const NR: usize>(
-    a: *const f32,
-    x: *const f32,
-    ldx: usize,
-    kc: usize,
-    y: *mut f32,
-    ldy: usize,
-    first: bool,
-) {
+unsafe fn tile_avx512<const NR: usize>(t: Tile) {
     use std::arch::x86_64::*;
     // SAFETY: per the contract; unaligned loads and stores throughout.
     unsafe {
         let mut acc = [_mm512_setzero_ps(); NR];
-        for kk in 0..kc {
-            let w = _mm512_loadu_ps(a.add(kk * PANEL));
+        for kk in 0..t.kc {
+            let w = _mm512_loadu_ps(t.a.add(kk * PANEL));
+            let xs = t.x.add(kk * NR);
             for (j, acc) in acc.iter_mut().enumerate() {
-                let b = _mm512_set1_ps(*x.add(j * ldx + kk));
-                *acc = _mm512_fmadd_ps(w, b, *acc);
+                *acc = _mm512_fmadd_ps(w, _mm512_set1_ps(*xs.add(j)), *acc);
             }
         }
         for (j, &acc) in acc.iter().enumerate() {
-            let out = y.add(j * ldy);
-            let v = if first {
+            let out = t.y.add(j * t.ldy);
+            let v = if t.first {
                 acc
             } else {
                 _mm512_add_ps(acc, _mm512_loadu_ps(out))
             };
             _mm512_storeu_ps(out, v);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+/// 32 rows (two panels) x NR: two weight loads per NR broadcasts and 2 NR FMAs, so the two
+/// FMA ports, not the loads, set the pace.
+///
+/// # Safety
+/// As [`pair_tile`], on a CPU with AVX-512F.
+unsafe fn pair_avx512<const NR: usize>(t: Tile, next: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: per the contract; unaligned loads and stores throughout.
+    unsafe {
+        let mut lo = [_mm512_setzero_ps(); NR];
+        let mut hi = [_mm512_setzero_ps(); NR];
+        let a1 = t.a.add(next);
+        for kk in 0..t.kc {
+            let w0 = _mm512_loadu_ps(t.a.add(kk * PANEL));
+            let w1 = _mm512_loadu_ps(a1.add(kk * PANEL));
+            let xs = t.x.add(kk * NR);
+            for j in 0..NR {
+                let b = _mm512_set1_ps(*xs.add(j));
+                lo[j] = _mm512_fmadd_ps(w0, b, lo[j]);
+                hi[j] = _mm512_fmadd_ps(w1, b, hi[j]);
+            }
+        }
+        for j in 0..NR {
+            let out = t.y.add(j * t.ldy);
+            let out1 = t.y.add(j * t.ldy + PANEL);
+            let (l, h) = if t.first {
+                (lo[j], hi[j])
+            } else {
+                (
+                    _mm512_add_ps(lo[j], _mm512_loadu_ps(out)),
+                    _mm512_add_ps(hi[j], _mm512_loadu_ps(out1)),
+                )
+            };
+            _mm512_storeu_ps(out, l);
+            _mm512_storeu_ps(out1, h);
         }
     }
 }
