@@ -14,7 +14,8 @@
 //! The AVX2 kernel multiplies with `vpmaddubsw` on |w| and sign(w) * x (both within 127 in
 //! magnitude, so the pairwise i16 sums cannot saturate), widens with `vpmaddwd`, sums a block in
 //! i32 and scales it once per block. With AVX-512 VNNI, one `vpdpbusd` does all three for 64
-//! bytes (the `vnni` module). Other CPUs run a portable loop.
+//! bytes (the `vnni` module); with AMX, one `tdpbssd` does a block for 16 steps x 8 rows (the
+//! `amx` module). Other CPUs run a portable loop.
 
 use llama_cpp_sys_2 as sys;
 
@@ -26,6 +27,14 @@ const QK: usize = 32;
 const Q8_BLOCK: usize = 2 + QK;
 /// Bytes of one block of a panel: 8 f16 scales, then 8 x 32 quants.
 const PANEL_BLOCK: usize = PANEL * Q8_BLOCK;
+/// Quantized activations are padded with zero steps to a multiple of this, so that the AMX
+/// kernel's 16-step tiles never read past them.
+const STEP_PAD: usize = 16;
+/// Fewest steps for which the AMX kernel beats VNNI.
+const AMX_MIN_STEPS: usize = 4;
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
 
 pub use super::gguf::Layout;
 
@@ -106,6 +115,10 @@ pub enum Kernel {
     /// AVX-512 (F, BW) with VNNI's `vpdpbusd`, plus the AVX2 set for quantizing.
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
+    /// AMX-INT8 tiles for the products, AVX-512 for the scaling (and VNNI for a single step,
+    /// where a 16-step tile would be mostly empty).
+    #[cfg(target_arch = "x86_64")]
+    Amx,
 }
 
 impl Kernel {
@@ -117,6 +130,16 @@ impl Kernel {
                 .last()
                 .expect("portable is always there")
         })
+    }
+
+    /// The kernel for a product over `n` steps: the best one, except that AMX gives way to VNNI
+    /// below [`AMX_MIN_STEPS`] (a 16-step tile holding a few would waste its work).
+    pub fn for_steps(n: usize) -> Kernel {
+        match Kernel::best() {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx if n < AMX_MIN_STEPS => Kernel::Avx512Vnni,
+            best => best,
+        }
     }
 
     /// Every kernel this CPU can run, slowest first (for tests and benchmarks).
@@ -133,6 +156,9 @@ impl Kernel {
                 && is_x86_feature_detected!("avx512vnni")
             {
                 v.push(Kernel::Avx512Vnni);
+                if amx::usable() {
+                    v.push(Kernel::Amx);
+                }
             }
         }
         v
@@ -145,6 +171,8 @@ impl Kernel {
             Kernel::Avx2 => "avx2",
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Vnni => "avx512-vnni",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => "amx-int8",
         }
     }
 }
@@ -152,6 +180,7 @@ impl Kernel {
 /// Activations of `n` time steps quantized per block of 32, as `kernel` reads them: the quants
 /// of step `c` at `q[c * k..]` (int8 bits; +128 as unsigned bytes for the VNNI kernel, whose
 /// `vpdpbusd` multiplies unsigned by signed) and the scale of its block `b` at `d[c * k / 32 + b]`.
+/// Both hold [`STEP_PAD`]-padded steps, the padding zero.
 #[derive(Clone, Copy)]
 struct Cols<'a> {
     q: &'a [u8],
@@ -167,9 +196,12 @@ struct QuantizedCols {
 
 impl QuantizedCols {
     fn quantize(&mut self, kernel: Kernel, x: &[f32], k: usize, n: usize) {
-        self.q.resize(k * n, 0);
-        self.d.resize(k / QK * n, 0.0);
-        quantize_cols(kernel, x, &mut self.q, &mut self.d);
+        let padded = n.next_multiple_of(STEP_PAD);
+        self.q.clear();
+        self.q.resize(k * padded, 0);
+        self.d.clear();
+        self.d.resize(k / QK * padded, 0.0);
+        quantize_cols(kernel, x, &mut self.q[..k * n], &mut self.d[..k / QK * n]);
     }
 
     fn cols(&self) -> Cols<'_> {
@@ -191,6 +223,8 @@ fn quantize_cols(kernel: Kernel, x: &[f32], q: &mut [u8], d: &mut [f32]) {
             Kernel::Avx2 => unsafe { avx2::quantize_block(xb, qb, false) },
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Vnni => unsafe { avx2::quantize_block(xb, qb, true) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => unsafe { avx2::quantize_block(xb, qb, false) },
         };
     }
 }
@@ -229,6 +263,11 @@ unsafe fn gemm_panels(
     let nb = k / QK;
     debug_assert!(w.len() == m * nb * Q8_BLOCK && x.q.len() == k * n && p1 * PANEL <= m);
     #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Amx {
+        // SAFETY: chosen only where amx::usable(); the activations are signed and padded.
+        return unsafe { amx::panels(w, k, m, (p0, p1), x, n, bias, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Avx512Vnni {
         // SAFETY: chosen only on CPUs with AVX-512 F/BW/VNNI; out per the contract.
         return unsafe { vnni::panels(w, k, m, (p0, p1), x, n, bias, out) };
@@ -245,7 +284,7 @@ unsafe fn gemm_panels(
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => unsafe { avx2::panel(panel, k, x, n, bias, out, m) },
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni => unreachable!("runs all its panels above"),
+            Kernel::Avx512Vnni | Kernel::Amx => unreachable!("runs all its panels above"),
         }
     }
 }
@@ -745,9 +784,10 @@ pub fn gemm_q8_0x8(
 }
 
 /// Bytes of `n` quantized steps of `k` inputs as the [`quantize_op`] stores them: all quants
-/// (`n * k`), then all block scales (f32).
+/// (`padded * k`), then all block scales (f32), both for the [`STEP_PAD`]-padded steps.
 fn quantized_bytes(k: usize, n: usize) -> usize {
-    n * k + n * (k / QK) * 4
+    let padded = n.next_multiple_of(STEP_PAD);
+    padded * k + padded * (k / QK) * 4
 }
 
 /// A graph node quantizing `x` (contiguous f32 [k, n], k a multiple of 32) for the int8 GEMM,
@@ -823,23 +863,28 @@ unsafe extern "C" fn quantize_op(
     _: *mut std::os::raw::c_void,
 ) {
     // SAFETY: per the contract: src[0] is a contiguous f32 [k, n], dst holds
-    // quantized_bytes(k, n) (the scales start at n * k, 4-aligned as k is a multiple of 32).
+    // quantized_bytes(k, n) (the scales start at padded * k, 4-aligned as k is a multiple of 32).
     unsafe {
         let d = &*dst;
         let x = &*d.src[0];
         let (k, n) = (x.ne[0] as usize, x.ne[1] as usize);
         let nb = k / QK;
+        let padded = n.next_multiple_of(STEP_PAD);
+        let base = d.data as *mut u8;
+        let scales = base.add(padded * k) as *mut f32;
+        if ith + 1 == nth {
+            std::ptr::write_bytes(base.add(n * k), 0, (padded - n) * k);
+            std::ptr::write_bytes(scales.add(n * nb), 0, (padded - n) * nb);
+        }
         let mine = super::thread_share(n, ith as usize, nth as usize);
         if mine.is_empty() {
             return;
         }
-        let base = d.data as *mut u8;
         let xs =
             std::slice::from_raw_parts((x.data as *const f32).add(mine.start * k), mine.len() * k);
         let q = std::slice::from_raw_parts_mut(base.add(mine.start * k), mine.len() * k);
-        let scales = (base.add(n * k) as *mut f32).add(mine.start * nb);
-        let ds = std::slice::from_raw_parts_mut(scales, mine.len() * nb);
-        quantize_cols(Kernel::best(), xs, q, ds);
+        let ds = std::slice::from_raw_parts_mut(scales.add(mine.start * nb), mine.len() * nb);
+        quantize_cols(Kernel::for_steps(n), xs, q, ds);
     }
 }
 
@@ -867,14 +912,15 @@ unsafe extern "C" fn linear_op(
         }
         let wb = std::slice::from_raw_parts(w.data as *const u8, m * nb * Q8_BLOCK);
         let base = xq.data as *const u8;
+        let padded = n.next_multiple_of(STEP_PAD);
         let cols = Cols {
-            q: std::slice::from_raw_parts(base, n * k),
-            d: std::slice::from_raw_parts(base.add(n * k) as *const f32, n * nb),
+            q: std::slice::from_raw_parts(base, padded * k),
+            d: std::slice::from_raw_parts(base.add(padded * k) as *const f32, padded * nb),
         };
         let bias = (!d.src[2].is_null())
             .then(|| std::slice::from_raw_parts((*d.src[2]).data as *const f32, m));
         gemm_panels(
-            Kernel::best(),
+            Kernel::for_steps(n),
             wb,
             k,
             m,
