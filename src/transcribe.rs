@@ -109,7 +109,9 @@ impl Transcriber {
     }
 
     pub fn load(path: &Path, threads: usize) -> Result<Transcriber> {
-        Transcriber::new(Model::load(path)?, threads)
+        let model = Model::load(path)?;
+        model.file.populate();
+        Transcriber::new(model, threads)
     }
 
     pub fn sample_rate(&self) -> u32 {

@@ -398,6 +398,22 @@ impl GgufFile {
         })
     }
 
+    /// Maps every page of the weights now (the file into the page cache and our page tables),
+    /// so that the first utterance does not fault them in one by one: about 6 % of the first
+    /// f32 0.6b transcription, moved into the model load. A hint only: errors (an old kernel
+    /// without `MADV_POPULATE_READ`) are ignored, and the pages then come in on first use.
+    pub fn populate(&self) {
+        #[cfg(target_os = "linux")]
+        if let Some(map) = self
+            .weights
+            .values()
+            .next()
+            .and_then(|w| w._owner._map.as_ref())
+        {
+            let _ = map.advise(memmap2::Advice::PopulateRead);
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

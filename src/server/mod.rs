@@ -106,6 +106,7 @@ struct AudioSeconds(f64);
 pub fn serve(args: ServeArgs) -> Result<()> {
     let path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
     let model = Arc::new(Model::load(&path)?);
+    model.file.populate();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (workers, threads) = plan_workers(cores, args.workers, args.threads);
     if workers * threads > cores {
