@@ -357,6 +357,11 @@ fn cwhn_name(conv: &str) -> String {
     format!("encoder.pre_encode.conv.{conv}.weight.cwhn")
 }
 
+/// A pre-encode pointwise conv's weight as a panel-packed linear (see `derived_weights`).
+fn panel16_name(conv: &str) -> String {
+    format!("encoder.pre_encode.conv.{conv}.weight.panel16")
+}
+
 /// `[c][k]` row-major -> `[k][c]` row-major.
 fn channels_fastest(w: &[f32], c: usize, k: usize) -> Vec<f32> {
     (0..k)
@@ -635,8 +640,10 @@ impl Loader<'_> {
     }
 
     /// The weights computed on the host at load, realised into one backend buffer: each
-    /// layer's depthwise conv with BatchNorm folded in, and the pre-encode depthwise kernels
-    /// re-laid channels-fastest.
+    /// layer's depthwise conv with BatchNorm folded in, the pre-encode depthwise kernels
+    /// re-laid channels-fastest, and the pre-encode pointwise convs (f32, C x C) panel-packed
+    /// for the f32 GEMM (they are matrix products over every (frequency, time) position; the
+    /// converter leaves conv weights in torch's layout).
     fn derived_weights(&self, hp: &Hparams) -> Result<HashMap<String, Weight>> {
         let mut host = HostWeights::new();
         let (d, k) = (hp.encoder.d_model, hp.encoder.conv_kernel);
@@ -671,6 +678,15 @@ impl Loader<'_> {
                 channels_fastest(&w.to_host_f32(), c, 9),
             );
         }
+        // conv.0 (1 -> C, 3 x 3) runs as im2col + a [9, C] product, conv.3 and conv.6 as
+        // [C, C] products; torch's [out, in, kh, kw] is the row-major [m][k] of a Linear.
+        for (conv, side, cin) in [("0", 3, 1), ("3", 1, c), ("6", 1, c)] {
+            let name = format!("encoder.pre_encode.conv.{conv}.weight");
+            let w = self.file.weight(&name, &[side, side, cin, c], F32)?;
+            if c.is_multiple_of(crate::backend::sgemm::PANEL) {
+                host.push_panel16(&panel16_name(conv), c, side * side * cin, &w.to_host_f32());
+            }
+        }
         host.realize()
     }
 
@@ -684,12 +700,28 @@ impl Loader<'_> {
                 bias: self.w(&format!("{p}.conv.{conv}.bias"), &[c])?,
             })
         };
+        let pointwise = |derived: &mut HashMap<String, Weight>, conv: &str| -> Result<Conv2d> {
+            let prefix = format!("{p}.conv.{conv}");
+            match derived.remove(&panel16_name(conv)) {
+                Some(weight) => Ok(Conv2d {
+                    weight,
+                    bias: self.w(&format!("{prefix}.bias"), &[c])?,
+                }),
+                None => self.conv2d(&prefix, &[1, 1, c, c], c),
+            }
+        };
         Ok(PreEncode {
-            conv0: self.conv2d(&format!("{p}.conv.0"), &[3, 3, 1, c], c)?,
+            conv0: match derived.remove(&panel16_name("0")) {
+                Some(weight) => Conv2d {
+                    weight,
+                    bias: self.w(&format!("{p}.conv.0.bias"), &[c])?,
+                },
+                None => self.conv2d(&format!("{p}.conv.0"), &[3, 3, 1, c], c)?,
+            },
             conv2: depthwise(derived, "2")?,
-            conv3: self.conv2d(&format!("{p}.conv.3"), &[1, 1, c, c], c)?,
+            conv3: pointwise(derived, "3")?,
             conv5: depthwise(derived, "5")?,
-            conv6: self.conv2d(&format!("{p}.conv.6"), &[1, 1, c, c], c)?,
+            conv6: pointwise(derived, "6")?,
             out: self.linear(&format!("{p}.out"), c * f_out, hp.encoder.d_model)?,
         })
     }

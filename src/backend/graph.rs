@@ -996,6 +996,17 @@ impl<'g> Graph<'g> {
         stride: usize,
         pad: usize,
     ) -> Tensor<'g> {
+        self.conv2d_with(kernel, None, x, stride, pad)
+    }
+
+    fn conv2d_with(
+        &mut self,
+        kernel: Tensor<'g>,
+        packed: Option<&Weight>,
+        x: Tensor<'g>,
+        stride: usize,
+        pad: usize,
+    ) -> Tensor<'g> {
         check(kernel.ne(2) == x.ne(2) && kernel.is_contiguous(), || {
             format!(
                 "conv2d: kernel {:?} for input {:?}",
@@ -1023,9 +1034,42 @@ impl<'g> Graph<'g> {
         let cols = self.wrap(cols, "im2col");
         let [k, w, h, n] = cols.shape();
         let flat = self.reshape(cols, &[k, w * h * n]);
-        let kern = self.reshape(kernel, &[k, kernel.ne(3)]);
-        let y = self.matmul(kern, flat);
+        let y = match packed {
+            Some(weight) => self.linear_panel16(flat, weight),
+            None => {
+                let kern = self.reshape(kernel, &[k, kernel.ne(3)]);
+                self.matmul(kern, flat)
+            }
+        };
         self.reshape(y, &[kernel.ne(3), w, h, n])
+    }
+
+    /// [`conv2d`](Self::conv2d) with a panel-packed kernel: `weight` [KW * KH * Cin, Cout]
+    /// packed as a linear (row `o` = torch's `weight[o]` flattened), `kw` x `kh` taps.
+    pub fn conv2d_panel16(
+        &mut self,
+        weight: &Weight,
+        (kw, kh): (usize, usize),
+        x: Tensor<'g>,
+        stride: usize,
+        pad: usize,
+    ) -> Tensor<'g> {
+        let [k, cout, ..] = weight.shape();
+        check(
+            weight.layout() == Layout::Panel16 && k == kw * kh * x.ne(2),
+            || {
+                format!(
+                    "conv2d {}: packed kernel {:?} ({kw} x {kh}) for input {:?}",
+                    weight.name(),
+                    weight.shape(),
+                    x.shape()
+                )
+            },
+        );
+        // im2col reads only the kernel's shape, never its (packed) values.
+        let w = self.wrap(weight.raw(), "weight (shape for im2col)");
+        let shape = self.reshape(w, &[kw, kh, x.ne(2), cout]);
+        self.conv2d_with(shape, Some(weight), x, stride, pad)
     }
 
     /// Depthwise 2-D convolution in f32. `kernel` [KW, KH, 1, C], `x` [W, H, C, N].

@@ -7,6 +7,7 @@
 //! Layout: ggml tensors here are `[d, T]` (`ne0` = channels, fastest), i.e. torch's `[T, d]`.
 
 use crate::audio::mel::Features;
+use crate::backend::gguf::Layout;
 use crate::backend::{Backend, Graph, Tensor};
 use crate::model::{
     ConformerLayer, ConvModule, EncoderParams, FeedForward, LayerNorm, Model, PreEncode,
@@ -458,10 +459,15 @@ fn pre_encode_sliced<'g>(
 /// dw_striding subsampling. `x` is the feature image [n_mels, T] (W = mels, H = time).
 fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>) -> Tensor<'g> {
     // conv.0: full 3x3 conv, 1 -> C channels, in f32 (f32 kernel -> f32 im2col).
-    let k0 = g.weight(&p.conv0.weight);
     // Channels fastest ([C, F, T]) from here: the depthwise convs read that layout directly
     // and the pointwise convs are plain matmuls.
-    let x = g.conv2d(k0, x, 2, 1); // [C, F1, T1]
+    let x = if p.conv0.weight.layout() == Layout::Panel16 {
+        // Packed at load (`Model::derived_weights`).
+        g.conv2d_panel16(&p.conv0.weight, (3, 3), x, 2, 1)
+    } else {
+        let k0 = g.weight(&p.conv0.weight);
+        g.conv2d(k0, x, 2, 1)
+    }; // [C, F1, T1]
     let c = x.ne(0);
     let b0 = g.weight(&p.conv0.bias);
     let x = g.add(x, b0);
@@ -493,9 +499,14 @@ fn dw_pw_block<'g>(
     let b = g.weight(&dw.bias);
     let y = g.add(y, b);
     let y = g.reshape(y, &[c, f * t]);
-    let w = g.weight(&pw.weight);
-    let w = g.reshape(w, &[c, c]);
-    let y = g.matmul(w, y);
+    let y = if pw.weight.layout() == Layout::Panel16 {
+        // Packed at load (`Model::derived_weights`).
+        g.linear(y, &pw.weight, None)
+    } else {
+        let w = g.weight(&pw.weight);
+        let w = g.reshape(w, &[c, c]);
+        g.matmul(w, y)
+    };
     let b = g.weight(&pw.bias);
     let y = g.add(y, b);
     let y = g.relu(y);
