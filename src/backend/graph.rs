@@ -172,10 +172,15 @@ unsafe extern "C" fn panel16_gemm_f32(
 ) {
     // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = W (ne [k, m],
     // panel-packed f32), src[1] = x [k, n...] and dst [m, n...], both contiguous f32 and
-    // allocated; each thread writes only its own panels.
+    // allocated, src[2] null or the f32 bias [m]; each thread writes only its own panels.
     unsafe {
         let d = &*dst;
         let (w, x) = (&*d.src[0], &*d.src[1]);
+        let bias = if d.src[2].is_null() {
+            std::ptr::null()
+        } else {
+            (*d.src[2]).data as *const f32
+        };
         let dims = Dims {
             m: w.ne[1] as usize,
             k: w.ne[0] as usize,
@@ -187,6 +192,7 @@ unsafe extern "C" fn panel16_gemm_f32(
                 Isa::best(),
                 w.data as *const f32,
                 x.data as *const f32,
+                bias,
                 d.data as *mut f32,
                 dims,
                 mine,
@@ -557,12 +563,11 @@ impl<'g> Graph<'g> {
         if w.layout() == Layout::Q8_0x8 {
             return self.linear_q8_0x8(x, w, b);
         }
-        let y = if w.layout() == Layout::Panel16 {
-            self.linear_panel16(x, w)
-        } else {
-            let w = self.weight(w);
-            self.matmul(w, x)
-        };
+        if w.layout() == Layout::Panel16 {
+            return self.linear_panel16(x, w, b);
+        }
+        let w = self.weight(w);
+        let y = self.matmul(w, x);
         match b {
             Some(b) => {
                 let b = self.weight(b);
@@ -572,15 +577,26 @@ impl<'g> Graph<'g> {
         }
     }
 
-    /// `x @ W^T` with `W` panel-packed: the packed-weight GEMM as a custom op.
-    fn linear_panel16(&mut self, x: Tensor<'g>, w: &Weight) -> Tensor<'g> {
+    /// `x @ W^T (+ b)` with `W` panel-packed: the packed-weight GEMM as a custom op, the bias
+    /// added in its store.
+    fn linear_panel16(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
         let [k, m, ..] = w.shape();
         check(x.ne(0) == k && x.dtype() == Some(DType::F32), || {
             format!("linear {}: {:?} x {:?}", w.name(), w.shape(), x.shape())
         });
+        if let Some(b) = b {
+            check(
+                b.shape() == [m, 1, 1, 1] && b.dtype() == DType::F32 && b.layout() == Layout::Plain,
+                || format!("linear {}: bias {:?}", w.name(), b.shape()),
+            );
+        }
         let x = if x.is_contiguous() { x } else { self.cont(x) };
         let xs = x.shape();
-        let mut args = [w.raw(), x.raw()];
+        let mut args = [
+            w.raw(),
+            x.raw(),
+            b.map_or(std::ptr::null_mut(), |b| b.raw()),
+        ];
         // SAFETY: an [m, n...] f32 result whose srcs are W (packed [k, m]) and x (contiguous
         // [k, n...]), kept alive and ordered by the graph; the callback only reads them and
         // writes its own panels of the result.
@@ -593,7 +609,7 @@ impl<'g> Graph<'g> {
                 xs[2] as i64,
                 xs[3] as i64,
                 args.as_mut_ptr(),
-                2,
+                if b.is_some() { 3 } else { 2 },
                 Some(panel16_gemm_f32),
                 -1, // every thread of the backend
                 std::ptr::null_mut(),
@@ -1035,7 +1051,7 @@ impl<'g> Graph<'g> {
         let [k, w, h, n] = cols.shape();
         let flat = self.reshape(cols, &[k, w * h * n]);
         let y = match packed {
-            Some(weight) => self.linear_panel16(flat, weight),
+            Some(weight) => self.linear_panel16(flat, weight, None),
             None => {
                 let kern = self.reshape(kernel, &[k, kernel.ne(3)]);
                 self.matmul(kern, flat)

@@ -146,6 +146,9 @@ pub struct Dims {
 /// one pointer: reading them in place, NR rows apart, made the compiler chain the address
 /// computations (one dependent add per FMA), which halved the AVX-512 kernel's rate.
 ///
+/// `bias` (null, or `m` values) is added in the last block's store: `(sum) + bias`, the order
+/// of a separate add after the product.
+///
 /// # Safety
 /// `w` holds `m * k` packed values, `x` `n * k` values (column `j` at `x + j * k`), `y` has
 /// room for `n * m` values (column `j` at `y + j * m`); the panel range is within `m / 16`;
@@ -154,6 +157,7 @@ pub(crate) unsafe fn gemm_panels(
     isa: Isa,
     w: *const f32,
     x: *const f32,
+    bias: *const f32,
     y: *mut f32,
     d: Dims,
     panels: std::ops::Range<usize>,
@@ -161,8 +165,16 @@ pub(crate) unsafe fn gemm_panels(
     if d.k == 0 {
         for j in 0..d.n {
             for p in panels.clone() {
-                // SAFETY: within y per the contract.
-                unsafe { std::ptr::write_bytes(y.add(j * d.m + p * PANEL), 0, PANEL) };
+                for r in 0..PANEL {
+                    let b = if bias.is_null() {
+                        0.0
+                    } else {
+                        // SAFETY: bias holds m values per the contract.
+                        unsafe { *bias.add(p * PANEL + r) }
+                    };
+                    // SAFETY: within y per the contract.
+                    unsafe { *y.add(j * d.m + p * PANEL + r) = b };
+                }
             }
         }
         return;
@@ -183,6 +195,7 @@ pub(crate) unsafe fn gemm_panels(
             while k0 < d.k {
                 let kc = KC.min(d.k - k0);
                 let first = k0 == 0;
+                let last = k0 + kc == d.k;
                 // SAFETY: the block lies within x per the contract.
                 unsafe { pack_block(isa, x, d.k, (n0, nc), (k0, kc), nr, block) };
                 let mut p = panels.start;
@@ -197,6 +210,11 @@ pub(crate) unsafe fn gemm_panels(
                             let a = w.add((p * d.k + k0) * PANEL);
                             let xb = block.as_ptr().add((j - n0) * kc);
                             let yb = y.add(j * d.m + p * PANEL);
+                            let bias = if last && !bias.is_null() {
+                                bias.add(p * PANEL)
+                            } else {
+                                std::ptr::null()
+                            };
                             let t = Tile {
                                 a,
                                 x: xb,
@@ -204,6 +222,7 @@ pub(crate) unsafe fn gemm_panels(
                                 y: yb,
                                 ldy: d.m,
                                 first,
+                                bias,
                             };
                             if pair {
                                 pair_tile(isa, cols, t, d.k * PANEL);
@@ -289,7 +308,8 @@ unsafe fn pack_tile_avx512(x: *const f32, ldx: usize, cols: usize, kc: usize, ds
 }
 
 /// One micro-tile's operands: panel slice `a` (16 x kc), packed activations `x` (`[kk][col]`),
-/// output `y` (column stride `ldy`); `first` stores, otherwise accumulates.
+/// output `y` (column stride `ldy`); `first` stores, otherwise accumulates; a non-null `bias`
+/// (the panel's 16, or 32 for a pair) is added after that.
 #[derive(Clone, Copy)]
 struct Tile {
     a: *const f32,
@@ -298,6 +318,7 @@ struct Tile {
     y: *mut f32,
     ldy: usize,
     first: bool,
+    bias: *const f32,
 }
 
 /// One 16 x `cols` tile over `kc` inner steps.
@@ -368,7 +389,12 @@ unsafe fn tile_portable<const NR: usize>(t: Tile) {
         for (j, acc) in acc.iter().enumerate() {
             let out = std::slice::from_raw_parts_mut(t.y.add(j * t.ldy), PANEL);
             for r in 0..PANEL {
-                out[r] = if t.first { acc[r] } else { out[r] + acc[r] };
+                let v = if t.first { acc[r] } else { out[r] + acc[r] };
+                out[r] = if t.bias.is_null() {
+                    v
+                } else {
+                    v + *t.bias.add(r)
+                };
             }
         }
     }
@@ -400,6 +426,10 @@ unsafe fn tile_avx2<const NR: usize>(t: Tile) {
                 lo[j] = _mm256_add_ps(lo[j], _mm256_loadu_ps(out));
                 hi[j] = _mm256_add_ps(hi[j], _mm256_loadu_ps(out.add(8)));
             }
+            if !t.bias.is_null() {
+                lo[j] = _mm256_add_ps(lo[j], _mm256_loadu_ps(t.bias));
+                hi[j] = _mm256_add_ps(hi[j], _mm256_loadu_ps(t.bias.add(8)));
+            }
             _mm256_storeu_ps(out, lo[j]);
             _mm256_storeu_ps(out.add(8), hi[j]);
         }
@@ -424,11 +454,14 @@ unsafe fn tile_avx512<const NR: usize>(t: Tile) {
         }
         for (j, &acc) in acc.iter().enumerate() {
             let out = t.y.add(j * t.ldy);
-            let v = if t.first {
+            let mut v = if t.first {
                 acc
             } else {
                 _mm512_add_ps(acc, _mm512_loadu_ps(out))
             };
+            if !t.bias.is_null() {
+                v = _mm512_add_ps(v, _mm512_loadu_ps(t.bias));
+            }
             _mm512_storeu_ps(out, v);
         }
     }
@@ -461,7 +494,7 @@ unsafe fn pair_avx512<const NR: usize>(t: Tile, next: usize) {
         for j in 0..NR {
             let out = t.y.add(j * t.ldy);
             let out1 = t.y.add(j * t.ldy + PANEL);
-            let (l, h) = if t.first {
+            let (mut l, mut h) = if t.first {
                 (lo[j], hi[j])
             } else {
                 (
@@ -469,6 +502,10 @@ unsafe fn pair_avx512<const NR: usize>(t: Tile, next: usize) {
                     _mm512_add_ps(hi[j], _mm512_loadu_ps(out1)),
                 )
             };
+            if !t.bias.is_null() {
+                l = _mm512_add_ps(l, _mm512_loadu_ps(t.bias));
+                h = _mm512_add_ps(h, _mm512_loadu_ps(t.bias.add(PANEL)));
+            }
             _mm512_storeu_ps(out, l);
             _mm512_storeu_ps(out1, h);
         }
@@ -495,6 +532,7 @@ pub fn gemm_packed(isa: Isa, packed: &[f32], x: &[f32], d: Dims) -> Vec<f32> {
             isa,
             packed.as_ptr(),
             x.as_ptr(),
+            std::ptr::null(),
             y.as_mut_ptr(),
             d,
             0..d.m / PANEL,
