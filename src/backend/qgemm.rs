@@ -261,7 +261,7 @@ unsafe fn gemm_panels(
     out: *mut f32,
 ) {
     let nb = k / QK;
-    debug_assert!(w.len() == m * nb * Q8_BLOCK && x.q.len() == k * n && p1 * PANEL <= m);
+    debug_assert!(w.len() == m * nb * Q8_BLOCK && x.q.len() >= k * n && p1 * PANEL <= m);
     #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Amx {
         // SAFETY: chosen only where amx::usable(); the activations are signed and padded.
