@@ -267,6 +267,12 @@ fn attend_block(
         }
     }
     // out_i = sum_j prob[i][j] v_j, four queries and 16 channels at a time.
+    #[cfg(target_arch = "x86_64")]
+    if avx512() && dk.is_multiple_of(LANES) {
+        // SAFETY: AVX-512F present; the extents are the ones the portable loop below indexes.
+        unsafe { probs_times_v_avx512(o, head, (j0, nk, nk_pad), ac, (i0, nq), out) };
+        return;
+    }
     let mut b = 0;
     while b < nq {
         let nb = (nq - b).min(4);
@@ -326,9 +332,105 @@ fn transpose_rows(
     }
 }
 
+/// Whether the 512-bit versions of the products can run (the compiler's own vectorisation
+/// of the portable loops keeps to 256-bit registers on these CPUs, half the FMA width).
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+/// The probabilities-times-values loop of [`attend_block`] in 512-bit registers: the same
+/// fused multiply-adds in the same order, so the same bits.
+///
+/// # Safety
+/// AVX-512F; `dk` a multiple of [`LANES`]; `probs` holds `nq` rows of `nk_pad` (`nk <= nk_pad`);
+/// frames `j0 .. j0 + nk` and queries `i0 .. i0 + nq` exist in `o` and `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn probs_times_v_avx512(
+    o: &Operands<'_>,
+    head: usize,
+    (j0, nk, nk_pad): (usize, usize, usize),
+    probs: &[f32],
+    (i0, nq): (usize, usize),
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let dk = o.dk;
+    assert!(nk <= nk_pad && probs.len() >= nq * nk_pad && dk.is_multiple_of(LANES));
+    assert!((i0 + nq) * o.h * dk <= out.len() && j0 + nk <= o.t);
+    let mut b = 0;
+    while b < nq {
+        let nb = (nq - b).min(4);
+        for c0 in (0..dk).step_by(LANES) {
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for j in 0..nk {
+                let vj = o.row(o.v, j0 + j, head)[c0..c0 + LANES].as_ptr();
+                // SAFETY: 16 values at vj (dk is a multiple of 16).
+                let x = unsafe { _mm512_loadu_ps(vj) };
+                for (qb, acc) in acc.iter_mut().enumerate().take(nb) {
+                    let pr = _mm512_set1_ps(probs[(b + qb) * nk_pad + j]);
+                    *acc = _mm512_fmadd_ps(pr, x, *acc);
+                }
+            }
+            for (qb, acc) in acc.iter().enumerate().take(nb) {
+                let at = ((i0 + b + qb) * o.h + head) * dk + c0;
+                // SAFETY: within out (asserted above).
+                unsafe { _mm512_storeu_ps(out[at..at + LANES].as_mut_ptr(), *acc) };
+            }
+        }
+        b += nb;
+    }
+}
+
+/// [`product_qt`] in 512-bit registers (same operations, same order).
+///
+/// # Safety
+/// AVX-512F; the extents of [`product_qt`], `n_pad` a multiple of [`LANES`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn product_qt_avx512(
+    a: &[f32],
+    bt: &[f32],
+    dk: usize,
+    nq: usize,
+    n_pad: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(a.len() >= nq * dk && bt.len() >= dk * n_pad && out.len() >= nq * n_pad);
+    assert!(n_pad.is_multiple_of(LANES));
+    let mut b = 0;
+    while b < nq {
+        let nb = (nq - b).min(4);
+        for j0 in (0..n_pad).step_by(LANES) {
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for c in 0..dk {
+                // SAFETY: 16 values of row c from column j0 (asserted extents).
+                let col = unsafe { _mm512_loadu_ps(bt[c * n_pad + j0..].as_ptr()) };
+                for (qb, acc) in acc.iter_mut().enumerate().take(nb) {
+                    let x = _mm512_set1_ps(a[(b + qb) * dk + c]);
+                    *acc = _mm512_fmadd_ps(x, col, *acc);
+                }
+            }
+            for (qb, acc) in acc.iter().enumerate().take(nb) {
+                // SAFETY: 16 values of output row b + qb from column j0.
+                unsafe { _mm512_storeu_ps(out[(b + qb) * n_pad + j0..].as_mut_ptr(), *acc) };
+            }
+        }
+        b += nb;
+    }
+}
+
 /// `out[b][j] = sum_c a[b][c] * bt[c][j]` for `nq` rows of `a` (`[nq][dk]`) and `bt`
 /// `[dk][n_pad]`; four rows by 16 columns of accumulators at a time.
 fn product_qt(a: &[f32], bt: &[f32], dk: usize, nq: usize, n_pad: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: AVX-512F present; n_pad is a multiple of LANES (the callers pad to it).
+        unsafe { product_qt_avx512(a, bt, dk, nq, n_pad, out) };
+        return;
+    }
     let mut b = 0;
     while b < nq {
         let nb = (nq - b).min(4);
