@@ -700,28 +700,27 @@ impl Loader<'_> {
                 bias: self.w(&format!("{p}.conv.{conv}.bias"), &[c])?,
             })
         };
-        let pointwise = |derived: &mut HashMap<String, Weight>, conv: &str| -> Result<Conv2d> {
+        // The panel-packed kernel made at load, or the file's own (when C is not a multiple
+        // of 16).
+        let packed_or_plain = |derived: &mut HashMap<String, Weight>,
+                               conv: &str,
+                               shape: &[usize]|
+         -> Result<Conv2d> {
             let prefix = format!("{p}.conv.{conv}");
             match derived.remove(&panel16_name(conv)) {
                 Some(weight) => Ok(Conv2d {
                     weight,
                     bias: self.w(&format!("{prefix}.bias"), &[c])?,
                 }),
-                None => self.conv2d(&prefix, &[1, 1, c, c], c),
+                None => self.conv2d(&prefix, shape, c),
             }
         };
         Ok(PreEncode {
-            conv0: match derived.remove(&panel16_name("0")) {
-                Some(weight) => Conv2d {
-                    weight,
-                    bias: self.w(&format!("{p}.conv.0.bias"), &[c])?,
-                },
-                None => self.conv2d(&format!("{p}.conv.0"), &[3, 3, 1, c], c)?,
-            },
+            conv0: packed_or_plain(derived, "0", &[3, 3, 1, c])?,
             conv2: depthwise(derived, "2")?,
-            conv3: pointwise(derived, "3")?,
+            conv3: packed_or_plain(derived, "3", &[1, 1, c, c])?,
             conv5: depthwise(derived, "5")?,
-            conv6: pointwise(derived, "6")?,
+            conv6: packed_or_plain(derived, "6", &[1, 1, c, c])?,
             out: self.linear(&format!("{p}.out"), c * f_out, hp.encoder.d_model)?,
         })
     }

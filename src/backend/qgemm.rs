@@ -261,7 +261,11 @@ unsafe fn gemm_panels(
     out: *mut f32,
 ) {
     let nb = k / QK;
-    debug_assert!(w.len() == m * nb * Q8_BLOCK && x.q.len() >= k * n && p1 * PANEL <= m);
+    // The extents every kernel relies on (the SIMD ones read the activations' padding too).
+    let padded = n.next_multiple_of(STEP_PAD);
+    assert!(w.len() >= p1 * nb * PANEL_BLOCK && p1 * PANEL <= m);
+    assert!(x.q.len() >= padded * k && x.d.len() >= padded * nb);
+    assert!(bias.is_none_or(|b| b.len() >= m));
     #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Amx {
         // SAFETY: chosen only where amx::usable(); the activations are signed and padded.
@@ -503,8 +507,8 @@ mod vnni {
     ///
     /// # Safety
     /// AVX-512 F/BW/VNNI and F16C available; the activations were quantized for this kernel;
-    /// `out` holds `n` steps of `m` rows (step stride `m`) and the rows of these panels are
-    /// ours alone.
+    /// the extents checked by `gemm_panels`; `out` holds `n` steps of `m` rows (step stride
+    /// `m`) and the rows of these panels are ours alone.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn panels(
@@ -518,9 +522,6 @@ mod vnni {
         out: *mut f32,
     ) {
         let nb = k / QK;
-        assert!(w.len() >= p1 * nb * PANEL_BLOCK && p1 * PANEL <= m);
-        assert!(x.q.len() >= n * k && x.d.len() >= n * nb);
-        assert!(bias.is_none_or(|b| b.len() >= m));
         let mut g0 = p0;
         while g0 < p1 {
             let group = (g0, (g0 + GROUP).min(p1));

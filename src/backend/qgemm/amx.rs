@@ -100,7 +100,8 @@ struct Sums([i32; 2 * ROWS * 2 * PANEL]);
 ///
 /// # Safety
 /// [`usable`] is true; the activations were quantized signed and padded to [`STEP_PAD`] steps;
-/// `out` holds `n` steps of `m` rows (step stride `m`) and the rows of these panels are ours.
+/// the extents checked by `gemm_panels`; `out` holds `n` steps of `m` rows (step stride `m`)
+/// and the rows of these panels are ours.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn panels(
@@ -113,11 +114,6 @@ pub(super) unsafe fn panels(
     bias: Option<&[f32]>,
     out: *mut f32,
 ) {
-    let nb = k / QK;
-    let padded = n.next_multiple_of(ROWS);
-    assert!(w.len() >= p1 * nb * PANEL_BLOCK && p1 * PANEL <= m);
-    assert!(x.q.len() >= padded * k && x.d.len() >= padded * nb);
-    assert!(bias.is_none_or(|b| b.len() >= m));
     let config = TileConfig::gemm();
     let mut sums = Sums([0; 2 * ROWS * 2 * PANEL]);
     // SAFETY: AMX is usable (the contract); the configuration is a valid palette-1 one.
@@ -247,31 +243,18 @@ unsafe fn multiply<const SET: usize>(
 ) {
     // SAFETY: per the contract.
     unsafe {
-        if SET == 0 {
-            asm!(
-                "tileloadd tmm0, [{x} + {ldx} * 1]",
-                "tileloadd tmm1, [{wa} + {ldw} * 1]",
-                "tileloadd tmm2, [{wb} + {ldw} * 1]",
-                "tilezero tmm3",
-                "tilezero tmm4",
-                "tdpbssd tmm3, tmm0, tmm1",
-                "tdpbssd tmm4, tmm0, tmm2",
-                x = in(reg) x, ldx = in(reg) ldx, wa = in(reg) wa, wb = in(reg) wb,
-                ldw = in(reg) ldw, options(nostack, readonly),
-            );
-        } else {
-            asm!(
-                "tileloadd tmm0, [{x} + {ldx} * 1]",
-                "tileloadd tmm1, [{wa} + {ldw} * 1]",
-                "tileloadd tmm2, [{wb} + {ldw} * 1]",
-                "tilezero tmm5",
-                "tilezero tmm6",
-                "tdpbssd tmm5, tmm0, tmm1",
-                "tdpbssd tmm6, tmm0, tmm2",
-                x = in(reg) x, ldx = in(reg) ldx, wa = in(reg) wa, wb = in(reg) wb,
-                ldw = in(reg) ldw, options(nostack, readonly),
-            );
-        }
+        asm!(
+            "tileloadd tmm0, [{x} + {ldx} * 1]",
+            "tileloadd tmm1, [{wa} + {ldw} * 1]",
+            "tileloadd tmm2, [{wb} + {ldw} * 1]",
+            "tilezero tmm{sa}",
+            "tilezero tmm{sb}",
+            "tdpbssd tmm{sa}, tmm0, tmm1",
+            "tdpbssd tmm{sb}, tmm0, tmm2",
+            x = in(reg) x, ldx = in(reg) ldx, wa = in(reg) wa, wb = in(reg) wb,
+            ldw = in(reg) ldw, sa = const 3 + 2 * SET, sb = const 4 + 2 * SET,
+            options(nostack, readonly),
+        );
     }
 }
 
@@ -284,18 +267,11 @@ unsafe fn store<const SET: usize>(s: *mut i32) {
     let ld = 2 * PANEL * 4;
     // SAFETY: per the contract.
     unsafe {
-        if SET == 0 {
-            asm!(
-                "tilestored [{a} + {ld} * 1], tmm3",
-                "tilestored [{b} + {ld} * 1], tmm4",
-                a = in(reg) s, b = in(reg) s.add(PANEL), ld = in(reg) ld, options(nostack),
-            );
-        } else {
-            asm!(
-                "tilestored [{a} + {ld} * 1], tmm5",
-                "tilestored [{b} + {ld} * 1], tmm6",
-                a = in(reg) s, b = in(reg) s.add(PANEL), ld = in(reg) ld, options(nostack),
-            );
-        }
+        asm!(
+            "tilestored [{a} + {ld} * 1], tmm{sa}",
+            "tilestored [{b} + {ld} * 1], tmm{sb}",
+            a = in(reg) s, b = in(reg) s.add(PANEL), ld = in(reg) ld,
+            sa = const 3 + 2 * SET, sb = const 4 + 2 * SET, options(nostack),
+        );
     }
 }
