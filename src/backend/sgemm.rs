@@ -201,6 +201,16 @@ pub(crate) unsafe fn gemm_panels(
                 let mut p = panels.start;
                 while p < panels.end {
                     let pair = step == 2 && p + 1 < panels.end;
+                    // The slices the next pair of panels will read (this block's, or the next
+                    // block's first pair): fetched into L2 during this pair's first two
+                    // tiles, so the next pair does not start on a memory stall.
+                    let next = if p + 2 < panels.end {
+                        Some((p + 2, k0, kc))
+                    } else if k0 + kc < d.k {
+                        Some((panels.start, k0 + kc, KC.min(d.k - k0 - kc)))
+                    } else {
+                        None
+                    };
                     let mut j = n0;
                     while j < n0 + nc {
                         let cols = nr.min(n0 + nc - j);
@@ -215,6 +225,22 @@ pub(crate) unsafe fn gemm_panels(
                             } else {
                                 std::ptr::null()
                             };
+                            // Tile 0 fetches the next pair's first panel, tile 1 its second; one
+                            // line per step covers `kc` lines, so a shorter next slice is
+                            // over-fetched by a few lines of the following panel at most,
+                            // which stays within the weights when the next panel exists.
+                            let tile_index = (j - n0) / nr;
+                            let prefetch = match next {
+                                Some((np, nk0, nkc)) if tile_index < 2 && pair => {
+                                    let q = np + tile_index;
+                                    if q < panels.end && nkc == kc {
+                                        w.add((q * d.k + nk0) * PANEL).cast::<u8>()
+                                    } else {
+                                        a.cast::<u8>()
+                                    }
+                                }
+                                _ => a.cast::<u8>(),
+                            };
                             let t = Tile {
                                 a,
                                 x: xb,
@@ -223,6 +249,7 @@ pub(crate) unsafe fn gemm_panels(
                                 ldy: d.m,
                                 first,
                                 bias,
+                                prefetch,
                             };
                             if pair {
                                 pair_tile(isa, cols, t, d.k * PANEL);
@@ -319,6 +346,8 @@ struct Tile {
     ldy: usize,
     first: bool,
     bias: *const f32,
+    /// `kc` cache lines from here are prefetched into L2 (pair kernel only), one per step.
+    prefetch: *const u8,
 }
 
 /// One 16 x `cols` tile over `kc` inner steps.
@@ -485,6 +514,7 @@ unsafe fn pair_avx512<const NR: usize>(t: Tile, next: usize) {
             let w0 = _mm512_loadu_ps(t.a.add(kk * PANEL));
             let w1 = _mm512_loadu_ps(a1.add(kk * PANEL));
             let xs = t.x.add(kk * NR);
+            _mm_prefetch::<_MM_HINT_T1>(t.prefetch.add(kk * 64).cast());
             for j in 0..NR {
                 let b = _mm512_set1_ps(*xs.add(j));
                 lo[j] = _mm512_fmadd_ps(w0, b, lo[j]);
