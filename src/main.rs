@@ -412,7 +412,12 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let threads = thread_count(args.threads)?;
     let start = Instant::now();
     let model_path = resolve_model(&args.model)?;
-    let mut tr = Transcriber::load(&model_path, threads)?;
+    // The first file's length, from its header: its compute buffer is readied during the load.
+    let expect_seconds = jobs
+        .first()
+        .filter(|j| j.path.as_os_str() != "-")
+        .and_then(|j| audio::declared_seconds(&j.path));
+    let mut tr = Transcriber::load_for(&model_path, threads, expect_seconds)?;
     tr.set_attention(args.att_context);
     let mut profile = Profile {
         load: start.elapsed(),

@@ -79,6 +79,32 @@ impl StageTimes {
     }
 }
 
+/// The encoder graphs of an utterance of `seconds` (zero features), allocated, not computed.
+fn prepare_encoder(backend: &mut Backend, model: &Model, seconds: f64) -> Result<()> {
+    let hp = &model.hparams;
+    let samples = (seconds.max(0.0) * hp.preprocessor.sample_rate as f64) as usize;
+    // As `MelConfig::n_frames`.
+    let n_frames = samples / hp.preprocessor.hop_length.max(1);
+    let features = Features {
+        data: vec![0.0; n_frames * hp.encoder.feat_in],
+        n_mels: hp.encoder.feat_in,
+        n_frames,
+    };
+    let outputs = if model.joint.is_some() {
+        Outputs::JointEnc
+    } else {
+        Outputs::CtcLogits
+    };
+    let attention = AttentionChoice::Auto.resolve(
+        hp.encoder.attention,
+        hp.geometry().encoded_len(n_frames),
+        hp.geometry().frame_seconds(),
+    );
+    backend.prepare(|b| {
+        encode_image(b, model, FeatureImage::from(&features), attention, outputs).map(|_| ())
+    })
+}
+
 /// Compute buffer kept between utterances (a 0.6b encoder pass over 30 s needs about this).
 const KEEP_COMPUTE_BUFFER_BYTES: usize = 256 << 20;
 
@@ -109,9 +135,33 @@ impl Transcriber {
     }
 
     pub fn load(path: &Path, threads: usize) -> Result<Transcriber> {
-        let model = Model::load(path)?;
-        model.file.populate();
-        Transcriber::new(model, threads)
+        Transcriber::load_for(path, threads, None)
+    }
+
+    /// [`Transcriber::load`], also readying the compute buffer for an utterance of
+    /// `expect_seconds` ([`Transcriber::prepare`]) while another thread maps the weights' pages.
+    pub fn load_for(
+        path: &Path,
+        threads: usize,
+        expect_seconds: Option<f64>,
+    ) -> Result<Transcriber> {
+        let mut tr = Transcriber::new(Model::load(path)?, threads)?;
+        let Transcriber { model, backend, .. } = &mut tr;
+        std::thread::scope(|s| {
+            s.spawn(|| model.file.populate());
+            match expect_seconds {
+                Some(seconds) => prepare_encoder(backend, model, seconds),
+                None => Ok(()),
+            }
+        })?;
+        Ok(tr)
+    }
+
+    /// Grows the compute buffer to what an utterance of `seconds` needs and writes every page
+    /// of it once, so that the first utterance does not pay for fresh memory (the graphs are
+    /// built and allocated, not computed). Later utterances of up to that length reuse it.
+    pub fn prepare(&mut self, seconds: f64) -> Result<()> {
+        prepare_encoder(&mut self.backend, &self.model, seconds)
     }
 
     pub fn sample_rate(&self) -> u32 {

@@ -63,6 +63,34 @@ fn transcripts_match_nemo_token_for_token() {
     }
 }
 
+/// A transcriber whose compute buffer was readied at load for the clip's length: the clip then
+/// runs in that buffer (it does not grow), and the transcript is still NeMo's.
+#[test]
+fn a_prepared_compute_buffer_serves_the_utterance() {
+    for (suffix, clip) in CLIPS {
+        let samples = clip_samples(clip);
+        let seconds = parakeet::audio::declared_seconds(&reference("").join(clip)).unwrap();
+        assert!((seconds - samples.len() as f64 / 16000.0).abs() < 1e-9);
+        let mut tr =
+            Transcriber::load_for(&gguf("tiny_tdt", OutType::F32), 2, Some(seconds)).unwrap();
+        let prepared = tr.backend.compute_buffer_bytes();
+        assert!(prepared > 0, "{clip}: nothing prepared");
+        assert_eq!(
+            tr.backend.stats().graphs_computed,
+            0,
+            "{clip}: prepare computed"
+        );
+        let ours = tr.transcribe(samples, DecoderChoice::Auto).unwrap();
+        assert_eq!(
+            tr.backend.compute_buffer_bytes(),
+            prepared,
+            "{clip}: buffer grew"
+        );
+        let nemo = json(&reference(&format!("tiny_tdt{suffix}")).join("result.json"));
+        assert_eq!(ours.text, nemo["greedy_batch"]["text"].as_str().unwrap());
+    }
+}
+
 /// NeMo's encoder output fed to our decoder: every step (frame, input, label, duration) of
 /// NeMo's greedy trace must be ours.
 #[test]

@@ -321,6 +321,32 @@ fn decode_symphonia<'a, S: MediaSource + 'a>(source: S, ext: Option<&str>) -> Re
     Audio::new(mixer.samples, mixer.sample_rate, channels)
 }
 
+/// The duration a file declares in its header (WAV, FLAC, ...), without decoding it; `None`
+/// when it declares none or cannot be read (the decoder then says why). Regular files only: a
+/// pipe's bytes would be consumed.
+pub fn declared_seconds(path: &Path) -> Option<f64> {
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let file = File::open(path).ok()?;
+    let stream = MediaSourceStream::new(Box::new(file), Default::default());
+    let mut hint = Hint::new();
+    if let Some(ext) = extension(path) {
+        hint.with_extension(ext);
+    }
+    let format = symphonia::default::get_probe()
+        .probe(
+            &hint,
+            stream,
+            FormatOptions::default(),
+            MetadataOptions::default(),
+        )
+        .ok()?;
+    let track = format.default_track(TrackType::Audio)?;
+    let rate = track.codec_params.as_ref()?.audio()?.sample_rate?;
+    Some(track.num_frames? as f64 / rate.max(1) as f64)
+}
+
 fn decode_packets(
     format: &mut dyn FormatReader,
     decoder: &mut dyn AudioDecoder,

@@ -40,6 +40,8 @@ pub fn load_audio(path: &Path) -> Result<Audio> {
     decode::decode_file(path)
 }
 
+pub use decode::declared_seconds;
+
 /// Reads a whole audio file (WAV, FLAC, ...) from standard input.
 pub fn read_stdin() -> Result<Audio> {
     let mut bytes = Vec::new();
