@@ -355,35 +355,95 @@ unsafe fn probs_times_v_avx512(
     (i0, nq): (usize, usize),
     out: &mut [f32],
 ) {
-    use std::arch::x86_64::*;
     let dk = o.dk;
     assert!(nk <= nk_pad && probs.len() >= nq * nk_pad && dk.is_multiple_of(LANES));
     assert!((i0 + nq) * o.h * dk <= out.len() && j0 + nk <= o.t);
+    // Frame j's 16-channel vector v of this head, and query row b's output, as offsets.
+    let v_at = |j: usize| ((j0 + j) * o.h + head) * dk;
+    let out_at = |b: usize| ((i0 + b) * o.h + head) * dk;
     let mut b = 0;
     while b < nq {
         let nb = (nq - b).min(4);
-        for c0 in (0..dk).step_by(LANES) {
-            let mut acc = [_mm512_setzero_ps(); 4];
-            for j in 0..nk {
-                let vj = o.row(o.v, j0 + j, head)[c0..c0 + LANES].as_ptr();
-                // SAFETY: 16 values at vj (dk is a multiple of 16).
-                let x = unsafe { _mm512_loadu_ps(vj) };
-                for (qb, acc) in acc.iter_mut().enumerate().take(nb) {
-                    let pr = _mm512_set1_ps(probs[(b + qb) * nk_pad + j]);
-                    *acc = _mm512_fmadd_ps(pr, x, *acc);
+        let mut c0 = 0;
+        while c0 < dk {
+            let nv = ((dk - c0) / LANES).min(4);
+            let t = PvTile {
+                probs: &probs[b * nk_pad..],
+                nk_pad,
+                nk,
+                v: &o.v[v_at(0) + c0..],
+                v_stride: o.h * dk,
+                out: &mut out[out_at(b) + c0..],
+                out_stride: o.h * dk,
+            };
+            // SAFETY: AVX-512F (this function's contract); extents asserted above.
+            unsafe {
+                macro_rules! by_shape {
+                    ($($r:literal $v:literal),*) => {
+                        match (nb, nv) {
+                            $(($r, $v) => pv_tile::<$r, $v>(t),)*
+                            _ => unreachable!("tile {nb} x {nv}"),
+                        }
+                    };
                 }
+                by_shape!(1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4);
             }
-            for (qb, acc) in acc.iter().enumerate().take(nb) {
-                let at = ((i0 + b + qb) * o.h + head) * dk + c0;
-                // SAFETY: within out (asserted above).
-                unsafe { _mm512_storeu_ps(out[at..at + LANES].as_mut_ptr(), *acc) };
-            }
+            c0 += nv * LANES;
         }
         b += nb;
     }
 }
 
-/// [`product_qt`] in 512-bit registers (same operations, same order).
+/// Operands of one [`pv_tile`]: `R` rows of probabilities (`nk_pad` apart, `nk` used), the
+/// values' channels from the tile's first (frames `v_stride` apart), the output rows
+/// (`out_stride` apart) from the same channel.
+#[cfg(target_arch = "x86_64")]
+struct PvTile<'a> {
+    probs: &'a [f32],
+    nk_pad: usize,
+    nk: usize,
+    v: &'a [f32],
+    v_stride: usize,
+    out: &'a mut [f32],
+    out_stride: usize,
+}
+
+/// `R` queries x `V` 16-channel vectors of [`probs_times_v_avx512`].
+///
+/// # Safety
+/// AVX-512F; the extents described on [`PvTile`] for `R` rows, `nk` frames and `V * 16`
+/// channels.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pv_tile<const R: usize, const V: usize>(t: PvTile<'_>) {
+    use std::arch::x86_64::*;
+    assert!(t.nk >= 1 && t.probs.len() >= (R - 1) * t.nk_pad + t.nk);
+    assert!(t.v.len() >= (t.nk - 1) * t.v_stride + V * LANES);
+    assert!(t.out.len() >= (R - 1) * t.out_stride + V * LANES);
+    let mut acc = [[_mm512_setzero_ps(); V]; R];
+    for j in 0..t.nk {
+        // SAFETY: V vectors of frame j (asserted extents).
+        let x: [__m512; V] = std::array::from_fn(|v| unsafe {
+            _mm512_loadu_ps(t.v.as_ptr().add(j * t.v_stride + v * LANES))
+        });
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let pr = _mm512_set1_ps(t.probs[r * t.nk_pad + j]);
+            for (acc, &x) in acc.iter_mut().zip(&x) {
+                *acc = _mm512_fmadd_ps(pr, x, *acc);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (v, &acc) in acc.iter().enumerate() {
+            // SAFETY: within out (asserted above).
+            unsafe { _mm512_storeu_ps(t.out.as_mut_ptr().add(r * t.out_stride + v * LANES), acc) };
+        }
+    }
+}
+
+/// [`product_qt`] in 512-bit registers (same operations, same order per output, so the
+/// same bits): tiles of up to 4 rows x 64 columns, 16 accumulators, enough independent
+/// chains for both FMA ports (a 4 x 16 tile left them half idle on the FMA latency).
 ///
 /// # Safety
 /// AVX-512F; the extents of [`product_qt`], `n_pad` a multiple of [`LANES`].
@@ -397,28 +457,81 @@ unsafe fn product_qt_avx512(
     n_pad: usize,
     out: &mut [f32],
 ) {
-    use std::arch::x86_64::*;
     assert!(a.len() >= nq * dk && bt.len() >= dk * n_pad && out.len() >= nq * n_pad);
     assert!(n_pad.is_multiple_of(LANES));
     let mut b = 0;
     while b < nq {
         let nb = (nq - b).min(4);
-        for j0 in (0..n_pad).step_by(LANES) {
-            let mut acc = [_mm512_setzero_ps(); 4];
-            for c in 0..dk {
-                // SAFETY: 16 values of row c from column j0 (asserted extents).
-                let col = unsafe { _mm512_loadu_ps(bt[c * n_pad + j0..].as_ptr()) };
-                for (qb, acc) in acc.iter_mut().enumerate().take(nb) {
-                    let x = _mm512_set1_ps(a[(b + qb) * dk + c]);
-                    *acc = _mm512_fmadd_ps(x, col, *acc);
+        let mut j0 = 0;
+        while j0 < n_pad {
+            let nv = ((n_pad - j0) / LANES).min(4);
+            let t = QtTile {
+                a: &a[b * dk..],
+                bt: &bt[j0..],
+                dk,
+                n_pad,
+                out: &mut out[b * n_pad + j0..],
+            };
+            // SAFETY: AVX-512F (this function's contract); nb rows of a and out, nv vectors
+            // of columns from j0 (within n_pad, asserted above).
+            unsafe {
+                macro_rules! by_shape {
+                    ($($r:literal $v:literal),*) => {
+                        match (nb, nv) {
+                            $(($r, $v) => qt_tile::<$r, $v>(t),)*
+                            _ => unreachable!("tile {nb} x {nv}"),
+                        }
+                    };
                 }
+                by_shape!(1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4);
             }
-            for (qb, acc) in acc.iter().enumerate().take(nb) {
-                // SAFETY: 16 values of output row b + qb from column j0.
-                unsafe { _mm512_storeu_ps(out[(b + qb) * n_pad + j0..].as_mut_ptr(), *acc) };
-            }
+            j0 += nv * LANES;
         }
         b += nb;
+    }
+}
+
+/// Operands of one [`qt_tile`]: rows of `a` from its first, columns of `bt` and `out` from the
+/// tile's first (row strides `dk`, `n_pad`, `n_pad`).
+#[cfg(target_arch = "x86_64")]
+struct QtTile<'a> {
+    a: &'a [f32],
+    bt: &'a [f32],
+    dk: usize,
+    n_pad: usize,
+    out: &'a mut [f32],
+}
+
+/// `R` rows x `V` 16-column vectors of [`product_qt_avx512`].
+///
+/// # Safety
+/// AVX-512F; `a` holds `R` rows of `dk`, `bt` `dk` rows of `n_pad` with `V * 16` columns from
+/// its start, `out` `R` rows of `n_pad` with as many.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn qt_tile<const R: usize, const V: usize>(t: QtTile<'_>) {
+    use std::arch::x86_64::*;
+    let (dk, n_pad) = (t.dk, t.n_pad);
+    assert!(t.a.len() >= (R - 1) * dk + dk && t.bt.len() >= (dk - 1) * n_pad + V * LANES);
+    assert!(t.out.len() >= (R - 1) * n_pad + V * LANES);
+    let mut acc = [[_mm512_setzero_ps(); V]; R];
+    for c in 0..dk {
+        // SAFETY: V vectors of row c (asserted extents).
+        let cols: [__m512; V] = std::array::from_fn(|v| unsafe {
+            _mm512_loadu_ps(t.bt.as_ptr().add(c * n_pad + v * LANES))
+        });
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let x = _mm512_set1_ps(t.a[r * dk + c]);
+            for (acc, &col) in acc.iter_mut().zip(&cols) {
+                *acc = _mm512_fmadd_ps(x, col, *acc);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (v, &acc) in acc.iter().enumerate() {
+            // SAFETY: within out (asserted above).
+            unsafe { _mm512_storeu_ps(t.out.as_mut_ptr().add(r * n_pad + v * LANES), acc) };
+        }
     }
 }
 
