@@ -419,6 +419,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .and_then(|j| audio::declared_seconds(&j.path));
     let mut tr = Transcriber::load_for(&model_path, threads, expect_seconds)?;
     tr.set_attention(args.att_context);
+    tr.backend.set_op_timing(args.profile);
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()
@@ -701,4 +702,26 @@ fn print_profile(p: &Profile, tr: &Transcriber, wall: Duration) {
             b as f64 / (1 << 20) as f64
         ))
     );
+    print_op_times(&stats.op_times);
+}
+
+/// The graph nodes' time by kind (encoder and decoder graphs together), largest first.
+fn print_op_times(times: &std::collections::BTreeMap<String, (Duration, u64)>) {
+    let total: Duration = times.values().map(|(d, _)| *d).sum();
+    if total.is_zero() {
+        return;
+    }
+    let mut rows: Vec<_> = times.iter().collect();
+    rows.sort_by_key(|(_, (d, _))| std::cmp::Reverse(*d));
+    eprintln!(
+        "graph nodes by kind (a node's time includes waiting for the previous one's threads)"
+    );
+    for (label, (d, n)) in rows {
+        eprintln!(
+            "  {:>9.1} ms {:>5.1} % {:>6} x  {label}",
+            d.as_secs_f64() * 1e3,
+            100.0 * d.as_secs_f64() / total.as_secs_f64(),
+            n
+        );
+    }
 }

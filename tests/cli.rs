@@ -264,3 +264,50 @@ fn every_audio_format_fixture_transcribes() {
     assert!(err.contains(&format!("{n_audio} done, 0 failed")), "{err}");
     assert_eq!(text(&out.stdout).lines().count(), n_audio);
 }
+
+/// `--profile` prints the stage table, then the graph nodes' time by kind: the encoder's
+/// attention (one node per layer of the 2-layer tiny model), its linears and the decoder's
+/// LSTM are each one row, and the shares sum to the whole.
+#[test]
+fn profile_shows_where_the_time_went() {
+    let cache = scratch("cache-profile");
+    let clip = reference("").join("speech_2s.wav");
+    let out = transcribe(&clip, &nemo("tiny_tdt"), &["--profile"], &cache);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim_end(), nemo_text("tiny_tdt_2s"));
+    let err = text(&out.stderr);
+    for stage in ["model load", "features", "encoder", "decoder", "total"] {
+        assert!(err.lines().any(|l| l.starts_with(stage)), "{stage}: {err}");
+    }
+    let table: Vec<&str> = err
+        .lines()
+        .skip_while(|l| !l.starts_with("graph nodes by kind"))
+        .skip(1)
+        .collect();
+    for kind in [
+        "rel_pos_attention",
+        "lstm_pointwise",
+        "linear (panel16 gemm)",
+    ] {
+        assert_eq!(
+            table
+                .iter()
+                .filter(|l| l.ends_with(&format!("  {kind}")))
+                .count(),
+            1,
+            "{kind}: {err}"
+        );
+    }
+    assert!(
+        table.iter().any(|l| l.ends_with(" 2 x  rel_pos_attention")),
+        "{err}"
+    );
+    let shares: f64 = table
+        .iter()
+        .map(|l| l.split_whitespace().nth(2).unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert!(
+        (shares - 100.0).abs() < 0.5,
+        "shares sum to {shares}: {err}"
+    );
+}

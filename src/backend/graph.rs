@@ -384,6 +384,14 @@ impl<'g> Graph<'g> {
     }
 
     pub(super) fn wrap(&self, ptr: *mut sys::ggml_tensor, what: &str) -> Tensor<'g> {
+        // Named for what it is (a custom op is otherwise just "CUSTOM" in profiles).
+        if !ptr.is_null()
+            && !what.is_empty()
+            && let Ok(c) = std::ffi::CString::new(what)
+        {
+            // SAFETY: a live tensor of this graph's context; ggml copies (and truncates) it.
+            unsafe { sys::ggml_set_name(ptr, c.as_ptr()) };
+        }
         Tensor::new(ptr, what)
     }
 

@@ -87,6 +87,10 @@ pub struct Stats {
     pub compute_buffer_bytes: usize,
     /// Largest size the compute buffer has had.
     pub peak_compute_buffer_bytes: usize,
+    /// Time per kind of graph node, when [`Backend::set_op_timing`] is on: label -> (time,
+    /// nodes). A node's time runs from the end of the previous node to its own end on ggml's
+    /// first thread, so it includes the wait for the slowest thread of the previous node.
+    pub op_times: std::collections::BTreeMap<String, (Duration, u64)>,
 }
 
 /// Results of one [`Backend::compute`].
@@ -151,8 +155,8 @@ pub struct Backend {
     galloc: sys::ggml_gallocr_t,
     n_threads: usize,
     stats: Stats,
-    /// Told the fraction of nodes done during each compute (boxed: ggml holds its address).
-    progress: Option<Box<ProgressHook>>,
+    /// Run after every node (boxed: ggml holds its address).
+    hook: Box<NodeHook>,
     /// Base of the compute buffer last given huge pages (see [`advise_huge_pages`]).
     advised_base: usize,
     /// Graphs are allocated and their buffer written, not computed ([`Backend::prepare`]).
@@ -162,23 +166,85 @@ pub struct Backend {
 /// Reports the fraction of a graph's nodes computed so far.
 pub type ProgressFn = Box<dyn FnMut(f64) + Send>;
 
-struct ProgressHook {
+/// What runs after every node of a compute: progress reports and/or node end times.
+#[derive(Default)]
+struct NodeHook {
     done: usize,
     total: usize,
-    report: ProgressFn,
+    report: Option<ProgressFn>,
+    /// Node end times (the compute's start first), when timing nodes.
+    ends: Option<Vec<Instant>>,
+}
+
+impl NodeHook {
+    fn active(&self) -> bool {
+        self.report.is_some() || self.ends.is_some()
+    }
 }
 
 /// ggml's CPU backend calls this on its first thread after every node (as an abort check);
 /// it never aborts.
-unsafe extern "C" fn progress_node_done(data: *mut std::os::raw::c_void) -> bool {
-    // SAFETY: `data` is the `ProgressHook` registered in `compute`, alive and not otherwise
-    // borrowed until the compute returns and unregisters it.
-    let hook = unsafe { &mut *(data as *mut ProgressHook) };
+unsafe extern "C" fn node_done(data: *mut std::os::raw::c_void) -> bool {
+    // SAFETY: `data` is the backend's `NodeHook`, registered in `compute`, alive and not
+    // otherwise borrowed until the compute returns and unregisters it.
+    let hook = unsafe { &mut *(data as *mut NodeHook) };
+    if let Some(ends) = hook.ends.as_mut() {
+        ends.push(Instant::now());
+    }
     hook.done += 1;
     let frac = hook.done as f64 / hook.total.max(1) as f64;
-    // A panic must not unwind into C; a failed progress report is not worth stopping for.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (hook.report)(frac)));
+    if let Some(report) = hook.report.as_mut() {
+        // A panic must not unwind into C; a failed progress report is not worth stopping for.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| report(frac)));
+    }
     false
+}
+
+/// Adds each computed node's time (from `ends`, which starts with the compute's start) to
+/// `times` under the node's label: its name (set by [`Graph`] to what it is), else its op.
+///
+/// # Safety
+/// `gf` is the graph just computed.
+unsafe fn add_node_times(
+    gf: *mut sys::ggml_cgraph,
+    ends: &[Instant],
+    times: &mut std::collections::BTreeMap<String, (Duration, u64)>,
+) {
+    let mut n = 0;
+    // SAFETY: per the contract; node pointers of a built graph are valid.
+    unsafe {
+        for i in 0..sys::ggml_graph_n_nodes(gf) {
+            let node = sys::ggml_graph_node(gf, i);
+            if !computes((*node).op) {
+                continue;
+            }
+            let (Some(&start), Some(&end)) = (ends.get(n), ends.get(n + 1)) else {
+                break;
+            };
+            n += 1;
+            let name = cstr((*node).name.as_ptr());
+            let label = if name.is_empty() {
+                cstr(sys::ggml_op_desc(node))
+            } else {
+                name
+            };
+            let slot = times.entry(label).or_default();
+            slot.0 += end - start;
+            slot.1 += 1;
+        }
+    }
+}
+
+/// Whether ggml computes (and calls back after) a node of this op.
+fn computes(op: sys::ggml_op) -> bool {
+    !matches!(
+        op,
+        sys::GGML_OP_NONE
+            | sys::GGML_OP_RESHAPE
+            | sys::GGML_OP_TRANSPOSE
+            | sys::GGML_OP_VIEW
+            | sys::GGML_OP_PERMUTE
+    )
 }
 
 /// Nodes ggml actually computes (it skips views and reshapes without a callback).
@@ -189,17 +255,7 @@ unsafe fn computed_nodes(gf: *mut sys::ggml_cgraph) -> usize {
     // SAFETY: per the contract; node pointers of a built graph are valid.
     unsafe {
         (0..sys::ggml_graph_n_nodes(gf))
-            .filter(|&i| {
-                let op = (*sys::ggml_graph_node(gf, i)).op;
-                !matches!(
-                    op,
-                    sys::GGML_OP_NONE
-                        | sys::GGML_OP_RESHAPE
-                        | sys::GGML_OP_TRANSPOSE
-                        | sys::GGML_OP_VIEW
-                        | sys::GGML_OP_PERMUTE
-                )
-            })
+            .filter(|&i| computes((*sys::ggml_graph_node(gf, i)).op))
             .count()
     }
 }
@@ -255,7 +311,7 @@ impl Backend {
                 galloc,
                 n_threads: 1,
                 stats: Stats::default(),
-                progress: None,
+                hook: Box::default(),
                 advised_base: 0,
                 dry_run: false,
             };
@@ -283,13 +339,12 @@ impl Backend {
     /// Report each following compute's progress to `report` (the fraction of its nodes
     /// done, from ggml's first compute thread), or stop reporting with `None`.
     pub fn set_progress(&mut self, report: Option<ProgressFn>) {
-        self.progress = report.map(|report| {
-            Box::new(ProgressHook {
-                done: 0,
-                total: 0,
-                report,
-            })
-        });
+        self.hook.report = report;
+    }
+
+    /// Time every node of the following computes by kind, into [`Stats::op_times`].
+    pub fn set_op_timing(&mut self, on: bool) {
+        self.hook.ends = on.then(Vec::new);
     }
 
     /// Bytes of the compute buffer as allocated now (0 before the first graph).
@@ -375,19 +430,29 @@ impl Backend {
                 });
             }
             graph.upload_inputs();
-            if let Some(hook) = self.progress.as_mut() {
+            let hooked = self.hook.active();
+            if hooked {
+                let hook = &mut *self.hook;
                 hook.done = 0;
                 hook.total = computed_nodes(gf);
-                let data: *mut ProgressHook = &mut **hook;
+                if let Some(ends) = hook.ends.as_mut() {
+                    ends.clear();
+                    ends.reserve(hook.total + 1);
+                    ends.push(Instant::now());
+                }
+                let data: *mut NodeHook = hook;
                 sys::ggml_backend_cpu_set_abort_callback(
                     self.backend,
-                    Some(progress_node_done),
+                    Some(node_done),
                     data.cast(),
                 );
             }
             let status = sys::ggml_backend_graph_compute(self.backend, gf);
-            if self.progress.is_some() {
+            if hooked {
                 sys::ggml_backend_cpu_set_abort_callback(self.backend, None, std::ptr::null_mut());
+                if let Some(ends) = &self.hook.ends {
+                    add_node_times(gf, ends, &mut self.stats.op_times);
+                }
             }
             if status != sys::GGML_STATUS_SUCCESS {
                 bail!("ggml: graph compute failed (status {status})");
