@@ -384,12 +384,15 @@ impl<'g> Graph<'g> {
     }
 
     pub(super) fn wrap(&self, ptr: *mut sys::ggml_tensor, what: &str) -> Tensor<'g> {
-        // Named for what it is (a custom op is otherwise just "CUSTOM" in profiles).
+        // An op's result is named for what it is (a custom op is otherwise just "CUSTOM" in
+        // profiles). Never a leaf: weights are shared (between threads, too) and stay as loaded.
+        // SAFETY: a non-null tensor pointer from ggml is live; `op` is plain metadata.
         if !ptr.is_null()
-            && !what.is_empty()
+            && unsafe { (*ptr).op } != sys::GGML_OP_NONE
             && let Ok(c) = std::ffi::CString::new(what)
         {
-            // SAFETY: a live tensor of this graph's context; ggml copies (and truncates) it.
+            // SAFETY: an op result lives in this graph's own context; ggml copies (and
+            // truncates) the name.
             unsafe { sys::ggml_set_name(ptr, c.as_ptr()) };
         }
         Tensor::new(ptr, what)
