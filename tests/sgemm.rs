@@ -83,7 +83,7 @@ fn every_kernel_matches_f64_on_odd_shapes() {
 fn graph_linear_on_packed_weights_matches_f64_on_1_to_3_threads() {
     backend::silence_ggml_logs();
     let mut rng = Lcg::new(11);
-    for &(m, k, n) in &[(48, 300, 13), (16, 9, 1), (96, 130, 200)] {
+    for &(m, k, n) in &[(48, 300, 13), (16, 9, 1), (96, 130, 200), (528, 257, 37)] {
         let d = Dims { m, k, n };
         let w = rng.vec(m * k);
         let b = rng.vec(m);
@@ -114,6 +114,47 @@ fn graph_linear_on_packed_weights_matches_f64_on_1_to_3_threads() {
                 err < REL_TOL,
                 "{m}x{k}x{n} on {threads} threads: rel err {err:.2e}"
             );
+        }
+    }
+}
+
+/// The panel queue of the threaded GEMM hands out every panel exactly once, in ranges that
+/// start on a pair and shrink towards the end; one thread gets everything in one claim.
+#[test]
+fn panel_queue_covers_every_panel_once() {
+    use parakeet::backend::sgemm::PanelQueue;
+    use std::sync::atomic::AtomicUsize;
+    for threads in 1..=4 {
+        for panels in [1, 2, 7, 64, 256, 257] {
+            let next = AtomicUsize::new(0);
+            let queue = PanelQueue {
+                next: &next,
+                panels,
+                threads,
+            };
+            let mut ranges = Vec::new();
+            while let Some(r) = queue.claim() {
+                ranges.push(r);
+            }
+            let mut expect = 0;
+            for r in &ranges {
+                assert_eq!(
+                    r.start, expect,
+                    "{threads} threads, {panels} panels: {ranges:?}"
+                );
+                assert!(r.start % 2 == 0 && !r.is_empty(), "{ranges:?}");
+                expect = r.end;
+            }
+            assert_eq!(expect, panels, "{ranges:?}");
+            assert!(
+                ranges.windows(2).all(|w| w[1].len() <= w[0].len()),
+                "{ranges:?}"
+            );
+            if threads == 1 {
+                assert_eq!(ranges.len(), 1);
+            } else if panels >= 64 {
+                assert!(ranges.last().unwrap().len() <= 2, "{ranges:?}");
+            }
         }
     }
 }

@@ -88,6 +88,12 @@ pub struct Graph<'g> {
     /// Int8-quantized activations by the tensor they quantize: linears reading the same input
     /// (q, k and v) share one quantization.
     quantized: HashMap<usize, Tensor<'g>>,
+    /// Activations packed for the f32 panel GEMM, by the tensor they pack (shared likewise).
+    packed: HashMap<usize, Tensor<'g>>,
+    /// One panel counter per panel GEMM node ([`sgemm::PanelQueue`]), alive until the graph
+    /// has run (boxed: the nodes hold their addresses, which a growing Vec would move).
+    #[allow(clippy::vec_box)]
+    queues: Vec<Box<std::sync::atomic::AtomicUsize>>,
     _graph: PhantomData<fn(&'g ()) -> &'g ()>,
 }
 
@@ -162,20 +168,49 @@ unsafe extern "C" fn packed_gemm_f32(
     }
 }
 
-/// ggml custom-op body: `dst [m, n] = W x` with `W` panel-packed ([`sgemm`]); the panels are
-/// split over the backend's threads.
-unsafe extern "C" fn panel16_gemm_f32(
+/// ggml custom-op body: `x` (src 0, f32 `[k, n...]`, contiguous) packed for the panel GEMM
+/// into `dst` (`n * k` values), the blocks split over the backend's threads.
+unsafe extern "C" fn pack_activations_f32(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
     nth: std::os::raw::c_int,
     _: *mut std::os::raw::c_void,
 ) {
-    // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = W (ne [k, m],
-    // panel-packed f32), src[1] = x [k, n...] and dst [m, n...], both contiguous f32 and
-    // allocated, src[2] null or the f32 bias [m]; each thread writes only its own panels.
+    // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = x, dst the
+    // same number of f32 values; each thread writes only its own blocks.
     unsafe {
         let d = &*dst;
-        let (w, x) = (&*d.src[0], &*d.src[1]);
+        let x = &*d.src[0];
+        let dims = Dims {
+            m: 0,
+            k: x.ne[0] as usize,
+            n: (x.ne[1] * x.ne[2] * x.ne[3]) as usize,
+        };
+        sgemm::pack_activations(
+            Isa::best(),
+            x.data as *const f32,
+            dims,
+            (ith as usize, nth as usize),
+            d.data as *mut f32,
+        );
+    }
+}
+
+/// ggml custom-op body: `dst [m, n] = W x` with `W` panel-packed ([`sgemm`]) and `x` packed by
+/// [`pack_activations_f32`]; the threads take panels from the node's queue (`userdata`).
+unsafe extern "C" fn panel16_gemm_f32(
+    dst: *mut sys::ggml_tensor,
+    _ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    queue: *mut std::os::raw::c_void,
+) {
+    // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = W (ne [k, m],
+    // panel-packed f32), src[1] = the packed x (n * k values), src[2] null or the f32 bias [m];
+    // dst [m, n...] contiguous f32, all allocated; `queue` is the node's counter, owned by the
+    // graph and zero before the node runs; a claimed panel range is written by its claimer only.
+    unsafe {
+        let d = &*dst;
+        let (w, xp) = (&*d.src[0], &*d.src[1]);
         let bias = if d.src[2].is_null() {
             std::ptr::null()
         } else {
@@ -184,18 +219,22 @@ unsafe extern "C" fn panel16_gemm_f32(
         let dims = Dims {
             m: w.ne[1] as usize,
             k: w.ne[0] as usize,
-            n: (x.ne[1] * x.ne[2] * x.ne[3]) as usize,
+            n: (d.ne[1] * d.ne[2] * d.ne[3]) as usize,
         };
-        let mine = super::thread_share(dims.m / PANEL, ith as usize, nth as usize);
-        if !mine.is_empty() {
-            sgemm::gemm_panels(
+        let queue = sgemm::PanelQueue {
+            next: &*(queue as *const std::sync::atomic::AtomicUsize),
+            panels: dims.m / PANEL,
+            threads: nth as usize,
+        };
+        while let Some(panels) = queue.claim() {
+            sgemm::gemm_panels_prepacked(
                 Isa::best(),
                 w.data as *const f32,
-                x.data as *const f32,
+                xp.data as *const f32,
                 bias,
                 d.data as *mut f32,
                 dims,
-                mine,
+                panels,
             );
         }
     }
@@ -361,6 +400,8 @@ impl<'g> Graph<'g> {
             inputs: Vec::new(),
             captures: Vec::new(),
             quantized: HashMap::new(),
+            packed: HashMap::new(),
+            queues: Vec::new(),
             _graph: PhantomData,
         })
     }
@@ -603,14 +644,43 @@ impl<'g> Graph<'g> {
         }
         let x = if x.is_contiguous() { x } else { self.cont(x) };
         let xs = x.shape();
+        let xp = match self.packed.get(&(x.raw() as usize)) {
+            Some(&xp) => xp,
+            None => {
+                let mut src = [x.raw()];
+                // SAFETY: an f32 result of x's size whose source is the contiguous f32 x; the
+                // callback writes its own blocks of it.
+                let p = unsafe {
+                    sys::ggml_custom_4d(
+                        self.ctx(),
+                        sys::GGML_TYPE_F32,
+                        (xs[0] * xs[1] * xs[2] * xs[3]) as i64,
+                        1,
+                        1,
+                        1,
+                        src.as_mut_ptr(),
+                        1,
+                        Some(pack_activations_f32),
+                        -1, // every thread of the backend
+                        std::ptr::null_mut(),
+                    )
+                };
+                let xp = self.wrap(p, "pack activations (panel16 gemm)");
+                self.packed.insert(x.raw() as usize, xp);
+                xp
+            }
+        };
+        let queue = Box::new(std::sync::atomic::AtomicUsize::new(0));
+        let queue_ptr = &*queue as *const std::sync::atomic::AtomicUsize as *mut std::ffi::c_void;
+        self.queues.push(queue);
         let mut args = [
             w.raw(),
-            x.raw(),
+            xp.raw(),
             b.map_or(std::ptr::null_mut(), |b| b.raw()),
         ];
-        // SAFETY: an [m, n...] f32 result whose srcs are W (packed [k, m]) and x (contiguous
-        // [k, n...]), kept alive and ordered by the graph; the callback only reads them and
-        // writes its own panels of the result.
+        // SAFETY: an [m, n...] f32 result whose srcs are W (packed [k, m]), the packed x and the
+        // optional bias, kept alive and ordered by the graph; the queue outlives the compute
+        // (owned by this graph); each thread writes only the panels it claims.
         let p = unsafe {
             sys::ggml_custom_4d(
                 self.ctx(),
@@ -623,7 +693,7 @@ impl<'g> Graph<'g> {
                 if b.is_some() { 3 } else { 2 },
                 Some(panel16_gemm_f32),
                 -1, // every thread of the backend
-                std::ptr::null_mut(),
+                queue_ptr,
             )
         };
         self.wrap(p, "linear (panel16 gemm)")

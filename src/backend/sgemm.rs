@@ -1,13 +1,14 @@
 //! f32 matrix products over weights packed once, at convert time, in the layout the kernel
-//! streams ("panel16", docs/GGUF.md): the encoder's linears `y = x W^T` run here as a ggml
-//! custom op.
+//! streams ("panel16", docs/GGUF.md): the encoder's linears `y = x W^T` run here as two ggml
+//! custom ops, one packing the (small) activations once for every thread and every linear that
+//! reads them ([`pack_activations`]), one computing the panels that each thread claims from a
+//! [`PanelQueue`].
 //!
 //! A torch Linear weight `W [m, k]` (ggml `ne [k, m]`, `m % 16 == 0`) is stored as `m / 16`
 //! panels; panel `p` holds, for each input index `kk`, the 16 weights of output channels
 //! `16p .. 16p + 16`: `packed[(p * k + kk) * 16 + r] = W[16p + r][kk]`. A micro-kernel keeps a
 //! 16 x NR tile of the result in registers, reads its panel strictly sequentially and
-//! broadcasts NR activations per step, so no per-call packing of the (large) weight is needed
-//! and the (small) activations are read in place.
+//! broadcasts NR activations per step, so no per-call packing of the (large) weight is needed.
 //!
 //! The kernel is chosen at run time: AVX-512F, AVX2+FMA, or portable Rust that the compiler
 //! vectorises for whatever target it builds (aarch64 included).
@@ -179,87 +180,246 @@ pub(crate) unsafe fn gemm_panels(
         }
         return;
     }
+    if d.k == 0 {
+        // SAFETY: per the contract.
+        unsafe { bias_only(bias, y, d, panels) };
+        return;
+    }
     thread_local! {
         /// This thread's copy of one activation block (KC x NC).
         static BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     BLOCK.with_borrow_mut(|block| {
         block.resize(KC * NC, 0.0);
-        let nr = isa.nr();
-        // Panels in pairs (32 rows) where the kernel has a pair tile.
-        let step = if isa.pairs() { 2 } else { 1 };
-        let mut n0 = 0;
-        while n0 < d.n {
-            let nc = NC.min(d.n - n0);
-            let mut k0 = 0;
-            while k0 < d.k {
-                let kc = KC.min(d.k - k0);
-                let first = k0 == 0;
-                let last = k0 + kc == d.k;
-                // SAFETY: the block lies within x per the contract.
-                unsafe { pack_block(isa, x, d.k, (n0, nc), (k0, kc), nr, block) };
-                let mut p = panels.start;
-                while p < panels.end {
-                    let pair = step == 2 && p + 1 < panels.end;
-                    // The slices the next pair of panels will read (this block's, or the next
-                    // block's first pair), fetched into L2 while this pair computes; see
-                    // [`Prefetch`].
-                    let next = if p + 2 < panels.end {
-                        Some((p + 2, k0))
-                    } else if k0 + kc < d.k && KC.min(d.k - k0 - kc) == kc {
-                        Some((panels.start, k0 + kc))
-                    } else {
-                        None
-                    };
-                    let mut j = n0;
-                    while j < n0 + nc {
-                        let cols = nr.min(n0 + nc - j);
-                        // SAFETY: offsets stay within the extents in the contract; the tile's
-                        // activations are `cols * kc` values at `(j - n0) * kc` of the block.
-                        unsafe {
-                            let a = w.add((p * d.k + k0) * PANEL);
-                            let xb = block.as_ptr().add((j - n0) * kc);
-                            let yb = y.add(j * d.m + p * PANEL);
-                            let bias = if last && !bias.is_null() {
-                                bias.add(p * PANEL)
-                            } else {
-                                std::ptr::null()
-                            };
-                            let fetch = Prefetch::for_tiles(nc.div_ceil(nr));
-                            let prefetch = match next {
-                                Some((np, nk0)) if pair => fetch
-                                    .part((j - n0) / nr, kc, np, panels.end)
-                                    .map(|(q, line)| {
-                                        w.add((q * d.k + nk0) * PANEL).cast::<u8>().add(line * 64)
-                                    }),
-                                _ => None,
-                            };
-                            let t = Tile {
-                                a,
-                                x: xb,
-                                kc,
-                                y: yb,
-                                ldy: d.m,
-                                first,
-                                bias,
-                                prefetch: prefetch.unwrap_or(a.cast()),
-                                prefetch_shift: fetch.shift,
-                            };
-                            if pair {
-                                pair_tile(isa, cols, t, d.k * PANEL);
-                            } else {
-                                tile(isa, cols, t);
-                            }
-                        }
-                        j += cols;
-                    }
-                    p += if pair { 2 } else { 1 };
-                }
-                k0 += kc;
-            }
-            n0 += nc;
+        for (n0, nc, k0, kc) in blocks(d) {
+            // SAFETY: the block lies within x per the contract.
+            unsafe { pack_block(isa, x, d.k, (n0, nc), (k0, kc), isa.nr(), block) };
+            // SAFETY: the block was just packed; the rest per the contract.
+            unsafe {
+                block_panels(
+                    isa,
+                    w,
+                    block.as_ptr(),
+                    bias,
+                    y,
+                    d,
+                    &panels,
+                    (n0, nc),
+                    (k0, kc),
+                )
+            };
         }
     });
+}
+
+/// The (column block, inner block) pairs of a product, in the order the kernels walk them:
+/// `(n0, nc, k0, kc)`.
+fn blocks(d: Dims) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    (0..d.n).step_by(NC).flat_map(move |n0| {
+        (0..d.k)
+            .step_by(KC)
+            .map(move |k0| (n0, NC.min(d.n - n0), k0, KC.min(d.k - k0)))
+    })
+}
+
+/// `y = bias` (or 0) for a product with `k = 0`.
+///
+/// # Safety
+/// As [`gemm_panels`].
+unsafe fn bias_only(bias: *const f32, y: *mut f32, d: Dims, panels: std::ops::Range<usize>) {
+    for j in 0..d.n {
+        for p in panels.clone() {
+            for r in 0..PANEL {
+                let b = if bias.is_null() {
+                    0.0
+                } else {
+                    // SAFETY: bias holds m values per the contract.
+                    unsafe { *bias.add(p * PANEL + r) }
+                };
+                // SAFETY: within y per the contract.
+                unsafe { *y.add(j * d.m + p * PANEL + r) = b };
+            }
+        }
+    }
+}
+
+/// Values of a product's activations packed by [`pack_activations`]: every block of
+/// [`pack_block`]'s layout, block `(n0, k0)` at `n0 * k + k0 * nc`.
+pub fn packed_activations_len(d: Dims) -> usize {
+    d.n * d.k
+}
+
+/// Share `part` of `parts` of packing all of `x` (as [`gemm_panels`] reads it) into `out`, for
+/// [`gemm_panels_prepacked`]: the blocks are dealt round-robin.
+///
+/// # Safety
+/// `x` holds `n * k` values; `out` has room for [`packed_activations_len`]; concurrent calls
+/// take distinct parts.
+pub(crate) unsafe fn pack_activations(
+    isa: Isa,
+    x: *const f32,
+    d: Dims,
+    (part, parts): (usize, usize),
+    out: *mut f32,
+) {
+    for (i, (n0, nc, k0, kc)) in blocks(d).enumerate() {
+        if i % parts == part {
+            // SAFETY: each block's `nc * kc` values lie within out, disjoint between blocks.
+            unsafe {
+                let block = std::slice::from_raw_parts_mut(out.add(n0 * d.k + k0 * nc), nc * kc);
+                pack_block(isa, x, d.k, (n0, nc), (k0, kc), isa.nr(), block);
+            }
+        }
+    }
+}
+
+/// [`gemm_panels`] over activations already packed by [`pack_activations`] (with the same
+/// `isa`): one packing shared by every thread and by every product reading the same input.
+///
+/// # Safety
+/// As [`gemm_panels`], with `xp` holding the packed activations.
+pub(crate) unsafe fn gemm_panels_prepacked(
+    isa: Isa,
+    w: *const f32,
+    xp: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    d: Dims,
+    panels: std::ops::Range<usize>,
+) {
+    if d.k == 0 {
+        // SAFETY: per the contract.
+        unsafe { bias_only(bias, y, d, panels) };
+        return;
+    }
+    for (n0, nc, k0, kc) in blocks(d) {
+        // SAFETY: the packed block `(n0, k0)` per the contract; the rest as gemm_panels.
+        unsafe {
+            let block = xp.add(n0 * d.k + k0 * nc);
+            block_panels(isa, w, block, bias, y, d, &panels, (n0, nc), (k0, kc));
+        }
+    }
+}
+
+/// Hands out a product's panels to the threads computing it: guided, each claim a fraction of
+/// what is left (big ranges first, for the activations' reuse in cache; single pairs at the
+/// end), so that no thread waits long for another at the node's end (the random per-node
+/// imbalance of a static split cost ~10 % of the 0.6b encoder at 2 threads). One thread
+/// takes everything at once.
+pub struct PanelQueue<'a> {
+    /// Panels handed out so far (zero before the first claim).
+    pub next: &'a std::sync::atomic::AtomicUsize,
+    pub panels: usize,
+    pub threads: usize,
+}
+
+impl PanelQueue<'_> {
+    /// The next range of panels (starting on a pair), or `None` when all are taken.
+    pub fn claim(&self) -> Option<std::ops::Range<usize>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut cur = self.next.load(Relaxed);
+        loop {
+            if cur >= self.panels {
+                return None;
+            }
+            let left = self.panels - cur;
+            let share = if self.threads <= 1 {
+                left
+            } else {
+                (left / (2 * self.threads)).next_multiple_of(2).max(2)
+            };
+            let take = share.min(left);
+            match self
+                .next
+                .compare_exchange_weak(cur, cur + take, Relaxed, Relaxed)
+            {
+                Ok(_) => return Some(cur..cur + take),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+/// One (column block, inner block) of the product for `panels`: every pair (or single) panel
+/// against every column tile of the packed `block`.
+///
+/// # Safety
+/// As [`gemm_panels`]; `block` holds the packed `(n0, k0)` block.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_panels(
+    isa: Isa,
+    w: *const f32,
+    block: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    d: Dims,
+    panels: &std::ops::Range<usize>,
+    (n0, nc): (usize, usize),
+    (k0, kc): (usize, usize),
+) {
+    let nr = isa.nr();
+    // Panels in pairs (32 rows) where the kernel has a pair tile.
+    let step = if isa.pairs() { 2 } else { 1 };
+    let first = k0 == 0;
+    let last = k0 + kc == d.k;
+    let mut p = panels.start;
+    while p < panels.end {
+        let pair = step == 2 && p + 1 < panels.end;
+        // The slices the next pair of panels will read (this block's, or the next
+        // block's first pair), fetched into L2 while this pair computes; see
+        // [`Prefetch`].
+        let next = if p + 2 < panels.end {
+            Some((p + 2, k0))
+        } else if k0 + kc < d.k && KC.min(d.k - k0 - kc) == kc {
+            Some((panels.start, k0 + kc))
+        } else {
+            None
+        };
+        let mut j = n0;
+        while j < n0 + nc {
+            let cols = nr.min(n0 + nc - j);
+            // SAFETY: offsets stay within the extents in the contract; the tile's
+            // activations are `cols * kc` values at `(j - n0) * kc` of the block.
+            unsafe {
+                let a = w.add((p * d.k + k0) * PANEL);
+                let xb = block.add((j - n0) * kc);
+                let yb = y.add(j * d.m + p * PANEL);
+                let bias = if last && !bias.is_null() {
+                    bias.add(p * PANEL)
+                } else {
+                    std::ptr::null()
+                };
+                let fetch = Prefetch::for_tiles(nc.div_ceil(nr));
+                let prefetch =
+                    match next {
+                        Some((np, nk0)) if pair => fetch
+                            .part((j - n0) / nr, kc, np, panels.end)
+                            .map(|(q, line)| {
+                                w.add((q * d.k + nk0) * PANEL).cast::<u8>().add(line * 64)
+                            }),
+                        _ => None,
+                    };
+                let t = Tile {
+                    a,
+                    x: xb,
+                    kc,
+                    y: yb,
+                    ldy: d.m,
+                    first,
+                    bias,
+                    prefetch: prefetch.unwrap_or(a.cast()),
+                    prefetch_shift: fetch.shift,
+                };
+                if pair {
+                    pair_tile(isa, cols, t, d.k * PANEL);
+                } else {
+                    tile(isa, cols, t);
+                }
+            }
+            j += cols;
+        }
+        p += if pair { 2 } else { 1 };
+    }
 }
 
 /// Copies columns `n0..n0 + nc`, inputs `k0..k0 + kc` of `x` into `block`: tile by tile of
