@@ -1,7 +1,7 @@
 //! f32 matrix products over weights packed once, at convert time, in the layout the kernel
 //! streams ("panel16", docs/GGUF.md): the encoder's linears `y = x W^T` run here as two ggml
 //! custom ops, one packing the (small) activations once for every thread and every linear that
-//! reads them ([`pack_activations`]), one computing the panels that each thread claims from a
+//! reads them (`pack_activations`), one computing the panels that each thread claims from a
 //! [`PanelQueue`].
 //!
 //! A torch Linear weight `W [m, k]` (ggml `ne [k, m]`, `m % 16 == 0`) is stored as `m / 16`
@@ -163,23 +163,6 @@ pub(crate) unsafe fn gemm_panels(
     d: Dims,
     panels: std::ops::Range<usize>,
 ) {
-    if d.k == 0 {
-        for j in 0..d.n {
-            for p in panels.clone() {
-                for r in 0..PANEL {
-                    let b = if bias.is_null() {
-                        0.0
-                    } else {
-                        // SAFETY: bias holds m values per the contract.
-                        unsafe { *bias.add(p * PANEL + r) }
-                    };
-                    // SAFETY: within y per the contract.
-                    unsafe { *y.add(j * d.m + p * PANEL + r) = b };
-                }
-            }
-        }
-        return;
-    }
     if d.k == 0 {
         // SAFETY: per the contract.
         unsafe { bias_only(bias, y, d, panels) };
