@@ -406,6 +406,15 @@ impl<'g> Graph<'g> {
         })
     }
 
+    /// A fresh panel counter for one GEMM node (its `userdata`), alive as long as this graph
+    /// (so through its compute); boxed, so the address stays put.
+    fn panel_queue(&mut self) -> *mut std::ffi::c_void {
+        let queue = Box::new(std::sync::atomic::AtomicUsize::new(0));
+        let ptr = &*queue as *const std::sync::atomic::AtomicUsize as *mut std::ffi::c_void;
+        self.queues.push(queue);
+        ptr
+    }
+
     pub(super) fn ctx(&self) -> *mut sys::ggml_context {
         self.ctx.as_ptr()
     }
@@ -670,9 +679,7 @@ impl<'g> Graph<'g> {
                 xp
             }
         };
-        let queue = Box::new(std::sync::atomic::AtomicUsize::new(0));
-        let queue_ptr = &*queue as *const std::sync::atomic::AtomicUsize as *mut std::ffi::c_void;
-        self.queues.push(queue);
+        let queue_ptr = self.panel_queue();
         let mut args = [
             w.raw(),
             xp.raw(),
@@ -729,6 +736,7 @@ impl<'g> Graph<'g> {
         };
         // SAFETY: a q8_0x8 weight [k, m], the quantized [k, n] input and the optional f32 bias
         // [m] (all checked above), as `linear_node` requires.
+        let queue = self.panel_queue();
         let p = unsafe {
             qgemm::linear_node(
                 self.ctx(),
@@ -736,6 +744,7 @@ impl<'g> Graph<'g> {
                 xq.raw(),
                 n,
                 b.map_or(std::ptr::null_mut(), |b| b.raw()),
+                queue,
             )
         };
         let y = self.wrap(p, "linear (q8_0x8)");

@@ -821,18 +821,20 @@ pub(super) unsafe fn quantize_node(
     }
 }
 
-/// A graph node `[m, n] = w^T x (+ bias)` over the output of [`quantize_node`], panels of rows
-/// split over the threads.
+/// A graph node `[m, n] = w^T x (+ bias)` over the output of [`quantize_node`], the threads
+/// claiming panels of rows from `queue` ([`PanelQueue`](super::sgemm::PanelQueue)).
 ///
 /// # Safety
 /// `w` is a `q8_0x8` weight [k, m] (q8_0 type), `xq` the [`quantize_node`] of an f32 [k, n],
-/// `bias` null or an f32 [m].
+/// `bias` null or an f32 [m]; `queue` points to an `AtomicUsize`, zero, that outlives the
+/// graph's compute.
 pub(super) unsafe fn linear_node(
     ctx: *mut sys::ggml_context,
     w: *mut sys::ggml_tensor,
     xq: *mut sys::ggml_tensor,
     n: usize,
     bias: *mut sys::ggml_tensor,
+    queue: *mut std::ffi::c_void,
 ) -> *mut sys::ggml_tensor {
     // SAFETY: per the contract.
     unsafe {
@@ -848,7 +850,7 @@ pub(super) unsafe fn linear_node(
             if bias.is_null() { 2 } else { 3 },
             Some(linear_op),
             -1,
-            std::ptr::null_mut(),
+            queue,
         )
     }
 }
@@ -897,9 +899,9 @@ unsafe extern "C" fn quantize_op(
 /// allocated.
 unsafe extern "C" fn linear_op(
     dst: *mut sys::ggml_tensor,
-    ith: std::os::raw::c_int,
+    _ith: std::os::raw::c_int,
     nth: std::os::raw::c_int,
-    _: *mut std::os::raw::c_void,
+    queue: *mut std::os::raw::c_void,
 ) {
     // SAFETY: per the contract.
     unsafe {
@@ -907,10 +909,11 @@ unsafe extern "C" fn linear_op(
         let (w, xq) = (&*d.src[0], &*d.src[1]);
         let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, d.ne[1] as usize);
         let nb = k / QK;
-        let mine = super::thread_share(m / PANEL, ith as usize, nth as usize);
-        if mine.is_empty() {
-            return;
-        }
+        let queue = super::sgemm::PanelQueue {
+            next: &*(queue as *const std::sync::atomic::AtomicUsize),
+            panels: m / PANEL,
+            threads: nth as usize,
+        };
         let wb = std::slice::from_raw_parts(w.data as *const u8, m * nb * Q8_BLOCK);
         let base = xq.data as *const u8;
         let padded = n.next_multiple_of(STEP_PAD);
@@ -920,17 +923,19 @@ unsafe extern "C" fn linear_op(
         };
         let bias = (!d.src[2].is_null())
             .then(|| std::slice::from_raw_parts((*d.src[2]).data as *const f32, m));
-        gemm_panels(
-            Kernel::for_steps(n),
-            wb,
-            k,
-            m,
-            (mine.start, mine.end),
-            cols,
-            n,
-            bias,
-            d.data as *mut f32,
-        );
+        while let Some(mine) = queue.claim() {
+            gemm_panels(
+                Kernel::for_steps(n),
+                wb,
+                k,
+                m,
+                (mine.start, mine.end),
+                cols,
+                n,
+                bias,
+                d.data as *mut f32,
+            );
+        }
     }
 }
 
