@@ -1100,7 +1100,10 @@ mod tests {
                 std::ptr::copy_nonoverlapping(x.as_ptr(), (*xt).data as *mut f32, x.len());
                 let theirs = sys::ggml_mul_mat(ctx, w_plain, xt);
                 let xq = quantize_node(ctx, xt);
-                let ours = linear_node(ctx, w_packed, xq, n, std::ptr::null_mut());
+                let queue = std::sync::atomic::AtomicUsize::new(0);
+                let queue_ptr =
+                    &queue as *const std::sync::atomic::AtomicUsize as *mut std::ffi::c_void;
+                let ours = linear_node(ctx, w_packed, xq, n, std::ptr::null_mut(), queue_ptr);
                 let gf = sys::ggml_new_graph(ctx);
                 sys::ggml_build_forward_expand(gf, theirs);
                 sys::ggml_build_forward_expand(gf, ours);
