@@ -9,7 +9,9 @@ mod common;
 
 use common::{Lcg, rel_err_f64 as rel_err};
 use parakeet::backend::gguf::{HostWeights, Layout};
-use parakeet::backend::sgemm::{Dims, Isa, gemm_packed, pack_panels, unpack_panels};
+use parakeet::backend::sgemm::{
+    Dims, Isa, gemm_packed, gemm_packed_bias_relu, pack_panels, unpack_panels,
+};
 use parakeet::backend::{self, Backend};
 
 const REL_TOL: f64 = 1e-6;
@@ -50,6 +52,43 @@ fn packing_round_trips() {
     // Panel 1, input 5, row 3 is W[19][5].
     assert_eq!(p[(k + 5) * 16 + 3], w[19 * k + 5]);
     assert_eq!(unpack_panels(&p, m, k), w);
+}
+
+/// The fused bias + ReLU store of every kernel gives exactly the plain product's values with
+/// the bias added and ggml's relu (`v > 0 ? v : 0`) applied after.
+#[test]
+fn every_kernel_fuses_bias_and_relu_exactly() {
+    let mut rng = Lcg::new(5);
+    for &(m, k, n) in SHAPES {
+        let d = Dims { m, k, n };
+        let w = rng.vec(m * k);
+        let x = rng.vec(n * k);
+        let bias = rng.vec(m);
+        let packed = pack_panels(&w, m, k);
+        for &isa in &Isa::available() {
+            let plain = gemm_packed(isa, &packed, &x, d);
+            let want: Vec<f32> = plain
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let v = v + bias[i % m];
+                    if v > 0.0 { v } else { 0.0 }
+                })
+                .collect();
+            let got = gemm_packed_bias_relu(isa, &packed, &x, &bias, d);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{} on {m}x{k}x{n}",
+                isa.name()
+            );
+            assert!(
+                want.iter().any(|&v| v == 0.0) || m * n < 8,
+                "no clamped value"
+            );
+        }
+    }
 }
 
 #[test]

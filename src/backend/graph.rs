@@ -93,7 +93,7 @@ pub struct Graph<'g> {
     /// One panel counter per panel GEMM node ([`sgemm::PanelQueue`]), alive until the graph
     /// has run (boxed: the nodes hold their addresses, which a growing Vec would move).
     #[allow(clippy::vec_box)]
-    queues: Vec<Box<std::sync::atomic::AtomicUsize>>,
+    queues: Vec<Box<sgemm::GemmNode>>,
     _graph: PhantomData<fn(&'g ()) -> &'g ()>,
 }
 
@@ -197,7 +197,8 @@ unsafe extern "C" fn pack_activations_f32(
 }
 
 /// ggml custom-op body: `dst [m, n] = W x` with `W` panel-packed ([`sgemm`]) and `x` packed by
-/// [`pack_activations_f32`]; the threads take panels from the node's queue (`userdata`).
+/// [`pack_activations_f32`]; the threads take panels from the node's queue (`userdata`, a
+/// [`sgemm::GemmNode`], which also says whether a ReLU follows).
 unsafe extern "C" fn panel16_gemm_f32(
     dst: *mut sys::ggml_tensor,
     _ith: std::os::raw::c_int,
@@ -206,8 +207,9 @@ unsafe extern "C" fn panel16_gemm_f32(
 ) {
     // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = W (ne [k, m],
     // panel-packed f32), src[1] = the packed x (n * k values), src[2] null or the f32 bias [m];
-    // dst [m, n...] contiguous f32, all allocated; `queue` is the node's counter, owned by the
-    // graph and zero before the node runs; a claimed panel range is written by its claimer only.
+    // dst [m, n...] contiguous f32, all allocated; `queue` is the node's GemmNode, owned by the
+    // graph, its counter zero before the node runs; a claimed panel range is written by its
+    // claimer only.
     unsafe {
         let d = &*dst;
         let (w, xp) = (&*d.src[0], &*d.src[1]);
@@ -221,8 +223,9 @@ unsafe extern "C" fn panel16_gemm_f32(
             k: w.ne[0] as usize,
             n: (d.ne[1] * d.ne[2] * d.ne[3]) as usize,
         };
+        let node = &*(queue as *const sgemm::GemmNode);
         let queue = sgemm::PanelQueue {
-            next: &*(queue as *const std::sync::atomic::AtomicUsize),
+            next: &node.next,
             panels: dims.m / PANEL,
             threads: nth as usize,
         };
@@ -235,6 +238,7 @@ unsafe extern "C" fn panel16_gemm_f32(
                 d.data as *mut f32,
                 dims,
                 panels,
+                node.relu,
             );
         }
     }
@@ -406,12 +410,15 @@ impl<'g> Graph<'g> {
         })
     }
 
-    /// A fresh panel counter for one GEMM node (its `userdata`), alive as long as this graph
-    /// (so through its compute); boxed, so the address stays put.
-    fn panel_queue(&mut self) -> *mut std::ffi::c_void {
-        let queue = Box::new(std::sync::atomic::AtomicUsize::new(0));
-        let ptr = &*queue as *const std::sync::atomic::AtomicUsize as *mut std::ffi::c_void;
-        self.queues.push(queue);
+    /// A fresh [`sgemm::GemmNode`] for one GEMM node (its `userdata`), alive as long as this
+    /// graph (so through its compute); boxed, so the address stays put.
+    fn gemm_node(&mut self, relu: bool) -> *mut std::ffi::c_void {
+        let node = Box::new(sgemm::GemmNode {
+            relu,
+            ..Default::default()
+        });
+        let ptr = &*node as *const sgemm::GemmNode as *mut std::ffi::c_void;
+        self.queues.push(node);
         ptr
     }
 
@@ -619,13 +626,23 @@ impl<'g> Graph<'g> {
         self.wrap(p, "matmul")
     }
 
+    /// `relu(x @ W^T + b)`: with a panel-packed weight the bias and the ReLU are applied in
+    /// the GEMM's store (the same values as [`linear`](Self::linear) then [`relu`](Self::relu)).
+    pub fn linear_relu(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
+        if w.layout() == Layout::Panel16 {
+            return self.linear_panel16(x, w, b, true);
+        }
+        let y = self.linear(x, w, b);
+        self.relu(y)
+    }
+
     /// A torch `Linear`: `x @ W^T + b` over `x` [in, n, ...], weight [in, out].
     pub fn linear(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
         if w.layout() == Layout::Q8_0x8 {
             return self.linear_q8_0x8(x, w, b);
         }
         if w.layout() == Layout::Panel16 {
-            return self.linear_panel16(x, w, b);
+            return self.linear_panel16(x, w, b, false);
         }
         let w = self.weight(w);
         let y = self.matmul(w, x);
@@ -640,7 +657,13 @@ impl<'g> Graph<'g> {
 
     /// `x @ W^T (+ b)` with `W` panel-packed: the packed-weight GEMM as a custom op, the bias
     /// added in its store.
-    fn linear_panel16(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
+    fn linear_panel16(
+        &mut self,
+        x: Tensor<'g>,
+        w: &Weight,
+        b: Option<&Weight>,
+        relu: bool,
+    ) -> Tensor<'g> {
         let [k, m, ..] = w.shape();
         check(x.ne(0) == k && x.dtype() == Some(DType::F32), || {
             format!("linear {}: {:?} x {:?}", w.name(), w.shape(), x.shape())
@@ -679,7 +702,7 @@ impl<'g> Graph<'g> {
                 xp
             }
         };
-        let queue_ptr = self.panel_queue();
+        let queue_ptr = self.gemm_node(relu);
         let mut args = [
             w.raw(),
             xp.raw(),
@@ -736,7 +759,7 @@ impl<'g> Graph<'g> {
         };
         // SAFETY: a q8_0x8 weight [k, m], the quantized [k, n] input and the optional f32 bias
         // [m] (all checked above), as `linear_node` requires.
-        let queue = self.panel_queue();
+        let queue = self.gemm_node(false);
         let p = unsafe {
             qgemm::linear_node(
                 self.ctx(),
@@ -1108,7 +1131,7 @@ impl<'g> Graph<'g> {
     fn conv2d_with(
         &mut self,
         kernel: Tensor<'g>,
-        packed: Option<&Weight>,
+        packed: Option<(&Weight, Option<&Weight>, bool)>,
         x: Tensor<'g>,
         stride: usize,
         pad: usize,
@@ -1141,7 +1164,7 @@ impl<'g> Graph<'g> {
         let [k, w, h, n] = cols.shape();
         let flat = self.reshape(cols, &[k, w * h * n]);
         let y = match packed {
-            Some(weight) => self.linear_panel16(flat, weight, None),
+            Some((weight, bias, relu)) => self.linear_panel16(flat, weight, bias, relu),
             None => {
                 let kern = self.reshape(kernel, &[k, kernel.ne(3)]);
                 self.matmul(kern, flat)
@@ -1150,11 +1173,14 @@ impl<'g> Graph<'g> {
         self.reshape(y, &[kernel.ne(3), w, h, n])
     }
 
-    /// [`conv2d`](Self::conv2d) with a panel-packed kernel: `weight` [KW * KH * Cin, Cout]
-    /// packed as a linear (row `o` = torch's `weight[o]` flattened), `kw` x `kh` taps.
-    pub fn conv2d_panel16(
+    /// `relu(conv2d(x) + bias)` with a panel-packed kernel: `weight` [KW * KH * Cin, Cout]
+    /// packed as a linear (row `o` = torch's `weight[o]` flattened), `kw` x `kh` taps; the
+    /// bias and the ReLU are applied in the GEMM's store (the values of a separate `add` and
+    /// `relu`, without two more passes over the output).
+    pub fn conv2d_panel16_relu(
         &mut self,
         weight: &Weight,
+        bias: &Weight,
         (kw, kh): (usize, usize),
         x: Tensor<'g>,
         stride: usize,
@@ -1175,7 +1201,7 @@ impl<'g> Graph<'g> {
         // im2col reads only the kernel's shape, never its (packed) values.
         let w = self.wrap(weight.raw(), "weight (shape for im2col)");
         let shape = self.reshape(w, &[kw, kh, x.ne(2), cout]);
-        self.conv2d_with(shape, Some(weight), x, stride, pad)
+        self.conv2d_with(shape, Some((weight, Some(bias), true)), x, stride, pad)
     }
 
     /// Depthwise 2-D convolution in f32. `kernel` [KW, KH, 1, C], `x` [W, H, C, N].

@@ -189,6 +189,7 @@ pub(crate) unsafe fn gemm_panels(
                     &panels,
                     (n0, nc),
                     (k0, kc),
+                    false,
                 )
             };
         }
@@ -258,9 +259,11 @@ pub(crate) unsafe fn pack_activations(
 
 /// [`gemm_panels`] over activations already packed by [`pack_activations`] (with the same
 /// `isa`): one packing shared by every thread and by every product reading the same input.
+/// With `relu`, each output is `max(0, sum + bias)` as ggml's relu gives it.
 ///
 /// # Safety
 /// As [`gemm_panels`], with `xp` holding the packed activations.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm_panels_prepacked(
     isa: Isa,
     w: *const f32,
@@ -269,19 +272,44 @@ pub(crate) unsafe fn gemm_panels_prepacked(
     y: *mut f32,
     d: Dims,
     panels: std::ops::Range<usize>,
+    relu: bool,
 ) {
     if d.k == 0 {
         // SAFETY: per the contract.
-        unsafe { bias_only(bias, y, d, panels) };
+        unsafe { bias_only(bias, y, d, panels.clone()) };
+        if relu {
+            for j in 0..d.n {
+                for r in panels.start * PANEL..panels.end * PANEL {
+                    // SAFETY: within y per the contract.
+                    unsafe {
+                        let v = y.add(j * d.m + r);
+                        *v = relu_f32(*v);
+                    }
+                }
+            }
+        }
         return;
     }
     for (n0, nc, k0, kc) in blocks(d) {
         // SAFETY: the packed block `(n0, k0)` per the contract; the rest as gemm_panels.
         unsafe {
             let block = xp.add(n0 * d.k + k0 * nc);
-            block_panels(isa, w, block, bias, y, d, &panels, (n0, nc), (k0, kc));
+            block_panels(isa, w, block, bias, y, d, &panels, (n0, nc), (k0, kc), relu);
         }
     }
+}
+
+/// ggml's relu, `v > 0 ? v : 0` (-0 and NaN give +0).
+fn relu_f32(v: f32) -> f32 {
+    if v > 0.0 { v } else { 0.0 }
+}
+
+/// What a GEMM node of the graph carries in its `userdata`: its [`PanelQueue`] counter and
+/// whether a ReLU follows the bias (f32 panel GEMM only).
+#[derive(Default)]
+pub struct GemmNode {
+    pub next: std::sync::atomic::AtomicUsize,
+    pub relu: bool,
 }
 
 /// Hands out a product's panels to the threads computing it: guided, each claim a fraction of
@@ -339,6 +367,7 @@ unsafe fn block_panels(
     panels: &std::ops::Range<usize>,
     (n0, nc): (usize, usize),
     (k0, kc): (usize, usize),
+    relu: bool,
 ) {
     let nr = isa.nr();
     // Panels in pairs (32 rows) where the kernel has a pair tile.
@@ -390,6 +419,7 @@ unsafe fn block_panels(
                     ldy: d.m,
                     first,
                     bias,
+                    relu: relu && last,
                     prefetch: prefetch.unwrap_or(a.cast()),
                     prefetch_shift: fetch.shift,
                 };
@@ -483,6 +513,8 @@ struct Tile {
     ldy: usize,
     first: bool,
     bias: *const f32,
+    /// `max(0, .)` after the bias, in the last block's store (a fused ReLU).
+    relu: bool,
     /// `kc >> prefetch_shift` cache lines from here are prefetched into L2 (pair kernel
     /// only), one every `1 << prefetch_shift` steps; the tile's own weights when there is
     /// nothing to fetch (a no-op on lines already cached).
@@ -590,11 +622,12 @@ unsafe fn tile_portable<const NR: usize>(t: Tile) {
             let out = std::slice::from_raw_parts_mut(t.y.add(j * t.ldy), PANEL);
             for r in 0..PANEL {
                 let v = if t.first { acc[r] } else { out[r] + acc[r] };
-                out[r] = if t.bias.is_null() {
+                let v = if t.bias.is_null() {
                     v
                 } else {
                     v + *t.bias.add(r)
                 };
+                out[r] = if t.relu { relu_f32(v) } else { v };
             }
         }
     }
@@ -630,6 +663,11 @@ unsafe fn tile_avx2<const NR: usize>(t: Tile) {
                 lo[j] = _mm256_add_ps(lo[j], _mm256_loadu_ps(t.bias));
                 hi[j] = _mm256_add_ps(hi[j], _mm256_loadu_ps(t.bias.add(8)));
             }
+            if t.relu {
+                // maxps returns its second operand for -0 and NaN: ggml's `v > 0 ? v : 0`.
+                lo[j] = _mm256_max_ps(lo[j], _mm256_setzero_ps());
+                hi[j] = _mm256_max_ps(hi[j], _mm256_setzero_ps());
+            }
             _mm256_storeu_ps(out, lo[j]);
             _mm256_storeu_ps(out.add(8), hi[j]);
         }
@@ -661,6 +699,10 @@ unsafe fn tile_avx512<const NR: usize>(t: Tile) {
             };
             if !t.bias.is_null() {
                 v = _mm512_add_ps(v, _mm512_loadu_ps(t.bias));
+            }
+            if t.relu {
+                // maxps returns its second operand for -0 and NaN: ggml's `v > 0 ? v : 0`.
+                v = _mm512_max_ps(v, _mm512_setzero_ps());
             }
             _mm512_storeu_ps(out, v);
         }
@@ -707,10 +749,56 @@ unsafe fn pair_avx512<const NR: usize>(t: Tile, next: usize) {
                 l = _mm512_add_ps(l, _mm512_loadu_ps(t.bias));
                 h = _mm512_add_ps(h, _mm512_loadu_ps(t.bias.add(PANEL)));
             }
+            if t.relu {
+                // maxps returns its second operand for -0 and NaN: ggml's `v > 0 ? v : 0`.
+                l = _mm512_max_ps(l, _mm512_setzero_ps());
+                h = _mm512_max_ps(h, _mm512_setzero_ps());
+            }
             _mm512_storeu_ps(out, l);
             _mm512_storeu_ps(out1, h);
         }
     }
+}
+
+/// `y [n][m] = max(0, x W^T + bias)` on the calling thread through the graph's path (the
+/// activations packed once, the bias and the ReLU in the store), for tests.
+pub fn gemm_packed_bias_relu(
+    isa: Isa,
+    packed: &[f32],
+    x: &[f32],
+    bias: &[f32],
+    d: Dims,
+) -> Vec<f32> {
+    assert!(
+        Isa::available().contains(&isa),
+        "{} unsupported",
+        isa.name()
+    );
+    assert!(
+        d.m.is_multiple_of(PANEL)
+            && packed.len() == d.m * d.k
+            && x.len() == d.n * d.k
+            && bias.len() == d.m,
+        "gemm_packed_bias_relu: {d:?}"
+    );
+    let mut xp = vec![0f32; packed_activations_len(d)];
+    let mut y = vec![0f32; d.n * d.m];
+    // SAFETY: extents asserted above; the kernel is supported; one thread takes every part
+    // and every panel.
+    unsafe {
+        pack_activations(isa, x.as_ptr(), d, (0, 1), xp.as_mut_ptr());
+        gemm_panels_prepacked(
+            isa,
+            packed.as_ptr(),
+            xp.as_ptr(),
+            bias.as_ptr(),
+            y.as_mut_ptr(),
+            d,
+            0..d.m / PANEL,
+            true,
+        )
+    };
+    y
 }
 
 /// A whole product on the calling thread, for tests and benchmarks: `y [n][m]`.

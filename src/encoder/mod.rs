@@ -462,16 +462,16 @@ fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>) -> Tensor<'g>
     // Channels fastest ([C, F, T]) from here: the depthwise convs read that layout directly
     // and the pointwise convs are plain matmuls.
     let x = if p.conv0.weight.layout() == Layout::Panel16 {
-        // Packed at load (`Model::derived_weights`).
-        g.conv2d_panel16(&p.conv0.weight, (3, 3), x, 2, 1)
+        // Packed at load (`Model::derived_weights`); bias and ReLU in the GEMM's store.
+        g.conv2d_panel16_relu(&p.conv0.weight, &p.conv0.bias, (3, 3), x, 2, 1)
     } else {
         let k0 = g.weight(&p.conv0.weight);
-        g.conv2d(k0, x, 2, 1)
+        let x = g.conv2d(k0, x, 2, 1);
+        let b0 = g.weight(&p.conv0.bias);
+        let x = g.add(x, b0);
+        g.relu(x)
     }; // [C, F1, T1]
     let c = x.ne(0);
-    let b0 = g.weight(&p.conv0.bias);
-    let x = g.add(x, b0);
-    let x = g.relu(x);
     let x = dw_pw_block(g, x, &p.conv2, &p.conv3);
     let x = dw_pw_block(g, x, &p.conv5, &p.conv6);
     // torch flattens (C, F) per frame with F fastest.
@@ -500,16 +500,16 @@ fn dw_pw_block<'g>(
     let y = g.add(y, b);
     let y = g.reshape(y, &[c, f * t]);
     let y = if pw.weight.layout() == Layout::Panel16 {
-        // Packed at load (`Model::derived_weights`).
-        g.linear(y, &pw.weight, None)
+        // Packed at load (`Model::derived_weights`); bias and ReLU in the GEMM's store.
+        g.linear_relu(y, &pw.weight, Some(&pw.bias))
     } else {
         let w = g.weight(&pw.weight);
         let w = g.reshape(w, &[c, c]);
-        g.matmul(w, y)
+        let y = g.matmul(w, y);
+        let b = g.weight(&pw.bias);
+        let y = g.add(y, b);
+        g.relu(y)
     };
-    let b = g.weight(&pw.bias);
-    let y = g.add(y, b);
-    let y = g.relu(y);
     g.reshape(y, &[c, f, t])
 }
 
