@@ -79,10 +79,17 @@ impl StageTimes {
     }
 }
 
+/// Longest utterance [`Transcriber::load_for`] readies the compute buffer for (a header may
+/// declare anything; a longer file grows the buffer when it runs, as without preparing).
+const PREPARE_MAX_SECONDS: f64 = 120.0;
+
 /// The encoder graphs of an utterance of `seconds` (zero features), allocated, not computed.
 fn prepare_encoder(backend: &mut Backend, model: &Model, seconds: f64) -> Result<()> {
     let hp = &model.hparams;
-    let samples = (seconds.max(0.0) * hp.preprocessor.sample_rate as f64) as usize;
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return Ok(());
+    }
+    let samples = (seconds * hp.preprocessor.sample_rate as f64) as usize;
     // As `MelConfig::n_frames`.
     let n_frames = samples / hp.preprocessor.hop_length.max(1);
     let features = Features {
@@ -149,11 +156,12 @@ impl Transcriber {
         let Transcriber { model, backend, .. } = &mut tr;
         std::thread::scope(|s| {
             s.spawn(|| model.file.populate());
-            match expect_seconds {
-                Some(seconds) => prepare_encoder(backend, model, seconds),
-                None => Ok(()),
+            if let Some(seconds) = expect_seconds {
+                // A hint: an utterance the buffer cannot be readied for fails (or not) on its
+                // own, with its own error, when it is transcribed.
+                let _ = prepare_encoder(backend, model, seconds.min(PREPARE_MAX_SECONDS));
             }
-        })?;
+        });
         Ok(tr)
     }
 

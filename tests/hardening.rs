@@ -873,3 +873,44 @@ fn fuzz_finds_in_aiff_headers_are_errors() {
     let e = format!("{:#}", parakeet::audio::load_audio(&path).unwrap_err());
     assert!(e.contains("c.aiff:"), "{e}");
 }
+
+/// The header probe that sizes the first file's compute buffer at load never panics or
+/// consumes anything: a corrupt header gives no length (or a finite one), a WAV its own.
+#[test]
+fn the_duration_probe_survives_corrupt_headers() {
+    let dir = scratch("probe");
+    let mut b = std::fs::read(fixtures().join("audio/formats/s16_stereo_22050.aiff")).unwrap();
+    b[20] = 242;
+    let path = dir.join("c.aiff");
+    std::fs::write(&path, b).unwrap();
+    let probed = parakeet::audio::declared_seconds(&path);
+    assert!(
+        probed.is_none_or(|s| s.is_finite() && s >= 0.0),
+        "{probed:?}"
+    );
+    let wav = reference("").join("speech_2s.wav");
+    let samples = parakeet::audio::load_audio(&wav).unwrap().samples.len();
+    assert_eq!(
+        parakeet::audio::declared_seconds(&wav),
+        Some(samples as f64 / 16000.0)
+    );
+    assert_eq!(parakeet::audio::declared_seconds(&dir), None, "a directory");
+    // A batch led by the corrupt file: it fails alone, the WAV after it is transcribed.
+    let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+        .args(["transcribe", path.to_str().unwrap(), wav.to_str().unwrap()])
+        .args(["-m", tdt().to_str().unwrap()])
+        .env("PARAKEET_CACHE", &dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stdout).contains(&nemo_text("tiny_tdt_2s")),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("c.aiff"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -328,6 +328,14 @@ pub fn declared_seconds(path: &Path) -> Option<f64> {
     if !std::fs::metadata(path).ok()?.is_file() {
         return None;
     }
+    // symphonia's header arithmetic can panic on corrupt files (see the decoder's guard).
+    std::panic::catch_unwind(|| probe_seconds(path))
+        .ok()
+        .flatten()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+}
+
+fn probe_seconds(path: &Path) -> Option<f64> {
     let file = File::open(path).ok()?;
     let stream = MediaSourceStream::new(Box::new(file), Default::default());
     let mut hint = Hint::new();
