@@ -861,15 +861,21 @@ fn fuzz_finds_in_wav_headers_are_errors() {
     }
 }
 
+/// `dir/c.aiff`: the fuzzer's AIFF whose COMM chunk declares 61954 channels.
+fn corrupt_aiff(dir: &Path) -> PathBuf {
+    let mut b = std::fs::read(fixtures().join("audio/formats/s16_stereo_22050.aiff")).unwrap();
+    b[20] = 242;
+    let path = dir.join("c.aiff");
+    std::fs::write(&path, b).unwrap();
+    path
+}
+
 #[test]
 fn fuzz_finds_in_aiff_headers_are_errors() {
     // `examples/fuzz.rs audio` (seed 1, input 26506): an AIFF COMM chunk with 61954 channels
     // overflowed symphonia's packet arithmetic (a panic in checked builds).
     let dir = scratch("fuzz-aiff");
-    let mut b = std::fs::read(fixtures().join("audio/formats/s16_stereo_22050.aiff")).unwrap();
-    b[20] = 242;
-    let path = dir.join("c.aiff");
-    std::fs::write(&path, b).unwrap();
+    let path = corrupt_aiff(&dir);
     let e = format!("{:#}", parakeet::audio::load_audio(&path).unwrap_err());
     assert!(e.contains("c.aiff:"), "{e}");
 }
@@ -879,10 +885,7 @@ fn fuzz_finds_in_aiff_headers_are_errors() {
 #[test]
 fn the_duration_probe_survives_corrupt_headers() {
     let dir = scratch("probe");
-    let mut b = std::fs::read(fixtures().join("audio/formats/s16_stereo_22050.aiff")).unwrap();
-    b[20] = 242;
-    let path = dir.join("c.aiff");
-    std::fs::write(&path, b).unwrap();
+    let path = corrupt_aiff(&dir);
     let probed = parakeet::audio::declared_seconds(&path);
     assert!(
         probed.is_none_or(|s| s.is_finite() && s >= 0.0),
