@@ -339,6 +339,45 @@ fn avx512() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
 }
 
+/// The register tiles of a `rows` x `cols` product (`cols` a multiple of [`LANES`]): up to 4
+/// rows by 4 vectors of 16 columns (16 accumulators, enough independent chains for both FMA
+/// ports), as `(first row, rows, first column, vectors)`.
+#[cfg(target_arch = "x86_64")]
+fn tiles(rows: usize, cols: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    (0..rows).step_by(4).flat_map(move |b| {
+        (0..cols)
+            .step_by(4 * LANES)
+            .map(move |c0| (b, (rows - b).min(4), c0, ((cols - c0) / LANES).min(4)))
+    })
+}
+
+/// Calls the const-generic tile kernel `$f::<R, V>($t)` for the runtime shape `($nb, $nv)`
+/// from [`tiles`].
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_tile_shape {
+    ($f:ident, $nb:expr, $nv:expr, $t:expr) => {
+        match ($nb, $nv) {
+            (1, 1) => $f::<1, 1>($t),
+            (1, 2) => $f::<1, 2>($t),
+            (1, 3) => $f::<1, 3>($t),
+            (1, 4) => $f::<1, 4>($t),
+            (2, 1) => $f::<2, 1>($t),
+            (2, 2) => $f::<2, 2>($t),
+            (2, 3) => $f::<2, 3>($t),
+            (2, 4) => $f::<2, 4>($t),
+            (3, 1) => $f::<3, 1>($t),
+            (3, 2) => $f::<3, 2>($t),
+            (3, 3) => $f::<3, 3>($t),
+            (3, 4) => $f::<3, 4>($t),
+            (4, 1) => $f::<4, 1>($t),
+            (4, 2) => $f::<4, 2>($t),
+            (4, 3) => $f::<4, 3>($t),
+            (4, 4) => $f::<4, 4>($t),
+            (r, v) => unreachable!("tile {r} x {v}"),
+        }
+    };
+}
+
 /// The probabilities-times-values loop of [`attend_block`] in 512-bit registers: the same
 /// fused multiply-adds in the same order, so the same bits.
 ///
@@ -361,36 +400,18 @@ unsafe fn probs_times_v_avx512(
     // Frame j's 16-channel vector v of this head, and query row b's output, as offsets.
     let v_at = |j: usize| ((j0 + j) * o.h + head) * dk;
     let out_at = |b: usize| ((i0 + b) * o.h + head) * dk;
-    let mut b = 0;
-    while b < nq {
-        let nb = (nq - b).min(4);
-        let mut c0 = 0;
-        while c0 < dk {
-            let nv = ((dk - c0) / LANES).min(4);
-            let t = PvTile {
-                probs: &probs[b * nk_pad..],
-                nk_pad,
-                nk,
-                v: &o.v[v_at(0) + c0..],
-                v_stride: o.h * dk,
-                out: &mut out[out_at(b) + c0..],
-                out_stride: o.h * dk,
-            };
-            // SAFETY: AVX-512F (this function's contract); extents asserted above.
-            unsafe {
-                macro_rules! by_shape {
-                    ($($r:literal $v:literal),*) => {
-                        match (nb, nv) {
-                            $(($r, $v) => pv_tile::<$r, $v>(t),)*
-                            _ => unreachable!("tile {nb} x {nv}"),
-                        }
-                    };
-                }
-                by_shape!(1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4);
-            }
-            c0 += nv * LANES;
-        }
-        b += nb;
+    for (b, nb, c0, nv) in tiles(nq, dk) {
+        let t = PvTile {
+            probs: &probs[b * nk_pad..],
+            nk_pad,
+            nk,
+            v: &o.v[v_at(0) + c0..],
+            v_stride: o.h * dk,
+            out: &mut out[out_at(b) + c0..],
+            out_stride: o.h * dk,
+        };
+        // SAFETY: AVX-512F (this function's contract); extents asserted above.
+        unsafe { by_tile_shape!(pv_tile, nb, nv, t) };
     }
 }
 
@@ -459,35 +480,17 @@ unsafe fn product_qt_avx512(
 ) {
     assert!(a.len() >= nq * dk && bt.len() >= dk * n_pad && out.len() >= nq * n_pad);
     assert!(n_pad.is_multiple_of(LANES));
-    let mut b = 0;
-    while b < nq {
-        let nb = (nq - b).min(4);
-        let mut j0 = 0;
-        while j0 < n_pad {
-            let nv = ((n_pad - j0) / LANES).min(4);
-            let t = QtTile {
-                a: &a[b * dk..],
-                bt: &bt[j0..],
-                dk,
-                n_pad,
-                out: &mut out[b * n_pad + j0..],
-            };
-            // SAFETY: AVX-512F (this function's contract); nb rows of a and out, nv vectors
-            // of columns from j0 (within n_pad, asserted above).
-            unsafe {
-                macro_rules! by_shape {
-                    ($($r:literal $v:literal),*) => {
-                        match (nb, nv) {
-                            $(($r, $v) => qt_tile::<$r, $v>(t),)*
-                            _ => unreachable!("tile {nb} x {nv}"),
-                        }
-                    };
-                }
-                by_shape!(1 1, 1 2, 1 3, 1 4, 2 1, 2 2, 2 3, 2 4, 3 1, 3 2, 3 3, 3 4, 4 1, 4 2, 4 3, 4 4);
-            }
-            j0 += nv * LANES;
-        }
-        b += nb;
+    for (b, nb, j0, nv) in tiles(nq, n_pad) {
+        let t = QtTile {
+            a: &a[b * dk..],
+            bt: &bt[j0..],
+            dk,
+            n_pad,
+            out: &mut out[b * n_pad + j0..],
+        };
+        // SAFETY: AVX-512F (this function's contract); nb rows of a and out, nv vectors of
+        // columns from j0 (within n_pad, asserted above).
+        unsafe { by_tile_shape!(qt_tile, nb, nv, t) };
     }
 }
 
