@@ -230,7 +230,7 @@ unsafe extern "C" fn panel16_gemm_f32(
             threads: nth as usize,
         };
         while let Some(panels) = queue.claim() {
-            sgemm::gemm_panels_prepacked(
+            sgemm::gemm_panels(
                 Isa::best(),
                 w.data as *const f32,
                 xp.data as *const f32,

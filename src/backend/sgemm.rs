@@ -140,62 +140,6 @@ pub struct Dims {
     pub n: usize,
 }
 
-/// Panels `panels` of the product, every column, with kernel `isa`.
-///
-/// Each KC x NC block of the activations is first copied into column tiles, step-major
-/// (`[tile][kk][column]`), so that a micro-kernel reads its NR broadcasts at fixed offsets of
-/// one pointer: reading them in place, NR rows apart, made the compiler chain the address
-/// computations (one dependent add per FMA), which halved the AVX-512 kernel's rate.
-///
-/// `bias` (null, or `m` values) is added in the last block's store: `(sum) + bias`, the order
-/// of a separate add after the product.
-///
-/// # Safety
-/// `w` holds `m * k` packed values, `x` `n * k` values (column `j` at `x + j * k`), `y` has
-/// room for `n * m` values (column `j` at `y + j * m`); the panel range is within `m / 16`;
-/// `isa` runs on this CPU. Concurrent calls must write disjoint panel ranges.
-pub(crate) unsafe fn gemm_panels(
-    isa: Isa,
-    w: *const f32,
-    x: *const f32,
-    bias: *const f32,
-    y: *mut f32,
-    d: Dims,
-    panels: std::ops::Range<usize>,
-) {
-    if d.k == 0 {
-        // SAFETY: per the contract.
-        unsafe { bias_only(bias, y, d, panels) };
-        return;
-    }
-    thread_local! {
-        /// This thread's copy of one activation block (KC x NC).
-        static BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    BLOCK.with_borrow_mut(|block| {
-        block.resize(KC * NC, 0.0);
-        for (n0, nc, k0, kc) in blocks(d) {
-            // SAFETY: the block lies within x per the contract.
-            unsafe { pack_block(isa, x, d.k, (n0, nc), (k0, kc), isa.nr(), block) };
-            // SAFETY: the block was just packed; the rest per the contract.
-            unsafe {
-                block_panels(
-                    isa,
-                    w,
-                    block.as_ptr(),
-                    bias,
-                    y,
-                    d,
-                    &panels,
-                    (n0, nc),
-                    (k0, kc),
-                    false,
-                )
-            };
-        }
-    });
-}
-
 /// The (column block, inner block) pairs of a product, in the order the kernels walk them:
 /// `(n0, nc, k0, kc)`.
 fn blocks(d: Dims) -> impl Iterator<Item = (usize, usize, usize, usize)> {
@@ -206,11 +150,17 @@ fn blocks(d: Dims) -> impl Iterator<Item = (usize, usize, usize, usize)> {
     })
 }
 
-/// `y = bias` (or 0) for a product with `k = 0`.
+/// `y = bias` (or 0), then ggml's relu with `relu`, for a product with `k = 0`.
 ///
 /// # Safety
 /// As [`gemm_panels`].
-unsafe fn bias_only(bias: *const f32, y: *mut f32, d: Dims, panels: std::ops::Range<usize>) {
+unsafe fn bias_only(
+    bias: *const f32,
+    relu: bool,
+    y: *mut f32,
+    d: Dims,
+    panels: std::ops::Range<usize>,
+) {
     for j in 0..d.n {
         for p in panels.clone() {
             for r in 0..PANEL {
@@ -221,7 +171,7 @@ unsafe fn bias_only(bias: *const f32, y: *mut f32, d: Dims, panels: std::ops::Ra
                     unsafe { *bias.add(p * PANEL + r) }
                 };
                 // SAFETY: within y per the contract.
-                unsafe { *y.add(j * d.m + p * PANEL + r) = b };
+                unsafe { *y.add(j * d.m + p * PANEL + r) = if relu { relu_f32(b) } else { b } };
             }
         }
     }
@@ -229,12 +179,12 @@ unsafe fn bias_only(bias: *const f32, y: *mut f32, d: Dims, panels: std::ops::Ra
 
 /// Values of a product's activations packed by [`pack_activations`]: every block of
 /// [`pack_block`]'s layout, block `(n0, k0)` at `n0 * k + k0 * nc`.
-pub fn packed_activations_len(d: Dims) -> usize {
+fn packed_activations_len(d: Dims) -> usize {
     d.n * d.k
 }
 
 /// Share `part` of `parts` of packing all of `x` (as [`gemm_panels`] reads it) into `out`, for
-/// [`gemm_panels_prepacked`]: the blocks are dealt round-robin.
+/// [`gemm_panels`]: the blocks are dealt round-robin.
 ///
 /// # Safety
 /// `x` holds `n * k` values; `out` has room for [`packed_activations_len`]; concurrent calls
@@ -257,14 +207,24 @@ pub(crate) unsafe fn pack_activations(
     }
 }
 
-/// [`gemm_panels`] over activations already packed by [`pack_activations`] (with the same
-/// `isa`): one packing shared by every thread and by every product reading the same input.
-/// With `relu`, each output is `max(0, sum + bias)` as ggml's relu gives it.
+/// Panels `panels` of the product, every column, with kernel `isa`, over activations packed by
+/// [`pack_activations`] (with the same `isa`: one packing shared by every thread and by every
+/// product reading the same input).
+///
+/// The activations are packed into column tiles, step-major (`[tile][kk][column]`), so that a
+/// micro-kernel reads its NR broadcasts at fixed offsets of one pointer: reading them in place,
+/// NR rows apart, made the compiler chain the address computations (one dependent add per
+/// FMA), which halved the AVX-512 kernel's rate.
+///
+/// `bias` (null, or `m` values) is added in the last block's store: `(sum) + bias`, the order
+/// of a separate add after the product; with `relu`, ggml's relu follows (`v > 0 ? v : 0`).
 ///
 /// # Safety
-/// As [`gemm_panels`], with `xp` holding the packed activations.
+/// `w` holds `m * k` packed values, `xp` the packed activations of `n` columns of `k` values,
+/// `y` has room for `n * m` values (column `j` at `y + j * m`); the panel range is within
+/// `m / 16`; `isa` runs on this CPU. Concurrent calls must write disjoint panel ranges.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_panels_prepacked(
+pub(crate) unsafe fn gemm_panels(
     isa: Isa,
     w: *const f32,
     xp: *const f32,
@@ -276,22 +236,11 @@ pub(crate) unsafe fn gemm_panels_prepacked(
 ) {
     if d.k == 0 {
         // SAFETY: per the contract.
-        unsafe { bias_only(bias, y, d, panels.clone()) };
-        if relu {
-            for j in 0..d.n {
-                for r in panels.start * PANEL..panels.end * PANEL {
-                    // SAFETY: within y per the contract.
-                    unsafe {
-                        let v = y.add(j * d.m + r);
-                        *v = relu_f32(*v);
-                    }
-                }
-            }
-        }
+        unsafe { bias_only(bias, relu, y, d, panels) };
         return;
     }
     for (n0, nc, k0, kc) in blocks(d) {
-        // SAFETY: the packed block `(n0, k0)` per the contract; the rest as gemm_panels.
+        // SAFETY: the packed block `(n0, k0)` per the contract.
         unsafe {
             let block = xp.add(n0 * d.k + k0 * nc);
             block_panels(isa, w, block, bias, y, d, &panels, (n0, nc), (k0, kc), relu);
@@ -760,8 +709,8 @@ unsafe fn pair_avx512<const NR: usize>(t: Tile, next: usize) {
     }
 }
 
-/// `y [n][m] = max(0, x W^T + bias)` on the calling thread through the graph's path (the
-/// activations packed once, the bias and the ReLU in the store), for tests.
+/// `y [n][m] = max(0, x W^T + bias)` on the calling thread (the bias and the ReLU in the
+/// store, as the graph's fused nodes run them), for tests.
 pub fn gemm_packed_bias_relu(
     isa: Isa,
     packed: &[f32],
@@ -769,40 +718,24 @@ pub fn gemm_packed_bias_relu(
     bias: &[f32],
     d: Dims,
 ) -> Vec<f32> {
-    assert!(
-        Isa::available().contains(&isa),
-        "{} unsupported",
-        isa.name()
-    );
-    assert!(
-        d.m.is_multiple_of(PANEL)
-            && packed.len() == d.m * d.k
-            && x.len() == d.n * d.k
-            && bias.len() == d.m,
-        "gemm_packed_bias_relu: {d:?}"
-    );
-    let mut xp = vec![0f32; packed_activations_len(d)];
-    let mut y = vec![0f32; d.n * d.m];
-    // SAFETY: extents asserted above; the kernel is supported; one thread takes every part
-    // and every panel.
-    unsafe {
-        pack_activations(isa, x.as_ptr(), d, (0, 1), xp.as_mut_ptr());
-        gemm_panels_prepacked(
-            isa,
-            packed.as_ptr(),
-            xp.as_ptr(),
-            bias.as_ptr(),
-            y.as_mut_ptr(),
-            d,
-            0..d.m / PANEL,
-            true,
-        )
-    };
-    y
+    assert_eq!(bias.len(), d.m, "gemm_packed_bias_relu: {d:?}");
+    whole_product(isa, packed, x, bias.as_ptr(), true, d)
 }
 
 /// A whole product on the calling thread, for tests and benchmarks: `y [n][m]`.
 pub fn gemm_packed(isa: Isa, packed: &[f32], x: &[f32], d: Dims) -> Vec<f32> {
+    whole_product(isa, packed, x, std::ptr::null(), false, d)
+}
+
+/// Packs `x` and runs every panel on the calling thread; `bias` null or `m` values.
+fn whole_product(
+    isa: Isa,
+    packed: &[f32],
+    x: &[f32],
+    bias: *const f32,
+    relu: bool,
+    d: Dims,
+) -> Vec<f32> {
     assert!(
         Isa::available().contains(&isa),
         "kernel {} is not supported by this CPU",
@@ -814,17 +747,21 @@ pub fn gemm_packed(isa: Isa, packed: &[f32], x: &[f32], d: Dims) -> Vec<f32> {
         packed.len(),
         x.len()
     );
+    let mut xp = vec![0f32; packed_activations_len(d)];
     let mut y = vec![0f32; d.n * d.m];
-    // SAFETY: extents asserted above; the kernel is supported.
+    // SAFETY: extents asserted above (bias per the callers); the kernel is supported; one
+    // thread takes every part and every panel.
     unsafe {
+        pack_activations(isa, x.as_ptr(), d, (0, 1), xp.as_mut_ptr());
         gemm_panels(
             isa,
             packed.as_ptr(),
-            x.as_ptr(),
-            std::ptr::null(),
+            xp.as_ptr(),
+            bias,
             y.as_mut_ptr(),
             d,
             0..d.m / PANEL,
+            relu,
         )
     };
     y
