@@ -13,6 +13,7 @@ pub mod gguf;
 pub mod gguf_header;
 pub mod gguf_writer;
 mod graph;
+mod pagecache;
 pub mod qgemm;
 pub mod sgemm;
 

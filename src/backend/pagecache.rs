@@ -1,0 +1,155 @@
+//! The weights' pages: a model's weights stream from memory once per utterance (2.3 GB for the
+//! 0.6b in f32), and through 4 KiB pages every 4 KiB costs a TLB miss and a page walk, which in
+//! a virtual machine (nested paging) is itself a chain of memory reads. Measured on the 2-core
+//! VM (docs/BENCHMARKS.md, session 8): reading the mapped 0.6b GGUF ran at 1.3-2.9 GB/s through
+//! 4 KiB pages and at 12-13 GB/s through 2 MiB pages; the 1-thread 0.6b f32 encoder took
+//! 3.9-5.7 s against 1.5-1.6 s.
+//!
+//! Linux maps a file with 2 MiB pages when its page cache holds 2 MiB folios (ext4 since 6.16,
+//! xfs, ...) and the mapping is 2 MiB-aligned; the page cache creates such folios when a
+//! mapping advised `MADV_HUGEPAGE` faults in pages that are not cached yet. A file already
+//! cached in small folios (just written by `parakeet convert`, or read by an older version)
+//! stays so until it leaves the cache, so [`populate`] probes one 2 MiB chunk and, if the
+//! kernel maps it with a 2 MiB page after a re-read, re-reads the whole file once; later loads
+//! find it cached in 2 MiB folios. Everything here is a hint: where it cannot help (another
+//! kernel, file system or OS, transparent huge pages off, the file mapped by another process)
+//! the pages simply stay as they are.
+
+use memmap2::Mmap;
+use std::fs::File;
+
+/// Smaller files fit the TLB's reach of small pages well enough to skip the probe.
+#[cfg(target_os = "linux")]
+const MIN_BYTES: usize = 64 << 20;
+#[cfg(target_os = "linux")]
+const HUGE: usize = 2 << 20;
+
+/// Ask for 2 MiB pages on the mapping, before any page of it is touched.
+pub(crate) fn advise_huge(map: &Mmap) {
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    #[cfg(not(target_os = "linux"))]
+    let _ = map;
+}
+
+/// Map every page of `map` (the whole of `file`, from offset 0) now, with 2 MiB pages where
+/// the kernel can give them; see the module docs.
+pub(crate) fn populate(map: &Mmap, file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = map.advise(memmap2::Advice::PopulateRead);
+        if map.len() < MIN_BYTES || !transparent_huge_pages() {
+            return;
+        }
+        let start = map.as_ptr() as usize;
+        match huge_mapped_bytes(start) {
+            Some(bytes) if bytes < map.len() / 2 => {}
+            _ => return,
+        }
+        // The mapping starts at file offset 0: 2 MiB pages can only map it from a 2 MiB-aligned
+        // address (which Linux picks for large file mappings). Probe its first 2 MiB.
+        if !start.is_multiple_of(HUGE) || !reread(map, file, 0, HUGE) {
+            return;
+        }
+        if huge_mapped_bytes(start).unwrap_or(0) > 0 {
+            reread(map, file, 0, map.len());
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (map, file);
+}
+
+/// Drops `len` bytes at `offset` from our page tables and from the page cache, and maps them
+/// again (read from the file, into folios the mapping's advice chooses). False if the cache
+/// did not let them go.
+#[cfg(target_os = "linux")]
+fn reread(map: &Mmap, file: &File, offset: usize, len: usize) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: MADV_DONTNEED on a private, read-only file mapping we never write only zaps
+    // page-table entries: the next read maps the same file bytes again.
+    let zapped =
+        unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+    // SAFETY: a plain syscall on an open descriptor.
+    let dropped = unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    let mapped = map.advise_range(memmap2::Advice::PopulateRead, offset, len);
+    zapped.is_ok() && dropped == 0 && mapped.is_ok()
+}
+
+/// Whether transparent huge pages may be used at all (`never` turns them off).
+#[cfg(target_os = "linux")]
+fn transparent_huge_pages() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|s| !s.contains("[never]"))
+}
+
+/// Bytes of the file mapping that starts at `start` which the kernel maps with 2 MiB pages
+/// (`FilePmdMapped` in /proc/self/smaps); None if it cannot be read.
+#[cfg(target_os = "linux")]
+pub(crate) fn huge_mapped_bytes(start: usize) -> Option<usize> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    file_pmd_mapped(&smaps, start)
+}
+
+/// The `FilePmdMapped` field of the smaps entry of the mapping starting at `start`, in bytes.
+#[cfg(target_os = "linux")]
+fn file_pmd_mapped(smaps: &str, start: usize) -> Option<usize> {
+    let header = format!("{start:x}-");
+    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&header));
+    lines.next()?;
+    for line in lines {
+        if let Some(rest) = line.strip_prefix("FilePmdMapped:") {
+            let kib: usize = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
+            return Some(kib * 1024);
+        }
+        // The next mapping's header: address range, then permissions.
+        if line.split_whitespace().next().is_some_and(|w| {
+            w.contains('-') && w.split('-').all(|h| usize::from_str_radix(h, 16).is_ok())
+        }) {
+            return None;
+        }
+    }
+    None
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    const SMAPS: &str = "\
+55d0c0000000-55d0c0021000 r--p 00000000 fd:00 1 /usr/bin/parakeet
+Size:                132 kB
+FilePmdMapped:         0 kB
+7f4a9f400000-7f4b2e000000 r--p 00000000 fd:00 2 /models/tdt_0.6b_v2.gguf
+Size:            2339840 kB
+Rss:             2339840 kB
+FilePmdMapped:   2336768 kB
+7f4b2e000000-7f4b2e100000 rw-p 00000000 00:00 0
+Size:               1024 kB
+";
+
+    #[test]
+    fn smaps_field_of_the_right_mapping() {
+        assert_eq!(file_pmd_mapped(SMAPS, 0x7f4a9f400000), Some(2336768 * 1024));
+        assert_eq!(file_pmd_mapped(SMAPS, 0x55d0c0000000), Some(0));
+        // No such mapping; a mapping without the field does not borrow the next one's.
+        assert_eq!(file_pmd_mapped(SMAPS, 0x1000), None);
+        assert_eq!(file_pmd_mapped(SMAPS, 0x7f4b2e000000), None);
+    }
+
+    #[test]
+    fn this_process_reads_its_own_smaps() {
+        // Any file mapping of ours has an entry; the field exists on kernels since 4.8.
+        let file = File::open("/proc/self/exe").unwrap();
+        // SAFETY: read-only mapping of our own executable, dropped before the test ends.
+        let map = unsafe { Mmap::map(&file) }.unwrap();
+        let bytes = huge_mapped_bytes(map.as_ptr() as usize);
+        assert!(bytes.is_some_and(|b| b <= map.len()), "{bytes:?}");
+    }
+}
