@@ -7,13 +7,13 @@
 //!
 //! Linux maps a file with 2 MiB pages when its page cache holds 2 MiB folios (ext4 since 6.16,
 //! xfs, ...) and the mapping is 2 MiB-aligned; the page cache creates such folios when a
-//! mapping advised `MADV_HUGEPAGE` faults in pages that are not cached yet. A file already
-//! cached in small folios (just written by `parakeet convert`, or read by an older version)
-//! stays so until it leaves the cache, so [`populate`] probes one 2 MiB chunk and, if the
-//! kernel maps it with a 2 MiB page after a re-read, re-reads the whole file once; later loads
-//! find it cached in 2 MiB folios. Everything here is a hint: where it cannot help (another
-//! kernel, file system or OS, transparent huge pages off, the file mapped by another process)
-//! the pages simply stay as they are.
+//! mapping advised `MADV_HUGEPAGE` faults in pages that are not cached yet. A file cached in
+//! small folios (just written by `parakeet convert`, read by an older version, or partly
+//! evicted and read back while memory was fragmented) stays so until it leaves the cache, so
+//! [`populate`] finds the 64 MiB pieces that are not in 2 MiB pages and re-reads them, once a
+//! 2 MiB probe has shown that this helps; later loads find the file cached in 2 MiB folios.
+//! Everything here is a hint: where it cannot help (another kernel, file system or OS,
+//! transparent huge pages off, the file mapped by another process) the pages stay as they are.
 
 use memmap2::Mmap;
 use std::fs::File;
@@ -38,48 +38,106 @@ pub(crate) fn populate(map: &Mmap, file: &File) {
     #[cfg(target_os = "linux")]
     {
         let _ = map.advise(memmap2::Advice::PopulateRead);
-        if map.len() < MIN_BYTES || !transparent_huge_pages() {
-            return;
-        }
         let start = map.as_ptr() as usize;
-        match huge_mapped_bytes(start) {
-            Some(bytes) if bytes < map.len() / 2 => {}
-            _ => return,
-        }
         // The mapping starts at file offset 0: 2 MiB pages can only map it from a 2 MiB-aligned
-        // address (which Linux picks for large file mappings). Probe its first 2 MiB.
-        if !start.is_multiple_of(HUGE) || !reread(map, file, 0, HUGE) {
+        // address (which Linux picks for large file mappings).
+        if map.len() < MIN_BYTES || !start.is_multiple_of(HUGE) || !transparent_huge_pages() {
             return;
         }
-        if huge_mapped_bytes(start).unwrap_or(0) > 0 {
-            reread(map, file, 0, map.len());
+        let pages = Pages { map, file, start };
+        // Nearly all of it already (the file's tail past the last 2 MiB boundary cannot be).
+        if pages.huge().is_none_or(|b| b >= map.len() - map.len() / 16) {
+            return;
         }
+        pages.upgrade();
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (map, file);
 }
 
-/// Drops `len` bytes at `offset` from our page tables and from the page cache, and maps them
-/// again (read from the file, into folios the mapping's advice chooses). False if the cache
-/// did not let them go.
+/// The weights' mapping, for finding and re-reading the parts held in small folios.
 #[cfg(target_os = "linux")]
-fn reread(map: &Mmap, file: &File, offset: usize, len: usize) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: MADV_DONTNEED on a private, read-only file mapping we never write only zaps
-    // page-table entries: the next read maps the same file bytes again.
-    let zapped =
-        unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
-    // SAFETY: a plain syscall on an open descriptor.
-    let dropped = unsafe {
-        libc::posix_fadvise(
-            file.as_raw_fd(),
-            offset as libc::off_t,
-            len as libc::off_t,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    let mapped = map.advise_range(memmap2::Advice::PopulateRead, offset, len);
-    zapped.is_ok() && dropped == 0 && mapped.is_ok()
+struct Pages<'a> {
+    map: &'a Mmap,
+    file: &'a File,
+    start: usize,
+}
+
+/// Checked and re-read by pieces: a partly evicted file (memory pressure) is re-read where it
+/// lost its 2 MiB folios, not whole.
+#[cfg(target_os = "linux")]
+const PIECE: usize = 64 << 20;
+
+#[cfg(target_os = "linux")]
+impl Pages<'_> {
+    /// Bytes of the mapping mapped with 2 MiB pages now.
+    fn huge(&self) -> Option<usize> {
+        huge_mapped_bytes(self.start)
+    }
+
+    /// Re-reads every piece not (nearly) all in 2 MiB pages, once a 2 MiB probe has shown the
+    /// kernel gives a re-read chunk a 2 MiB page; stops at the first thing that fails.
+    fn upgrade(&self) -> Option<()> {
+        let len = self.map.len();
+        let mut capable = false;
+        for offset in (0..len).step_by(PIECE) {
+            let piece = PIECE.min(len - offset);
+            // How much of the piece is huge: unmap it (the cache keeps it) and see what the
+            // mapping lost.
+            let before = self.huge()?;
+            self.unmap(offset, piece).then_some(())?;
+            let huge = before.checked_sub(self.huge()?)?;
+            if huge + HUGE >= piece {
+                self.map_in(offset, piece).then_some(())?;
+                continue;
+            }
+            if !capable {
+                let without = self.huge()?;
+                (self.evict(offset, HUGE) && self.map_in(offset, HUGE)).then_some(())?;
+                capable = self.huge()? >= without + HUGE;
+                if !capable {
+                    self.map_in(offset, piece);
+                    return None;
+                }
+            }
+            (self.evict(offset, piece) && self.map_in(offset, piece)).then_some(())?;
+        }
+        Some(())
+    }
+
+    /// Drops `len` bytes at `offset` from our page tables (the page cache keeps them).
+    fn unmap(&self, offset: usize, len: usize) -> bool {
+        // SAFETY: MADV_DONTNEED on a private, read-only file mapping we never write only zaps
+        // page-table entries: the next read maps the same file bytes again.
+        unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+        }
+        .is_ok()
+    }
+
+    /// Drops `len` bytes at `offset` from the page cache (unmapped ones only: see [`unmap`]).
+    fn evict(&self, offset: usize, len: usize) -> bool {
+        use std::os::fd::AsRawFd;
+        self.unmap(offset, len)
+            // SAFETY: a plain syscall on an open descriptor.
+            && unsafe {
+                libc::posix_fadvise(
+                    self.file.as_raw_fd(),
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            } == 0
+    }
+
+    /// Maps `len` bytes at `offset` (reading what the cache lacks, into folios the mapping's
+    /// advice chooses).
+    fn map_in(&self, offset: usize, len: usize) -> bool {
+        self.map
+            .advise_range(memmap2::Advice::PopulateRead, offset, len)
+            .is_ok()
+    }
 }
 
 /// Whether transparent huge pages may be used at all (`never` turns them off).
