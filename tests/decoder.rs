@@ -154,3 +154,50 @@ fn ctc_log_probs_match_nemo() {
         }
     }
 }
+
+/// The first LSTM layer's input gates kept per token (`PredictionNetwork::input_gates`) are bit
+/// for bit what the graph computes for that token, and a decode on the warm cache takes the
+/// same tokens as the cold one did (NeMo's).
+#[test]
+fn kept_input_gates_are_the_graphs_product() {
+    let mut tr = Transcriber::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let (suffix, clip) = CLIPS[0];
+    let samples = clip_samples(clip);
+    let cold = tr.transcribe(samples.clone(), DecoderChoice::Auto).unwrap();
+    let model = tr.model.clone();
+    let pred = model.prediction.as_ref().unwrap();
+    let tokens = model.hparams.vocab_size + 1;
+    let kept: Vec<usize> = (0..tokens)
+        .filter(|&t| pred.input_gates.get(t).is_some())
+        .collect();
+    // The start symbol (the blank) and every emitted token.
+    let mut expected: Vec<usize> = cold.tokens.iter().map(|t| t.id).collect();
+    expected.push(model.hparams.vocab_size);
+    expected.sort_unstable();
+    expected.dedup();
+    assert_eq!(kept, expected, "tokens kept");
+    for &token in &kept {
+        let fresh = tr
+            .backend
+            .compute(|g| {
+                let id = g.input_i32(&[token as i32], &[1]);
+                let embed = g.weight(&pred.embed);
+                let e = g.get_rows(embed, id);
+                Ok(g.linear(e, &pred.lstm[0].weight_ih, None))
+            })
+            .unwrap()
+            .output;
+        let kept = pred.input_gates.get(token).unwrap();
+        assert!(
+            fresh
+                .iter()
+                .zip(kept)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "token {token}: kept gates differ from the graph's"
+        );
+    }
+    let warm = tr.transcribe(samples, DecoderChoice::Auto).unwrap();
+    assert_eq!(warm.tokens, cold.tokens, "warm cache changed the decode");
+    let nemo = json(&reference(&format!("tiny_tdt{suffix}")).join("result.json"));
+    assert_eq!(warm.text, nemo["greedy_batch"]["text"].as_str().unwrap());
+}

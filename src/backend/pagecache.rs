@@ -201,6 +201,30 @@ Size:               1024 kB
         assert_eq!(file_pmd_mapped(SMAPS, 0x7f4b2e000000), None);
     }
 
+    /// The pieces re-read (unmapped, dropped from the page cache, mapped again) still read
+    /// the file's bytes, whatever the kernel gives.
+    #[test]
+    fn populate_keeps_the_files_bytes() {
+        use std::io::Write;
+        let len = MIN_BYTES + 3 * HUGE + 4096 + 12;
+        let word = |i: usize| (i as u32).wrapping_mul(2654435761);
+        let bytes: Vec<u8> = (0..len / 4 + 1)
+            .flat_map(|i| word(i).to_le_bytes())
+            .collect();
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(&bytes[..len]).unwrap();
+        file.as_file().sync_all().unwrap();
+        let file = File::open(file.path()).unwrap();
+        // SAFETY: a read-only mapping of our own temporary file, which nothing else writes.
+        let map = unsafe { Mmap::map(&file) }.unwrap();
+        advise_huge(&map);
+        populate(&map, &file);
+        assert!(map[..] == bytes[..len], "the mapping's bytes changed");
+        // The same again, now that the pages may be in 2 MiB folios.
+        populate(&map, &file);
+        assert!(map[..] == bytes[..len], "the mapping's bytes changed");
+    }
+
     #[test]
     fn this_process_reads_its_own_smaps() {
         // Any file mapping of ours has an entry; the field exists on kernels since 4.8.

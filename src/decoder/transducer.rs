@@ -92,20 +92,36 @@ impl<'m> TransducerDecoder<'m> {
         let (pred, joint, state, h) = (self.pred, self.joint, &self.state, self.hidden);
         let mut ids = Vec::with_capacity(state.len());
         let mut logits_id = None;
+        let kept = pred.input_gates.get(token);
+        let mut gates_id = None;
         let mut out = backend.compute(|g| {
-            let id = g.input_i32(&[token as i32], &[1]);
-            let embed = g.weight(&pred.embed);
-            let mut x = g.get_rows(embed, id); // [H, 1]
+            let mut x = None;
             for (l, (layer, (h0, c0))) in pred.lstm.iter().zip(state).enumerate() {
+                let gx = match (l, x, kept) {
+                    (0, _, Some(gates)) => g.input_f32(gates, &[4 * h, 1]),
+                    (0, _, None) => {
+                        let id = g.input_i32(&[token as i32], &[1]);
+                        let embed = g.weight(&pred.embed);
+                        let e = g.get_rows(embed, id); // [H, 1]
+                        let gx = g.linear(e, &layer.weight_ih, None);
+                        gates_id = Some(g.capture("input_gates", gx));
+                        gx
+                    }
+                    (_, Some(x), _) => g.linear(x, &layer.weight_ih, None),
+                    (_, None, _) => unreachable!("layer {l} follows layer 0"),
+                };
                 let h0 = g.input_f32(h0, &[h, 1]);
                 let c0 = g.input_f32(c0, &[h, 1]);
-                let (h1, c1) = lstm_cell(g, layer, x, h0, c0);
+                let (h1, c1) = lstm_cell(g, layer, gx, h0, c0);
                 ids.push((
                     g.capture(&format!("h{l}"), h1),
                     g.capture(&format!("c{l}"), c1),
                 ));
-                x = h1;
+                x = Some(h1);
             }
+            let Some(x) = x else {
+                bail!("prediction network without LSTM layers");
+            };
             let p = g.linear(x, &joint.pred.weight, joint.pred.bias.as_ref());
             if let Some(e) = next_enc {
                 let logits = joint_net(g, joint, e, p);
@@ -114,6 +130,9 @@ impl<'m> TransducerDecoder<'m> {
             Ok(p)
         })?;
         let logits = logits_id.map(|id| out.take(id)).transpose()?;
+        if let Some(id) = gates_id {
+            pred.input_gates.keep(token, out.take(id)?);
+        }
         if ids.len() != self.state.len() {
             bail!("prediction network: missing LSTM state in the graph's results");
         }
@@ -249,16 +268,16 @@ fn joint_net<'g>(
     g.linear(s, &joint.joint_net.weight, joint.joint_net.bias.as_ref())
 }
 
-/// One LSTM cell step (PyTorch gate order i, f, g, o; both biases): the two gate products,
-/// then the pointwise rest as one node.
+/// One LSTM cell step (PyTorch gate order i, f, g, o; both biases) from the input's gate
+/// product `gx = weight_ih · x`: the hidden state's product, then the pointwise rest as one
+/// node.
 fn lstm_cell<'g>(
     g: &mut Graph<'g>,
     w: &LstmLayer,
-    x: Tensor<'g>,
+    gx: Tensor<'g>,
     h: Tensor<'g>,
     c: Tensor<'g>,
 ) -> (Tensor<'g>, Tensor<'g>) {
-    let gx = g.linear(x, &w.weight_ih, None);
     let gh = g.linear(h, &w.weight_hh, None);
     let out = g.lstm_pointwise(gx, gh, (&w.bias_ih, &w.bias_hh), c); // [H, 2]: h1, c1
     (g.rows(out, 0, 1), g.rows(out, 1, 1))
