@@ -229,7 +229,11 @@ unsafe extern "C" fn panel16_gemm_f32(
             panels: dims.m / PANEL,
             threads: nth as usize,
         };
-        while let Some(panels) = queue.claim() {
+        // The next range is claimed before this one is computed, so that its first panels'
+        // weights are fetched while this range's last ones compute.
+        let mut claimed = queue.claim();
+        while let Some(panels) = claimed {
+            claimed = queue.claim();
             sgemm::gemm_panels(
                 Isa::best(),
                 w.data as *const f32,
@@ -238,6 +242,7 @@ unsafe extern "C" fn panel16_gemm_f32(
                 d.data as *mut f32,
                 dims,
                 panels,
+                claimed.clone().unwrap_or(0..0),
                 node.relu,
             );
         }

@@ -216,13 +216,17 @@ pub(crate) unsafe fn pack_activations(
 /// NR rows apart, made the compiler chain the address computations (one dependent add per
 /// FMA), which halved the AVX-512 kernel's rate.
 ///
+/// `then` is the range of panels the calling thread computes next (empty if none): the last
+/// block's last pair fetches the weights of its first pair.
+///
 /// `bias` (null, or `m` values) is added in the last block's store: `(sum) + bias`, the order
 /// of a separate add after the product; with `relu`, ggml's relu follows (`v > 0 ? v : 0`).
 ///
 /// # Safety
 /// `w` holds `m * k` packed values, `xp` the packed activations of `n` columns of `k` values,
 /// `y` has room for `n * m` values (column `j` at `y + j * m`); the panel range is within
-/// `m / 16`; `isa` runs on this CPU. Concurrent calls must write disjoint panel ranges.
+/// `m / 16`, and so is `then`; `isa` runs on this CPU. Concurrent calls must write disjoint
+/// panel ranges.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm_panels(
     isa: Isa,
@@ -232,6 +236,7 @@ pub(crate) unsafe fn gemm_panels(
     y: *mut f32,
     d: Dims,
     panels: std::ops::Range<usize>,
+    then: std::ops::Range<usize>,
     relu: bool,
 ) {
     if d.k == 0 {
@@ -243,7 +248,18 @@ pub(crate) unsafe fn gemm_panels(
         // SAFETY: the packed block `(n0, k0)` per the contract.
         unsafe {
             let block = xp.add(n0 * d.k + k0 * nc);
-            block_panels(isa, w, block, bias, y, d, &panels, (n0, nc), (k0, kc), relu);
+            block_panels(
+                isa,
+                w,
+                block,
+                bias,
+                y,
+                d,
+                (&panels, &then),
+                (n0, nc),
+                (k0, kc),
+                relu,
+            );
         }
     }
 }
@@ -313,7 +329,7 @@ unsafe fn block_panels(
     bias: *const f32,
     y: *mut f32,
     d: Dims,
-    panels: &std::ops::Range<usize>,
+    (panels, then): (&std::ops::Range<usize>, &std::ops::Range<usize>),
     (n0, nc): (usize, usize),
     (k0, kc): (usize, usize),
     relu: bool,
@@ -326,13 +342,15 @@ unsafe fn block_panels(
     let mut p = panels.start;
     while p < panels.end {
         let pair = step == 2 && p + 1 < panels.end;
-        // The slices the next pair of panels will read (this block's, or the next
-        // block's first pair), fetched into L2 while this pair computes; see
-        // [`Prefetch`].
+        // The slices the next pair of panels will read (this block's, the next block's
+        // first pair, or the first pair of the thread's next range), fetched into L2 while
+        // this pair computes; see [`Prefetch`].
         let next = if p + 2 < panels.end {
-            Some((p + 2, k0))
+            Some((p + 2, panels.end, k0))
         } else if k0 + kc < d.k && KC.min(d.k - k0 - kc) == kc {
-            Some((panels.start, k0 + kc))
+            Some((panels.start, panels.end, k0 + kc))
+        } else if k0 + kc == d.k && n0 + nc == d.n && !then.is_empty() && KC.min(d.k) == kc {
+            Some((then.start, then.end, 0))
         } else {
             None
         };
@@ -351,15 +369,14 @@ unsafe fn block_panels(
                     std::ptr::null()
                 };
                 let fetch = Prefetch::for_tiles(nc.div_ceil(nr));
-                let prefetch =
-                    match next {
-                        Some((np, nk0)) if pair => fetch
-                            .part((j - n0) / nr, kc, np, panels.end)
-                            .map(|(q, line)| {
-                                w.add((q * d.k + nk0) * PANEL).cast::<u8>().add(line * 64)
-                            }),
-                        _ => None,
-                    };
+                let prefetch = match next {
+                    Some((np, end, nk0)) if pair => {
+                        fetch.part((j - n0) / nr, kc, np, end).map(|(q, line)| {
+                            w.add((q * d.k + nk0) * PANEL).cast::<u8>().add(line * 64)
+                        })
+                    }
+                    _ => None,
+                };
                 let t = Tile {
                     a,
                     x: xb,
@@ -761,6 +778,7 @@ fn whole_product(
             y.as_mut_ptr(),
             d,
             0..d.m / PANEL,
+            0..0,
             relu,
         )
     };
