@@ -325,27 +325,57 @@ fn layer_norm_matches_plain_rust() {
     println!("norm: rel err {err:.2e}");
     assert!(err < REL_TOL, "norm: rel err {err:.3e}");
 
-    // The affine torch LayerNorm built from it, weights realised once.
-    let w = rng.vec(len);
-    let b = rng.vec(len);
-    let mut hw = HostWeights::new();
-    hw.push("ln.weight", &[len], w.clone());
-    hw.push("ln.bias", &[len], b.clone());
-    let ws = hw.realize().unwrap();
-    let got = be
-        .compute(|g| {
-            let xt = g.input_f32(&x, &[len, rows]);
-            Ok(g.layer_norm(xt, &ws["ln.weight"], &ws["ln.bias"], eps))
-        })
-        .unwrap();
-    let reference: Vec<f64> = norm_ref(&x, len, eps as f64)
-        .iter()
-        .enumerate()
-        .map(|(i, v)| v * w[i % len] as f64 + b[i % len] as f64)
-        .collect();
-    let err = rel_err(&got.output, &reference);
-    println!("layer_norm (affine): rel err {err:.2e}");
-    assert!(err < REL_TOL, "layer_norm: rel err {err:.3e}");
+    // The affine torch LayerNorm (one fused node), weights realised once: against the f64
+    // reference, and against ggml's own norm -> mul -> add chain within two ulps (its sums
+    // round differently), over odd widths and 1-3 threads.
+    for (len, rows, threads) in [(80, 7, 2), (83, 13, 1), (1037, 5, 3)] {
+        let mut be = backend(threads);
+        let x: Vec<f32> = rng
+            .vec(len * rows)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * (1.0 + (i / len) as f32) + (i / len) as f32 - 3.0)
+            .collect();
+        let w = rng.vec(len);
+        let b = rng.vec(len);
+        let mut hw = HostWeights::new();
+        hw.push("ln.weight", &[len], w.clone());
+        hw.push("ln.bias", &[len], b.clone());
+        let ws = hw.realize().unwrap();
+        let (lw, lb) = (&ws["ln.weight"], &ws["ln.bias"]);
+        let got = be
+            .compute(|g| {
+                let xt = g.input_f32(&x, &[len, rows]);
+                Ok(g.layer_norm(xt, lw, lb, eps))
+            })
+            .unwrap();
+        assert_eq!(got.shape, [len, rows, 1, 1]);
+        let reference: Vec<f64> = norm_ref(&x, len, eps as f64)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * w[i % len] as f64 + b[i % len] as f64)
+            .collect();
+        let err = rel_err(&got.output, &reference);
+        println!("layer_norm {len} x {rows}, {threads} threads: rel err {err:.2e}");
+        assert!(err < REL_TOL, "layer_norm: rel err {err:.3e}");
+        let chain = be
+            .compute(|g| {
+                let xt = g.input_f32(&x, &[len, rows]);
+                let n = g.norm(xt, eps);
+                let (wt, bt) = (g.weight(lw), g.weight(lb));
+                let n = g.mul(n, wt);
+                Ok(g.add(n, bt))
+            })
+            .unwrap()
+            .output;
+        for (i, (&a, &c)) in got.output.iter().zip(&chain).enumerate() {
+            let scale = reference[i].abs().max(1.0) as f32;
+            assert!(
+                (a - c).abs() <= 2.0 * f32::EPSILON * scale,
+                "layer_norm {len} x {rows}: [{i}] {a} against ggml's {c}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -352,6 +352,76 @@ unsafe extern "C" fn depthwise_conv_op(
 /// # Safety
 /// Called by ggml on the tensor built there: src[0] f32 [2D, T], dst f32 [D, T]; both
 /// contiguous and allocated.
+/// ggml custom-op body of [`Graph::layer_norm`]: src[0] x `[d, rows...]` (contiguous f32),
+/// src[1] the weight and src[2] the bias `[d]`; `eps` in the userdata pointer's bits.
+unsafe extern "C" fn layer_norm_op(
+    dst: *mut sys::ggml_tensor,
+    ith: std::os::raw::c_int,
+    nth: std::os::raw::c_int,
+    eps: *mut std::os::raw::c_void,
+) {
+    let eps = f32::from_bits(eps as usize as u32);
+    // SAFETY: per the contract; each thread writes only its own rows.
+    let (x, w, b, out, d) = unsafe {
+        let t = &*dst;
+        let d = t.ne[0] as usize;
+        let rows = (t.ne[1] * t.ne[2] * t.ne[3]) as usize;
+        let mine = super::thread_share(rows, ith as usize, nth as usize);
+        let src =
+            |i: usize, n: usize| std::slice::from_raw_parts((*t.src[i]).data as *const f32, n);
+        let x = std::slice::from_raw_parts(
+            ((*t.src[0]).data as *const f32).add(mine.start * d),
+            mine.len() * d,
+        );
+        let out = std::slice::from_raw_parts_mut(
+            (t.data as *mut f32).add(mine.start * d),
+            mine.len() * d,
+        );
+        (x, src(1, d), src(2, d), out, d)
+    };
+    if d == 0 {
+        return;
+    }
+    for (row, y) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        layer_norm_row(row, w, b, eps, y);
+    }
+}
+
+/// One row of a LayerNorm in one pass over memory (ggml's `norm`, `mul` and `add` made three):
+/// mean and variance as ggml's `norm` forms them (the sums in f64, the mean and the variance
+/// rounded to f32, `scale = 1 / sqrt(var + eps)`), then `((x - mean) * scale) * w + b` in f32,
+/// the operations of the three nodes in their order. The sums keep eight partial sums (so that
+/// they vectorise), which can move the variance by an ulp against ggml's.
+pub(crate) fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
+    let n = x.len();
+    let sum = sum_f64(x, |v| v as f64);
+    let mean = (sum as f32) / n as f32;
+    let var = sum_f64(x, |v| {
+        let d = v - mean;
+        (d * d) as f64
+    }) / n as f64;
+    let scale = 1.0 / ((var as f32) + eps).sqrt();
+    for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
+        *y = ((x - mean) * scale) * w + b;
+    }
+}
+
+/// `sum(f(x))` in eight partial sums (lane `i % 8` takes `x[i]`), so that it vectorises.
+fn sum_f64(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(rest) {
+        *a += f(v);
+    }
+    acc.iter().sum()
+}
+
 unsafe extern "C" fn glu_op(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
@@ -880,11 +950,45 @@ impl<'g> Graph<'g> {
 
     /// A torch `LayerNorm` over `ne0`.
     pub fn layer_norm(&mut self, x: Tensor<'g>, w: &Weight, b: &Weight, eps: f32) -> Tensor<'g> {
-        let n = self.norm(x, eps);
-        let w = self.weight(w);
-        let n = self.mul(n, w);
-        let b = self.weight(b);
-        self.add(n, b)
+        let d = x.ne(0);
+        check(
+            x.dtype() == Some(DType::F32)
+                && [w, b].iter().all(|p| {
+                    p.shape() == [d, 1, 1, 1]
+                        && p.dtype() == DType::F32
+                        && p.layout() == Layout::Plain
+                }),
+            || {
+                format!(
+                    "layer_norm: {:?} with {:?}, {:?}",
+                    x.shape(),
+                    w.shape(),
+                    b.shape()
+                )
+            },
+        );
+        let x = if x.is_contiguous() { x } else { self.cont(x) };
+        let xs = x.shape();
+        let (w, b) = (self.weight(w), self.weight(b));
+        let mut args = [x.raw(), w.raw(), b.raw()];
+        // SAFETY: an f32 result of x's shape over the contiguous f32 x and the [d] weight and
+        // bias, as `layer_norm_op` requires; eps travels in the userdata pointer's bits.
+        let p = unsafe {
+            sys::ggml_custom_4d(
+                self.ctx(),
+                sys::GGML_TYPE_F32,
+                xs[0] as i64,
+                xs[1] as i64,
+                xs[2] as i64,
+                xs[3] as i64,
+                args.as_mut_ptr(),
+                3,
+                Some(layer_norm_op),
+                -1,
+                eps.to_bits() as usize as *mut std::ffi::c_void,
+            )
+        };
+        self.wrap(p, "layer_norm")
     }
 
     /// `softmax(a * scale)` over `ne0`.
