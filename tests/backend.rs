@@ -308,12 +308,14 @@ fn layer_norm_matches_plain_rust() {
     let mut rng = Lcg::new(6);
     let (len, rows, eps) = (80, 7, 1e-5f32);
     // Offset and scale per row so mean/variance matter.
-    let x: Vec<f32> = rng
-        .vec(len * rows)
-        .iter()
-        .enumerate()
-        .map(|(i, v)| v * (1.0 + (i / len) as f32) + (i / len) as f32 - 3.0)
-        .collect();
+    let rows_of = |rng: &mut Lcg, len: usize, rows: usize| -> Vec<f32> {
+        rng.vec(len * rows)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * (1.0 + (i / len) as f32) + (i / len) as f32 - 3.0)
+            .collect()
+    };
+    let x = rows_of(&mut rng, len, rows);
     let got = be
         .compute(|g| {
             let xt = g.input_f32(&x, &[len, rows]);
@@ -330,12 +332,7 @@ fn layer_norm_matches_plain_rust() {
     // round differently), over odd widths and 1-3 threads.
     for (len, rows, threads) in [(80, 7, 2), (83, 13, 1), (1037, 5, 3)] {
         let mut be = backend(threads);
-        let x: Vec<f32> = rng
-            .vec(len * rows)
-            .iter()
-            .enumerate()
-            .map(|(i, v)| v * (1.0 + (i / len) as f32) + (i / len) as f32 - 3.0)
-            .collect();
+        let x = rows_of(&mut rng, len, rows);
         let w = rng.vec(len);
         let b = rng.vec(len);
         let mut hw = HostWeights::new();
