@@ -76,7 +76,9 @@ impl Pages<'_> {
     }
 
     /// Re-reads every piece not (nearly) all in 2 MiB pages, once a 2 MiB probe has shown the
-    /// kernel gives a re-read chunk a 2 MiB page; stops at the first thing that fails.
+    /// kernel gives a re-read chunk a 2 MiB page; stops at the first thing that fails, and at
+    /// the first piece a re-read leaves mostly in small pages (memory too fragmented now: so
+    /// that a load re-reads at most one piece in vain, not the whole file every time).
     fn upgrade(&self) -> Option<()> {
         let len = self.map.len();
         let mut capable = false;
@@ -86,21 +88,24 @@ impl Pages<'_> {
             // mapping lost.
             let before = self.huge()?;
             self.unmap(offset, piece).then_some(())?;
-            let huge = before.checked_sub(self.huge()?)?;
+            let rest = self.huge()?;
+            let huge = before.checked_sub(rest)?;
             if huge + HUGE >= piece {
                 self.map_in(offset, piece).then_some(())?;
                 continue;
             }
             if !capable {
-                let without = self.huge()?;
                 (self.evict(offset, HUGE) && self.map_in(offset, HUGE)).then_some(())?;
-                capable = self.huge()? >= without + HUGE;
+                capable = self.huge()? >= rest + HUGE;
                 if !capable {
                     self.map_in(offset, piece);
                     return None;
                 }
             }
             (self.evict(offset, piece) && self.map_in(offset, piece)).then_some(())?;
+            if self.huge()? < rest + piece / 2 {
+                return None;
+            }
         }
         Some(())
     }
