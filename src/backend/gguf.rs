@@ -1,7 +1,8 @@
 //! GGUF reading: metadata, and weights realised ONCE into a backend buffer.
 //!
 //! The file is memory-mapped and the CPU backend wraps the mapping as its buffer, so the weights
-//! are never copied (the kernel pages them in on first use). Every tensor's extent is checked
+//! are never copied (the kernel pages them in at load, with 2 MiB pages where it can:
+//! [`super::pagecache`]). Every tensor's extent is checked
 //! against the file size before any tensor is touched, so a truncated file is an error, not a
 //! segfault.
 
