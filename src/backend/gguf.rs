@@ -2,7 +2,7 @@
 //!
 //! The file is memory-mapped and the CPU backend wraps the mapping as its buffer, so the weights
 //! are never copied (the kernel pages them in at load, with 2 MiB pages where it can:
-//! [`super::pagecache`]). Every tensor's extent is checked
+//! `backend::pagecache`). Every tensor's extent is checked
 //! against the file size before any tensor is touched, so a truncated file is an error, not a
 //! segfault.
 
@@ -23,7 +23,7 @@ struct WeightBuffers {
     buffer: sys::ggml_backend_buffer_t,
     // Keeps the mapping alive under a zero-copy buffer.
     _map: Option<Mmap>,
-    // The mapped file, for page-cache hints ([`super::pagecache`]).
+    // The mapped file, for page-cache hints (`backend::pagecache`).
     file: Option<std::fs::File>,
 }
 
@@ -408,7 +408,7 @@ impl GgufFile {
     /// Maps every page of the weights now (the file into the page cache and our page tables),
     /// so that the first utterance does not fault them in one by one (about 6 % of the first
     /// f32 0.6b transcription, moved into the model load), with 2 MiB pages where the kernel
-    /// can give them ([`super::pagecache`]: 2.5x the 1-thread 0.6b encoder on a VM). A hint
+    /// can give them (`backend::pagecache`: 2.5x the 1-thread 0.6b encoder on a VM). A hint
     /// only: errors are ignored, and the pages then come in on first use.
     pub fn populate(&self) {
         if let Some(owner) = self.weights.values().next().map(|w| &w._owner)
