@@ -2,9 +2,8 @@
 //!
 //! The file is memory-mapped and the CPU backend wraps the mapping as its buffer, so the weights
 //! are never copied (the kernel pages them in at load, with 2 MiB pages where it can:
-//! `backend::pagecache`). Every tensor's extent is checked
-//! against the file size before any tensor is touched, so a truncated file is an error, not a
-//! segfault.
+//! `backend::pagecache`). Every tensor's extent is checked against the file size before any
+//! tensor is touched, so a truncated file is an error, not a segfault.
 
 use super::qgemm;
 use super::{DType, MAX_NAME};
