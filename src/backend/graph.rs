@@ -90,8 +90,9 @@ pub struct Graph<'g> {
     quantized: HashMap<usize, Tensor<'g>>,
     /// Activations packed for the f32 panel GEMM, by the tensor they pack (shared likewise).
     packed: HashMap<usize, Tensor<'g>>,
-    /// One panel counter per panel GEMM node ([`sgemm::PanelQueue`]), alive until the graph
-    /// has run (boxed: the nodes hold their addresses, which a growing Vec would move).
+    /// One [`sgemm::GemmNode`] (panel counter, fused ReLU) per GEMM node, f32 and int8, alive
+    /// until the graph has run (boxed: the nodes hold their addresses, which a growing Vec
+    /// would move).
     #[allow(clippy::vec_box)]
     queues: Vec<Box<sgemm::GemmNode>>,
     _graph: PhantomData<fn(&'g ()) -> &'g ()>,
@@ -347,13 +348,12 @@ unsafe extern "C" fn depthwise_conv_op(
     }
 }
 
-/// ggml custom-op body of [`Graph::glu`]: this thread's time steps.
+/// ggml custom-op body of [`Graph::layer_norm`]: this thread's rows.
 ///
 /// # Safety
-/// Called by ggml on the tensor built there: src[0] f32 [2D, T], dst f32 [D, T]; both
-/// contiguous and allocated.
-/// ggml custom-op body of [`Graph::layer_norm`]: src[0] x `[d, rows...]` (contiguous f32),
-/// src[1] the weight and src[2] the bias `[d]`; `eps` in the userdata pointer's bits.
+/// Called by ggml on the tensor built there: src[0] x `[d, rows...]` (contiguous f32), src[1]
+/// the weight and src[2] the bias `[d]`, dst f32 of x's shape, all allocated; `eps` in the
+/// userdata pointer's bits.
 unsafe extern "C" fn layer_norm_op(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
@@ -392,7 +392,7 @@ unsafe extern "C" fn layer_norm_op(
 /// rounded to f32, `scale = 1 / sqrt(var + eps)`), then `((x - mean) * scale) * w + b` in f32,
 /// the operations of the three nodes in their order. The sums keep eight partial sums (so that
 /// they vectorise), which can move the variance by an ulp against ggml's.
-pub(crate) fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
+fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
     let n = x.len();
     let sum = sum_f64(x, |v| v as f64);
     let mean = (sum as f32) / n as f32;
@@ -422,6 +422,11 @@ fn sum_f64(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
     acc.iter().sum()
 }
 
+/// ggml custom-op body of [`Graph::glu`]: this thread's time steps.
+///
+/// # Safety
+/// Called by ggml on the tensor built there: src[0] f32 [2D, T], dst f32 [D, T]; both
+/// contiguous and allocated.
 unsafe extern "C" fn glu_op(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,

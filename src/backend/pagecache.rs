@@ -155,7 +155,7 @@ fn transparent_huge_pages() -> bool {
 /// Bytes of the file mapping that starts at `start` which the kernel maps with 2 MiB pages
 /// (`FilePmdMapped` in /proc/self/smaps); None if it cannot be read.
 #[cfg(target_os = "linux")]
-pub(crate) fn huge_mapped_bytes(start: usize) -> Option<usize> {
+fn huge_mapped_bytes(start: usize) -> Option<usize> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
     file_pmd_mapped(&smaps, start)
 }

@@ -826,8 +826,8 @@ pub(super) unsafe fn quantize_node(
 ///
 /// # Safety
 /// `w` is a `q8_0x8` weight [k, m] (q8_0 type), `xq` the [`quantize_node`] of an f32 [k, n],
-/// `bias` null or an f32 [m]; `queue` points to an `AtomicUsize`, zero, that outlives the
-/// graph's compute.
+/// `bias` null or an f32 [m]; `queue` points to a [`GemmNode`](super::sgemm::GemmNode), its
+/// counter zero, that outlives the graph's compute.
 pub(super) unsafe fn linear_node(
     ctx: *mut sys::ggml_context,
     w: *mut sys::ggml_tensor,
@@ -891,12 +891,13 @@ unsafe extern "C" fn quantize_op(
     }
 }
 
-/// ggml custom-op body of [`linear_node`]: this thread's panels of rows, every step.
+/// ggml custom-op body of [`linear_node`]: the panels of rows this thread claims from the
+/// node's queue, every step.
 ///
 /// # Safety
 /// Called by ggml on a tensor built by [`linear_node`]: src[0] = w (`q8_0x8`, [k, m]), src[1] =
 /// the quantized steps, src[2] = null or the f32 bias [m]; dst contiguous f32 [m, n]; all
-/// allocated.
+/// allocated; `queue` the node's `GemmNode`.
 unsafe extern "C" fn linear_op(
     dst: *mut sys::ggml_tensor,
     _ith: std::os::raw::c_int,
@@ -910,7 +911,7 @@ unsafe extern "C" fn linear_op(
         let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, d.ne[1] as usize);
         let nb = k / QK;
         let queue = super::sgemm::PanelQueue {
-            next: &*(queue as *const std::sync::atomic::AtomicUsize),
+            next: &(*(queue as *const super::sgemm::GemmNode)).next,
             panels: m / PANEL,
             threads: nth as usize,
         };
@@ -1100,9 +1101,8 @@ mod tests {
                 std::ptr::copy_nonoverlapping(x.as_ptr(), (*xt).data as *mut f32, x.len());
                 let theirs = sys::ggml_mul_mat(ctx, w_plain, xt);
                 let xq = quantize_node(ctx, xt);
-                let queue = std::sync::atomic::AtomicUsize::new(0);
-                let queue_ptr =
-                    &queue as *const std::sync::atomic::AtomicUsize as *mut std::ffi::c_void;
+                let queue = crate::backend::sgemm::GemmNode::default();
+                let queue_ptr = &queue as *const _ as *mut std::ffi::c_void;
                 let ours = linear_node(ctx, w_packed, xq, n, std::ptr::null_mut(), queue_ptr);
                 let gf = sys::ggml_new_graph(ctx);
                 sys::ggml_build_forward_expand(gf, theirs);
