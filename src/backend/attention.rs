@@ -136,16 +136,27 @@ pub(super) unsafe extern "C" fn rel_pos_attention_f32(
             bv: slice(5, dk * h),
         };
         let out = std::slice::from_raw_parts_mut(d.data as *mut f32, dk * h * t);
-        let blocks = t.div_ceil(QUERY_BLOCK);
+        let (nth, blocks) = (nth as usize, t.div_ceil(QUERY_BLOCK));
+        let chunks = chunks_per_head(h, nth, blocks);
         let mut scratch = Scratch::default();
-        let mut task = ith as usize;
-        while task < h * blocks {
-            let (head, block) = (task / blocks, task % blocks);
-            let i0 = block * QUERY_BLOCK;
-            attend_block(&ops, head, i0..(i0 + QUERY_BLOCK).min(t), &mut scratch, out);
-            task += nth as usize;
+        for task in (ith as usize..h * chunks).step_by(nth) {
+            let (head, chunk) = (task / chunks, task % chunks);
+            let block_range = chunk * blocks / chunks..(chunk + 1) * blocks / chunks;
+            attend_chunk(&ops, head, block_range, &mut scratch, out);
         }
     }
+}
+
+/// Query blocks per head are split into this many tasks: one per head when the heads divide
+/// evenly over the threads (each task copies its head's keys, values and positional rows once
+/// for all its blocks), more when there are fewer heads than it takes to keep every thread busy.
+fn chunks_per_head(h: usize, threads: usize, blocks: usize) -> usize {
+    let chunks = if h.is_multiple_of(threads) {
+        1
+    } else {
+        (4 * threads).div_ceil(h)
+    };
+    chunks.clamp(1, blocks.max(1))
 }
 
 /// The op's operands (see [`rel_pos_attention_f32`]).
@@ -169,16 +180,31 @@ impl Operands<'_> {
         let at = (n * self.h + head) * self.dk;
         &x[at..at + self.dk]
     }
+
+    /// The keys `[j0, j1]` that queries `queries` attend to (the union of their windows), and
+    /// the positional rows `[r0, r1]` those pairs need (row `j - i + left`).
+    fn reach(&self, queries: &std::ops::Range<usize>) -> (usize, usize, usize, usize) {
+        let (i0, i_last) = (queries.start, queries.end - 1);
+        let j0 = i0.saturating_sub(self.left);
+        let j1 = (i_last + self.right).min(self.t - 1);
+        let r0 = (j0 + self.left).saturating_sub(i_last);
+        let r1 = (j1 + self.left - i0).min(self.left + self.right);
+        (j0, j1, r0, r1)
+    }
 }
 
-/// Per-thread buffers, grown to the largest block seen.
+/// Per-thread buffers, grown to the largest task seen.
 #[derive(Default)]
 struct Scratch {
     q_u: Vec<f32>,
     q_v: Vec<f32>,
-    /// Keys, then positional rows, transposed: `[d_k][n]` with `n` padded to [`LANES`].
+    /// The task's keys, then positional rows, transposed: `[d_k][n]`, `n` padded by
+    /// [`LANES`] so that a block may read whole vectors past its last column.
     kt: Vec<f32>,
     pt: Vec<f32>,
+    /// The task's values, one contiguous `d_k` row per frame (the tensor's rows of one head
+    /// lie `h * d_k` floats apart: a 4 KiB stride that mapped every row to the same L1 sets).
+    vr: Vec<f32>,
     /// `[block][n]` content scores (then probabilities) and positional scores.
     ac: Vec<f32>,
     bd: Vec<f32>,
@@ -194,31 +220,87 @@ fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut v[..n]
 }
 
+/// The operands one task's blocks share, copied once per task.
+struct Staged<'s> {
+    /// First key, and the padded width of `kt` (also its row count in `vr`).
+    j0: usize,
+    k_width: usize,
+    /// First positional row, and the padded width of `pt`.
+    r0: usize,
+    p_width: usize,
+    kt: &'s [f32],
+    pt: &'s [f32],
+    vr: &'s [f32],
+}
+
+/// One head, a range of query blocks: the keys, values and positional rows they reach are
+/// staged once (transposed where the products want columns), then each block is attended.
+fn attend_chunk(
+    o: &Operands<'_>,
+    head: usize,
+    blocks: std::ops::Range<usize>,
+    s: &mut Scratch,
+    out: &mut [f32],
+) {
+    if blocks.is_empty() {
+        return;
+    }
+    let queries = blocks.start * QUERY_BLOCK..(blocks.end * QUERY_BLOCK).min(o.t);
+    let (j0, j1, r0, r1) = o.reach(&queries);
+    let (nk, nr) = (j1 + 1 - j0, r1 + 1 - r0);
+    let (k_width, p_width) = (nk + LANES, nr + LANES);
+    let dk = o.dk;
+    transpose_rows(o, o.k, head, j0, nk, k_width, grow(&mut s.kt, dk * k_width));
+    transpose_rows(o, o.p, head, r0, nr, p_width, grow(&mut s.pt, dk * p_width));
+    let vr = grow(&mut s.vr, nk * dk);
+    for (j, row) in vr.chunks_exact_mut(dk).enumerate() {
+        row.copy_from_slice(o.row(o.v, j0 + j, head));
+    }
+    let Scratch {
+        q_u,
+        q_v,
+        kt,
+        pt,
+        vr,
+        ac,
+        bd,
+    } = s;
+    let staged = Staged {
+        j0,
+        k_width,
+        r0,
+        p_width,
+        kt,
+        pt,
+        vr,
+    };
+    for block in blocks {
+        let i0 = block * QUERY_BLOCK;
+        let queries = i0..(i0 + QUERY_BLOCK).min(o.t);
+        attend_block(o, head, queries, &staged, [q_u, q_v, ac, bd], out);
+    }
+}
+
 /// One head, a block of queries: the content and positional scores as two small matrix
 /// products over the union of the block's windows, the rel-shift as an index, a softmax per
-/// query, and the probabilities times `v` as a third product. Products keep a 4 x 16 tile of
+/// query, and the probabilities times `v` as a third product. Products keep a 4 x 64 tile of
 /// accumulators over contiguous operands so that they vectorise; work outside a query's
 /// window is skipped by zero probabilities (at most `block - 1` extra keys per query).
 fn attend_block(
     o: &Operands<'_>,
     head: usize,
     queries: std::ops::Range<usize>,
-    s: &mut Scratch,
+    st: &Staged<'_>,
+    [q_u, q_v, ac, bd]: [&mut Vec<f32>; 4],
     out: &mut [f32],
 ) {
     let (dk, nq, i0) = (o.dk, queries.len(), queries.start);
-    let i_last = queries.end - 1;
-    // Keys of any query of the block, and the positional rows `j - i + left` they need.
-    let j0 = i0.saturating_sub(o.left);
-    let j1 = (i_last + o.right).min(o.t - 1);
-    let nk = j1 + 1 - j0;
-    let r0 = (j0 + o.left).saturating_sub(i_last);
-    let r1 = (j1 + o.left - i0).min(o.left + o.right);
-    let nr = r1 + 1 - r0;
+    let (j0, j1, r0, r1) = o.reach(&queries);
+    let (nk, nr) = (j1 + 1 - j0, r1 + 1 - r0);
     let (nk_pad, nr_pad) = (nk.next_multiple_of(LANES), nr.next_multiple_of(LANES));
 
-    let q_u = grow(&mut s.q_u, nq * dk);
-    let q_v = grow(&mut s.q_v, nq * dk);
+    let q_u = grow(q_u, nq * dk);
+    let q_v = grow(q_v, nq * dk);
     for (b, i) in queries.clone().enumerate() {
         let q = o.row(o.q, i, head);
         let (bu, bv) = (
@@ -230,13 +312,17 @@ fn attend_block(
             q_v[b * dk + c] = q[c] + bv[c];
         }
     }
-    let kt = grow(&mut s.kt, dk * nk_pad);
-    transpose_rows(o, o.k, head, j0, nk, nk_pad, kt);
-    let pt = grow(&mut s.pt, dk * nr_pad);
-    transpose_rows(o, o.p, head, r0, nr, nr_pad, pt);
-    let ac = grow(&mut s.ac, nq * nk_pad);
+    let ac = grow(ac, nq * nk_pad);
+    let kt = Columns {
+        data: &st.kt[j0 - st.j0..],
+        stride: st.k_width,
+    };
     product_qt(q_u, kt, dk, nq, nk_pad, ac);
-    let bd = grow(&mut s.bd, nq * nr_pad);
+    let bd = grow(bd, nq * nr_pad);
+    let pt = Columns {
+        data: &st.pt[r0 - st.r0..],
+        stride: st.p_width,
+    };
     product_qt(q_v, pt, dk, nq, nr_pad, bd);
 
     let scale = 1.0 / (dk as f32).sqrt();
@@ -248,29 +334,28 @@ fn attend_block(
         let shift = &bd[b * nr_pad..(b + 1) * nr_pad];
         // Key j0 + c needs positional row (j0 + c) - i + left: column c + first of `shift`.
         let first = j0 + lo + o.left - i - r0;
-        for (x, &pos) in row[lo..=hi].iter_mut().zip(&shift[first..]) {
+        let window = &mut row[lo..=hi];
+        for (x, &pos) in window.iter_mut().zip(&shift[first..]) {
             *x = (*x + pos) * scale;
         }
-        let max = row[lo..=hi]
-            .iter()
-            .copied()
-            .fold(f32::NEG_INFINITY, f32::max);
-        for x in &mut row[lo..=hi] {
+        let max = max_of(window);
+        for x in window.iter_mut() {
             *x -= max;
         }
-        exp_in_place(&mut row[lo..=hi]);
-        let inv = 1.0 / row[lo..=hi].iter().sum::<f32>();
-        row[..lo].fill(0.0);
-        row[hi + 1..].fill(0.0);
-        for x in &mut row[lo..=hi] {
+        exp_in_place(window);
+        let inv = 1.0 / sum_of(window);
+        for x in window.iter_mut() {
             *x *= inv;
         }
+        row[..lo].fill(0.0);
+        row[hi + 1..].fill(0.0);
     }
-    // out_i = sum_j prob[i][j] v_j, four queries and 16 channels at a time.
+    // out_i = sum_j prob[i][j] v_j, four queries and 64 channels at a time.
+    let v = &st.vr[(j0 - st.j0) * dk..];
     #[cfg(target_arch = "x86_64")]
     if avx512() && dk.is_multiple_of(LANES) {
         // SAFETY: AVX-512F present; the extents are the ones the portable loop below indexes.
-        unsafe { probs_times_v_avx512(o, head, (j0, nk, nk_pad), ac, (i0, nq), out) };
+        unsafe { probs_times_v_avx512(o, head, v, (nk, nk_pad), ac, (i0, nq), out) };
         return;
     }
     let mut b = 0;
@@ -281,7 +366,7 @@ fn attend_block(
             let nc = (dk - c0).min(LANES);
             let mut acc = [[0f32; LANES]; 4];
             for j in 0..nk {
-                let vj = &o.row(o.v, j0 + j, head)[c0..c0 + nc];
+                let vj = &v[j * dk + c0..][..nc];
                 for (qb, acc) in acc.iter_mut().enumerate().take(nb) {
                     let pr = ac[(b + qb) * nk_pad + j];
                     for (a, &x) in acc.iter_mut().zip(vj) {
@@ -297,6 +382,54 @@ fn attend_block(
         }
         b += nb;
     }
+}
+
+/// The largest value (exact in any order).
+fn max_of(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            *m = m.max(v);
+        }
+    }
+    let rest = chunks.remainder().iter().copied();
+    lanes
+        .into_iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The sum in [`LANES`] interleaved partial sums (a single chain waited on the add latency
+/// for every term).
+fn sum_of(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (s, &v) in lanes.iter_mut().zip(chunk) {
+            *s += v;
+        }
+    }
+    for (s, &v) in lanes.iter_mut().zip(chunks.remainder()) {
+        *s += v;
+    }
+    // Pairwise, as one vector halved at each step.
+    let mut n = LANES;
+    while n > 1 {
+        n /= 2;
+        for i in 0..n {
+            lanes[i] += lanes[i + n];
+        }
+    }
+    lanes[0]
+}
+
+/// Columns of a transposed operand: row `c` of `d_k` starts at `c * stride`; a product reads
+/// whole vectors from the first column on.
+#[derive(Clone, Copy)]
+struct Columns<'a> {
+    data: &'a [f32],
+    stride: usize,
 }
 
 /// Rows `first .. first + n` of head `head` of `x`, transposed into `dst` `[d_k][n_pad]`
@@ -341,13 +474,14 @@ fn avx512() -> bool {
 
 /// The register tiles of a `rows` x `cols` product (`cols` a multiple of [`LANES`]): up to 4
 /// rows by 4 vectors of 16 columns (16 accumulators, enough independent chains for both FMA
-/// ports), as `(first row, rows, first column, vectors)`.
+/// ports), as `(first row, rows, first column, vectors)`. Columns outer: one 64-column slab
+/// of the right operand stays in L1 while every row tile passes over it.
 #[cfg(target_arch = "x86_64")]
 fn tiles(rows: usize, cols: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
-    (0..rows).step_by(4).flat_map(move |b| {
-        (0..cols)
-            .step_by(4 * LANES)
-            .map(move |c0| (b, (rows - b).min(4), c0, ((cols - c0) / LANES).min(4)))
+    (0..cols).step_by(4 * LANES).flat_map(move |c0| {
+        (0..rows)
+            .step_by(4)
+            .map(move |b| (b, (rows - b).min(4), c0, ((cols - c0) / LANES).min(4)))
     })
 }
 
@@ -383,30 +517,30 @@ macro_rules! by_tile_shape {
 ///
 /// # Safety
 /// AVX-512F; `dk` a multiple of [`LANES`]; `probs` holds `nq` rows of `nk_pad` (`nk <= nk_pad`);
-/// frames `j0 .. j0 + nk` and queries `i0 .. i0 + nq` exist in `o` and `out`.
+/// `v` holds `nk` rows of `dk`; queries `i0 .. i0 + nq` exist in `out`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn probs_times_v_avx512(
     o: &Operands<'_>,
     head: usize,
-    (j0, nk, nk_pad): (usize, usize, usize),
+    v: &[f32],
+    (nk, nk_pad): (usize, usize),
     probs: &[f32],
     (i0, nq): (usize, usize),
     out: &mut [f32],
 ) {
     let dk = o.dk;
     assert!(nk <= nk_pad && probs.len() >= nq * nk_pad && dk.is_multiple_of(LANES));
-    assert!((i0 + nq) * o.h * dk <= out.len() && j0 + nk <= o.t);
-    // Frame j's 16-channel vector v of this head, and query row b's output, as offsets.
-    let v_at = |j: usize| ((j0 + j) * o.h + head) * dk;
+    assert!((i0 + nq) * o.h * dk <= out.len() && v.len() >= nk * dk);
+    // Query row b's output, as an offset.
     let out_at = |b: usize| ((i0 + b) * o.h + head) * dk;
     for (b, nb, c0, nv) in tiles(nq, dk) {
         let t = PvTile {
             probs: &probs[b * nk_pad..],
             nk_pad,
             nk,
-            v: &o.v[v_at(0) + c0..],
-            v_stride: o.h * dk,
+            v: &v[c0..],
+            v_stride: dk,
             out: &mut out[out_at(b) + c0..],
             out_stride: o.h * dk,
         };
@@ -472,18 +606,19 @@ unsafe fn pv_tile<const R: usize, const V: usize>(t: PvTile<'_>) {
 #[target_feature(enable = "avx512f")]
 unsafe fn product_qt_avx512(
     a: &[f32],
-    bt: &[f32],
+    bt: Columns<'_>,
     dk: usize,
     nq: usize,
     n_pad: usize,
     out: &mut [f32],
 ) {
-    assert!(a.len() >= nq * dk && bt.len() >= dk * n_pad && out.len() >= nq * n_pad);
-    assert!(n_pad.is_multiple_of(LANES));
+    assert!(a.len() >= nq * dk && out.len() >= nq * n_pad);
+    assert!(n_pad.is_multiple_of(LANES) && bt.data.len() >= (dk - 1) * bt.stride + n_pad);
     for (b, nb, j0, nv) in tiles(nq, n_pad) {
         let t = QtTile {
             a: &a[b * dk..],
-            bt: &bt[j0..],
+            bt: &bt.data[j0..],
+            bt_stride: bt.stride,
             dk,
             n_pad,
             out: &mut out[b * n_pad + j0..],
@@ -495,11 +630,12 @@ unsafe fn product_qt_avx512(
 }
 
 /// Operands of one [`qt_tile`]: rows of `a` from its first, columns of `bt` and `out` from the
-/// tile's first (row strides `dk`, `n_pad`, `n_pad`).
+/// tile's first (row strides `dk`, `bt_stride`, `n_pad`).
 #[cfg(target_arch = "x86_64")]
 struct QtTile<'a> {
     a: &'a [f32],
     bt: &'a [f32],
+    bt_stride: usize,
     dk: usize,
     n_pad: usize,
     out: &'a mut [f32],
@@ -508,20 +644,20 @@ struct QtTile<'a> {
 /// `R` rows x `V` 16-column vectors of [`product_qt_avx512`].
 ///
 /// # Safety
-/// AVX-512F; `a` holds `R` rows of `dk`, `bt` `dk` rows of `n_pad` with `V * 16` columns from
-/// its start, `out` `R` rows of `n_pad` with as many.
+/// AVX-512F; `a` holds `R` rows of `dk`, `bt` `dk` rows of `bt_stride` with `V * 16` columns
+/// from its start, `out` `R` rows of `n_pad` with as many.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn qt_tile<const R: usize, const V: usize>(t: QtTile<'_>) {
     use std::arch::x86_64::*;
-    let (dk, n_pad) = (t.dk, t.n_pad);
-    assert!(t.a.len() >= (R - 1) * dk + dk && t.bt.len() >= (dk - 1) * n_pad + V * LANES);
+    let (dk, n_pad, stride) = (t.dk, t.n_pad, t.bt_stride);
+    assert!(t.a.len() >= (R - 1) * dk + dk && t.bt.len() >= (dk - 1) * stride + V * LANES);
     assert!(t.out.len() >= (R - 1) * n_pad + V * LANES);
     let mut acc = [[_mm512_setzero_ps(); V]; R];
     for c in 0..dk {
         // SAFETY: V vectors of row c (asserted extents).
         let cols: [__m512; V] = std::array::from_fn(|v| unsafe {
-            _mm512_loadu_ps(t.bt.as_ptr().add(c * n_pad + v * LANES))
+            _mm512_loadu_ps(t.bt.as_ptr().add(c * stride + v * LANES))
         });
         for (r, acc) in acc.iter_mut().enumerate() {
             let x = _mm512_set1_ps(t.a[r * dk + c]);
@@ -538,9 +674,9 @@ unsafe fn qt_tile<const R: usize, const V: usize>(t: QtTile<'_>) {
     }
 }
 
-/// `out[b][j] = sum_c a[b][c] * bt[c][j]` for `nq` rows of `a` (`[nq][dk]`) and `bt`
-/// `[dk][n_pad]`; four rows by 16 columns of accumulators at a time.
-fn product_qt(a: &[f32], bt: &[f32], dk: usize, nq: usize, n_pad: usize, out: &mut [f32]) {
+/// `out[b][j] = sum_c a[b][c] * bt[c][j]` for `nq` rows of `a` (`[nq][dk]`) and the first
+/// `n_pad` columns of `bt`; four rows by 16 columns of accumulators at a time.
+fn product_qt(a: &[f32], bt: Columns<'_>, dk: usize, nq: usize, n_pad: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: AVX-512F present; n_pad is a multiple of LANES (the callers pad to it).
@@ -553,7 +689,9 @@ fn product_qt(a: &[f32], bt: &[f32], dk: usize, nq: usize, n_pad: usize, out: &m
         for j0 in (0..n_pad).step_by(LANES) {
             let mut acc = [[0f32; LANES]; 4];
             for c in 0..dk {
-                let col: &[f32; LANES] = bt[c * n_pad + j0..][..LANES].try_into().expect("lanes");
+                let col: &[f32; LANES] = bt.data[c * bt.stride + j0..][..LANES]
+                    .try_into()
+                    .expect("lanes");
                 for (qb, acc) in acc.iter_mut().enumerate().take(nb) {
                     let x = a[(b + qb) * dk + c];
                     for (acc, &y) in acc.iter_mut().zip(col) {
@@ -571,14 +709,18 @@ fn product_qt(a: &[f32], bt: &[f32], dk: usize, nq: usize, n_pad: usize, out: &m
 
 /// `exp` of values `<= 0`, branch-free so that it vectorises: `2^n * e^r` with
 /// `r = x - n ln 2` in `[-ln2/2, ln2/2]` (Cody-Waite split) and a degree-6 polynomial;
-/// about 1 ulp, and exactly 0 below -87.3 (where f32 underflows anyway).
+/// about 1 ulp, and exactly 0 below -87.3 (where f32 underflows anyway). `n` is rounded by
+/// adding 1.5 * 2^23 (its integer then sits in the sum's low mantissa bits): `f32::round`
+/// and an `as i32` kept the loop scalar.
 fn exp_in_place(x: &mut [f32]) {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0;
     for v in x.iter_mut() {
         let a = v.max(-87.3);
-        let n = (a * LOG2E).round();
+        let shifted = a * LOG2E + ROUND;
+        let n = shifted - ROUND;
         let r = (a - n * LN2_HI) - n * LN2_LO;
         // Taylor coefficients 1/k!, Horner form.
         let mut p = 1.0 / 720.0;
@@ -588,7 +730,9 @@ fn exp_in_place(x: &mut [f32]) {
         p = p * r + 0.5;
         p = p * r + 1.0;
         p = p * r + 1.0;
-        let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        // 2^n from n's bits: |n| <= 126, so the difference of the two sums' bits is n.
+        let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
+        let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
         *v = if *v < -87.3 { 0.0 } else { p * scale };
     }
 }
@@ -696,23 +840,44 @@ mod tests {
                 bv: &bv,
             };
             let want = naive(&o);
-            let mut got = vec![0f32; dk * h * t];
             let mut s = Scratch::default();
-            for head in 0..h {
-                for i0 in (0..t).step_by(QUERY_BLOCK) {
-                    attend_block(&o, head, i0..(i0 + QUERY_BLOCK).min(t), &mut s, &mut got);
+            let blocks = t.div_ceil(QUERY_BLOCK);
+            let mut first: Option<Vec<f32>> = None;
+            // Any split of a head's blocks into tasks gives the same bits.
+            for chunks in [1, 2, 3] {
+                let mut got = vec![0f32; dk * h * t];
+                for head in 0..h {
+                    for c in 0..chunks {
+                        let range = c * blocks / chunks..(c + 1) * blocks / chunks;
+                        attend_chunk(&o, head, range, &mut s, &mut got);
+                    }
+                }
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(&a, &b)| (a as f64 - b).abs())
+                    .fold(0f64, f64::max);
+                assert!(
+                    worst < 1e-5,
+                    "dk {dk} h {h} t {t} window [{left}, {right}], {chunks} chunks: worst {worst:e}"
+                );
+                match &first {
+                    None => first = Some(got),
+                    Some(first) => assert!(first == &got, "{chunks} chunks differ from 1"),
                 }
             }
-            let worst = got
-                .iter()
-                .zip(&want)
-                .map(|(&a, &b)| (a as f64 - b).abs())
-                .fold(0f64, f64::max);
-            assert!(
-                worst < 1e-5,
-                "dk {dk} h {h} t {t} window [{left}, {right}]: worst {worst:e}"
-            );
         }
+    }
+
+    #[test]
+    fn chunks_keep_every_thread_busy() {
+        // Heads dividing over the threads: one task per head.
+        assert_eq!(chunks_per_head(8, 2, 5), 1);
+        assert_eq!(chunks_per_head(8, 8, 5), 1);
+        // Otherwise at least four tasks per thread, never more than the blocks.
+        assert_eq!(chunks_per_head(8, 3, 5), 2);
+        assert_eq!(chunks_per_head(8, 16, 5), 5);
+        assert_eq!(chunks_per_head(8, 3, 0), 1);
     }
 
     #[test]
