@@ -222,7 +222,7 @@ fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 
 /// The operands one task's blocks share, copied once per task.
 struct Staged<'s> {
-    /// First key, and the padded width of `kt` (also its row count in `vr`).
+    /// First key (row 0 of `vr`), and the padded width of `kt`.
     j0: usize,
     k_width: usize,
     /// First positional row, and the padded width of `pt`.
