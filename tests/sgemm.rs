@@ -154,6 +154,56 @@ fn graph_linear_on_packed_weights_matches_f64_on_1_to_3_threads() {
     }
 }
 
+/// `linear_residual` (`r + scale * (x W^T + b)` in the GEMM node) gives the bits of a linear,
+/// a `scale` and an `add` node, on 1-3 threads, with and without a bias; on a plain weight it
+/// falls back to those nodes.
+#[test]
+fn graph_linear_residual_is_linear_scale_add() {
+    backend::silence_ggml_logs();
+    let mut rng = Lcg::new(12);
+    for &(m, k, n) in &[(48, 300, 13), (16, 9, 1), (528, 257, 37)] {
+        let w = rng.vec(m * k);
+        let b = rng.vec(m);
+        let x = rng.vec(n * k);
+        let r = rng.vec(n * m);
+        let mut hw = HostWeights::new();
+        hw.push_panel16("packed.weight", m, k, &w);
+        hw.push("plain.weight", &[k, m], w.clone());
+        hw.push("lin.bias", &[m], b.clone());
+        let weights = hw.realize().unwrap();
+        let bias = &weights["lin.bias"];
+        for threads in 1..=3 {
+            let mut be = Backend::cpu(threads).unwrap();
+            for (scale, with_bias) in [(0.5, true), (1.0, false)] {
+                let b = with_bias.then_some(bias);
+                let mut run = |name: &str, fused: bool| {
+                    be.compute(|g| {
+                        let (xt, rt) = (g.input_f32(&x, &[k, n]), g.input_f32(&r, &[m, n]));
+                        let w = &weights[name];
+                        if fused {
+                            return Ok(g.linear_residual(xt, w, b, rt, scale));
+                        }
+                        let y = g.linear(xt, w, b);
+                        let y = if scale == 1.0 { y } else { g.scale(y, scale) };
+                        Ok(g.add(rt, y))
+                    })
+                    .unwrap()
+                    .output
+                };
+                let separate = run("packed.weight", false);
+                assert!(
+                    run("packed.weight", true) == separate,
+                    "{m}x{k}x{n}, {threads} threads, scale {scale}: fused differs"
+                );
+                let plain = run("plain.weight", true);
+                let want: Vec<f64> = separate.iter().map(|&v| v as f64).collect();
+                let err = rel_err(&plain, &want);
+                assert!(err < REL_TOL, "plain weight fallback: rel err {err:.2e}");
+            }
+        }
+    }
+}
+
 /// The panel queue of the threaded GEMM hands out every panel exactly once, in ranges that
 /// start on a pair and shrink towards the end; one thread gets everything in one claim.
 #[test]

@@ -6,7 +6,7 @@
 
 use super::gguf::{Layout, Weight};
 use super::qgemm;
-use super::sgemm::{self, Dims, Isa, PANEL};
+use super::sgemm::{self, Dims, Finish, Isa, PANEL};
 use super::{Capture, DType, MAX_NAME};
 use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;
@@ -199,7 +199,7 @@ unsafe extern "C" fn pack_activations_f32(
 
 /// ggml custom-op body: `dst [m, n] = W x` with `W` panel-packed ([`sgemm`]) and `x` packed by
 /// [`pack_activations_f32`]; the threads take panels from the node's queue (`userdata`, a
-/// [`sgemm::GemmNode`], which also says whether a ReLU follows).
+/// [`sgemm::GemmNode`], which also says which sources follow and what the node finishes with).
 unsafe extern "C" fn panel16_gemm_f32(
     dst: *mut sys::ggml_tensor,
     _ith: std::os::raw::c_int,
@@ -207,24 +207,20 @@ unsafe extern "C" fn panel16_gemm_f32(
     queue: *mut std::os::raw::c_void,
 ) {
     // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = W (ne [k, m],
-    // panel-packed f32), src[1] = the packed x (n * k values), src[2] null or the f32 bias [m];
-    // dst [m, n...] contiguous f32, all allocated; `queue` is the node's GemmNode, owned by the
-    // graph, its counter zero before the node runs; a claimed panel range is written by its
-    // claimer only.
+    // panel-packed f32), src[1] = the packed x (n * k values), then the f32 bias [m] and the
+    // residual (dst's shape) where the node says it has them; dst [m, n...] contiguous f32, all
+    // allocated; `queue` is the node's GemmNode, owned by the graph, its counter zero before
+    // the node runs; a claimed panel range is written (and finished) by its claimer only.
     unsafe {
         let d = &*dst;
         let (w, xp) = (&*d.src[0], &*d.src[1]);
-        let bias = if d.src[2].is_null() {
-            std::ptr::null()
-        } else {
-            (*d.src[2]).data as *const f32
-        };
+        let node = &*(queue as *const sgemm::GemmNode);
+        let (bias, residual) = optional_sources(d, node);
         let dims = Dims {
             m: w.ne[1] as usize,
             k: w.ne[0] as usize,
             n: (d.ne[1] * d.ne[2] * d.ne[3]) as usize,
         };
-        let node = &*(queue as *const sgemm::GemmNode);
         let queue = sgemm::PanelQueue {
             next: &node.next,
             panels: dims.m / PANEL,
@@ -242,12 +238,59 @@ unsafe extern "C" fn panel16_gemm_f32(
                 bias,
                 d.data as *mut f32,
                 dims,
-                panels,
+                panels.clone(),
                 claimed.clone().unwrap_or(0..0),
                 node.relu,
             );
+            sgemm::finish_rows(
+                node.finish,
+                d.data as *mut f32,
+                residual,
+                (dims.m, dims.n),
+                panels.start * PANEL..panels.end * PANEL,
+            );
         }
     }
+}
+
+/// A GEMM node's sources: its two operands, then the bias and the residual where it has them
+/// (the order [`optional_sources`] reads them in).
+fn gemm_sources(
+    w: *mut sys::ggml_tensor,
+    x: *mut sys::ggml_tensor,
+    bias: Option<&Weight>,
+    residual: Option<Tensor<'_>>,
+) -> Vec<*mut sys::ggml_tensor> {
+    let mut sources = vec![w, x];
+    sources.extend(bias.map(|b| b.raw()));
+    sources.extend(residual.map(|r| r.raw()));
+    sources
+}
+
+/// A GEMM node's bias and residual data (null where it has none): the sources after its two
+/// operands, in that order, as its [`sgemm::GemmNode`] says.
+///
+/// # Safety
+/// `d` is a GEMM node built with `node` as its userdata, its sources allocated.
+pub(super) unsafe fn optional_sources(
+    d: &sys::ggml_tensor,
+    node: &sgemm::GemmNode,
+) -> (*const f32, *const f32) {
+    let source = |i: usize| {
+        // SAFETY: the node has this source (per the GemmNode), allocated.
+        unsafe { (*d.src[i]).data as *const f32 }
+    };
+    let bias = if node.bias {
+        source(2)
+    } else {
+        std::ptr::null()
+    };
+    let residual = if node.finish.residual.is_some() {
+        source(2 + node.bias as usize)
+    } else {
+        std::ptr::null()
+    };
+    (bias, residual)
 }
 
 /// ggml custom-op body of [`Graph::lstm_pointwise`].
@@ -492,9 +535,11 @@ impl<'g> Graph<'g> {
 
     /// A fresh [`sgemm::GemmNode`] for one GEMM node (its `userdata`), alive as long as this
     /// graph (so through its compute); boxed, so the address stays put.
-    fn gemm_node(&mut self, relu: bool) -> *mut std::ffi::c_void {
+    fn gemm_node(&mut self, relu: bool, bias: bool, finish: Finish) -> *mut std::ffi::c_void {
         let node = Box::new(sgemm::GemmNode {
             relu,
+            bias,
+            finish,
             ..Default::default()
         });
         let ptr = &*node as *const sgemm::GemmNode as *mut std::ffi::c_void;
@@ -710,7 +755,7 @@ impl<'g> Graph<'g> {
     /// the GEMM's store (the same values as [`linear`](Self::linear) then [`relu`](Self::relu)).
     pub fn linear_relu(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
         if w.layout() == Layout::Panel16 {
-            return self.linear_panel16(x, w, b, true);
+            return self.linear_panel16(x, w, b, true, Finish::default(), None);
         }
         let y = self.linear(x, w, b);
         self.relu(y)
@@ -718,11 +763,74 @@ impl<'g> Graph<'g> {
 
     /// A torch `Linear`: `x @ W^T + b` over `x` [in, n, ...], weight [in, out].
     pub fn linear(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
-        if w.layout() == Layout::Q8_0x8 {
-            return self.linear_q8_0x8(x, w, b);
+        self.linear_finished(x, w, b, Finish::default(), None)
+    }
+
+    /// `residual + scale * (x @ W^T + b)`, a residual connection around a block that ends in a
+    /// linear; with a packed weight done in the GEMM node, on each range of rows as soon as it
+    /// is computed (the same values as [`scale`](Self::scale) and [`add`](Self::add) nodes).
+    pub fn linear_residual(
+        &mut self,
+        x: Tensor<'g>,
+        w: &Weight,
+        b: Option<&Weight>,
+        residual: Tensor<'g>,
+        scale: f32,
+    ) -> Tensor<'g> {
+        let finish = Finish {
+            residual: Some(scale),
+        };
+        self.linear_finished(x, w, b, finish, Some(residual))
+    }
+
+    /// [`linear`](Self::linear) then `finish`, in the GEMM node where the weight is packed and
+    /// the residual (if any) is a contiguous f32 of the output's 2-D shape; as separate nodes
+    /// otherwise.
+    fn linear_finished(
+        &mut self,
+        x: Tensor<'g>,
+        w: &Weight,
+        b: Option<&Weight>,
+        finish: Finish,
+        residual: Option<Tensor<'g>>,
+    ) -> Tensor<'g> {
+        let m = w.shape()[1];
+        let fusable = residual.is_none_or(|r| {
+            let [_, n, c, d] = x.shape();
+            r.shape() == [m, n, 1, 1]
+                && c * d == 1
+                && r.is_contiguous()
+                && r.dtype() == Some(DType::F32)
+        });
+        if fusable {
+            match w.layout() {
+                Layout::Q8_0x8 => return self.linear_q8_0x8(x, w, b, finish, residual),
+                Layout::Panel16 => return self.linear_panel16(x, w, b, false, finish, residual),
+                _ => {}
+            }
         }
-        if w.layout() == Layout::Panel16 {
-            return self.linear_panel16(x, w, b, false);
+        let y = self.linear_plain(x, w, b);
+        match (finish.residual, residual) {
+            (Some(scale), Some(r)) => {
+                let y = if scale == 1.0 {
+                    y
+                } else {
+                    self.scale(y, scale)
+                };
+                self.add(r, y)
+            }
+            _ => y,
+        }
+    }
+
+    /// `x @ W^T + b` by any layout, with nothing fused.
+    fn linear_plain(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
+        match w.layout() {
+            Layout::Q8_0x8 => return self.linear_q8_0x8(x, w, b, Finish::default(), None),
+            Layout::Panel16 => {
+                return self.linear_panel16(x, w, b, false, Finish::default(), None);
+            }
+            _ => {}
         }
         let w = self.weight(w);
         let y = self.matmul(w, x);
@@ -743,6 +851,8 @@ impl<'g> Graph<'g> {
         w: &Weight,
         b: Option<&Weight>,
         relu: bool,
+        finish: Finish,
+        residual: Option<Tensor<'g>>,
     ) -> Tensor<'g> {
         let [k, m, ..] = w.shape();
         check(x.ne(0) == k && x.dtype() == Some(DType::F32), || {
@@ -782,15 +892,12 @@ impl<'g> Graph<'g> {
                 xp
             }
         };
-        let queue_ptr = self.gemm_node(relu);
-        let mut args = [
-            w.raw(),
-            xp.raw(),
-            b.map_or(std::ptr::null_mut(), |b| b.raw()),
-        ];
-        // SAFETY: an [m, n...] f32 result whose srcs are W (packed [k, m]), the packed x and the
-        // optional bias, kept alive and ordered by the graph; the queue outlives the compute
-        // (owned by this graph); each thread writes only the panels it claims.
+        let queue_ptr = self.gemm_node(relu, b.is_some(), finish);
+        let mut args = gemm_sources(w.raw(), xp.raw(), b, residual);
+        // SAFETY: an [m, n...] f32 result whose srcs are W (packed [k, m]), the packed x, the
+        // optional bias and residual (the caller checked its shape), kept alive and ordered by
+        // the graph; the queue outlives the compute (owned by this graph); each thread writes
+        // only the panels it claims.
         let p = unsafe {
             sys::ggml_custom_4d(
                 self.ctx(),
@@ -800,7 +907,7 @@ impl<'g> Graph<'g> {
                 xs[2] as i64,
                 xs[3] as i64,
                 args.as_mut_ptr(),
-                if b.is_some() { 3 } else { 2 },
+                args.len() as std::os::raw::c_int,
                 Some(panel16_gemm_f32),
                 -1, // every thread of the backend
                 queue_ptr,
@@ -812,7 +919,14 @@ impl<'g> Graph<'g> {
     /// [`linear`](Self::linear) on a `q8_0x8` weight: the input quantized by one custom op
     /// (shared by every linear reading it), then our int8 kernel as another, the bias added in
     /// its store.
-    fn linear_q8_0x8(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
+    fn linear_q8_0x8(
+        &mut self,
+        x: Tensor<'g>,
+        w: &Weight,
+        b: Option<&Weight>,
+        finish: Finish,
+        residual: Option<Tensor<'g>>,
+    ) -> Tensor<'g> {
         let [k, m, ..] = w.shape();
         let xs = x.shape();
         check(xs[0] == k && x.dtype() == Some(DType::F32), || {
@@ -837,19 +951,12 @@ impl<'g> Graph<'g> {
                 xq
             }
         };
-        // SAFETY: a q8_0x8 weight [k, m], the quantized [k, n] input and the optional f32 bias
-        // [m] (all checked above), as `linear_node` requires.
-        let queue = self.gemm_node(false);
-        let p = unsafe {
-            qgemm::linear_node(
-                self.ctx(),
-                w.raw(),
-                xq.raw(),
-                n,
-                b.map_or(std::ptr::null_mut(), |b| b.raw()),
-                queue,
-            )
-        };
+        let queue = self.gemm_node(false, b.is_some(), finish);
+        let mut args = gemm_sources(w.raw(), xq.raw(), b, residual);
+        // SAFETY: a q8_0x8 weight [k, m], the quantized [k, n] input, the optional f32 bias [m]
+        // and residual [m, n] (all checked above or by the caller), as `linear_node` requires;
+        // the queue's GemmNode says which of the optional ones are there.
+        let p = unsafe { qgemm::linear_node(self.ctx(), &mut args, n, queue) };
         let y = self.wrap(p, "linear (q8_0x8)");
         if xs[2] * xs[3] == 1 {
             y
@@ -1278,7 +1385,9 @@ impl<'g> Graph<'g> {
         let [k, w, h, n] = cols.shape();
         let flat = self.reshape(cols, &[k, w * h * n]);
         let y = match packed {
-            Some((weight, bias, relu)) => self.linear_panel16(flat, weight, bias, relu),
+            Some((weight, bias, relu)) => {
+                self.linear_panel16(flat, weight, bias, relu, Finish::default(), None)
+            }
             None => {
                 let kern = self.reshape(kernel, &[k, kernel.ne(3)]);
                 self.matmul(kern, flat)

@@ -821,33 +821,32 @@ pub(super) unsafe fn quantize_node(
     }
 }
 
-/// A graph node `[m, n] = w^T x (+ bias)` over the output of [`quantize_node`], the threads
-/// claiming panels of rows from `queue` ([`PanelQueue`](super::sgemm::PanelQueue)).
+/// A graph node `[m, n] = w^T x (+ bias)` over the output of [`quantize_node`], then the
+/// node's [`Finish`](super::sgemm::Finish), the threads claiming panels of rows from `queue`
+/// ([`PanelQueue`](super::sgemm::PanelQueue)).
 ///
 /// # Safety
-/// `w` is a `q8_0x8` weight [k, m] (q8_0 type), `xq` the [`quantize_node`] of an f32 [k, n],
-/// `bias` null or an f32 [m]; `queue` points to a [`GemmNode`](super::sgemm::GemmNode), its
-/// counter zero, that outlives the graph's compute.
+/// `args` are `w`, a `q8_0x8` weight [k, m] (q8_0 type), `xq`, the [`quantize_node`] of an f32
+/// [k, n], then an f32 bias [m] and an f32 residual [m, n] (contiguous) where `queue`'s
+/// [`GemmNode`](super::sgemm::GemmNode) says so; that node's counter is zero, and it outlives
+/// the graph's compute.
 pub(super) unsafe fn linear_node(
     ctx: *mut sys::ggml_context,
-    w: *mut sys::ggml_tensor,
-    xq: *mut sys::ggml_tensor,
+    args: &mut [*mut sys::ggml_tensor],
     n: usize,
-    bias: *mut sys::ggml_tensor,
     queue: *mut std::ffi::c_void,
 ) -> *mut sys::ggml_tensor {
     // SAFETY: per the contract.
     unsafe {
-        let mut args = [w, xq, bias];
         sys::ggml_custom_4d(
             ctx,
             sys::GGML_TYPE_F32,
-            (*w).ne[1],
+            (*args[0]).ne[1],
             n as i64,
             1,
             1,
             args.as_mut_ptr(),
-            if bias.is_null() { 2 } else { 3 },
+            args.len() as std::os::raw::c_int,
             Some(linear_op),
             -1,
             queue,
@@ -896,8 +895,8 @@ unsafe extern "C" fn quantize_op(
 ///
 /// # Safety
 /// Called by ggml on a tensor built by [`linear_node`]: src[0] = w (`q8_0x8`, [k, m]), src[1] =
-/// the quantized steps, src[2] = null or the f32 bias [m]; dst contiguous f32 [m, n]; all
-/// allocated; `queue` the node's `GemmNode`.
+/// the quantized steps, then the f32 bias [m] and residual [m, n] the node's `GemmNode`
+/// (`queue`) lists; dst contiguous f32 [m, n]; all allocated.
 unsafe extern "C" fn linear_op(
     dst: *mut sys::ggml_tensor,
     _ith: std::os::raw::c_int,
@@ -910,8 +909,10 @@ unsafe extern "C" fn linear_op(
         let (w, xq) = (&*d.src[0], &*d.src[1]);
         let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, d.ne[1] as usize);
         let nb = k / QK;
+        let node = &*(queue as *const super::sgemm::GemmNode);
+        let (bias, residual) = super::graph::optional_sources(d, node);
         let queue = super::sgemm::PanelQueue {
-            next: &(*(queue as *const super::sgemm::GemmNode)).next,
+            next: &node.next,
             panels: m / PANEL,
             threads: nth as usize,
         };
@@ -922,8 +923,7 @@ unsafe extern "C" fn linear_op(
             q: std::slice::from_raw_parts(base, padded * k),
             d: std::slice::from_raw_parts(base.add(padded * k) as *const f32, padded * nb),
         };
-        let bias = (!d.src[2].is_null())
-            .then(|| std::slice::from_raw_parts((*d.src[2]).data as *const f32, m));
+        let bias = (!bias.is_null()).then(|| std::slice::from_raw_parts(bias, m));
         while let Some(mine) = queue.claim() {
             gemm_panels(
                 Kernel::for_steps(n),
@@ -935,6 +935,13 @@ unsafe extern "C" fn linear_op(
                 n,
                 bias,
                 d.data as *mut f32,
+            );
+            super::sgemm::finish_rows(
+                node.finish,
+                d.data as *mut f32,
+                residual,
+                (m, n),
+                mine.start * PANEL..mine.end * PANEL,
             );
         }
     }
@@ -1076,6 +1083,7 @@ mod tests {
         let (k, m, n) = (256, 40, 11);
         let w = values(k * m, 11);
         let x = values(k * n, 12);
+        let residual = values(m * n, 13);
         let plain = quantize_rows(&w, k, DType::Q8_0).unwrap();
         let packed = repack_q8_0x8(&plain, k, m);
         let wq = dequant_plain(&plain, k, m);
@@ -1103,17 +1111,33 @@ mod tests {
                 let xq = quantize_node(ctx, xt);
                 let queue = crate::backend::sgemm::GemmNode::default();
                 let queue_ptr = &queue as *const _ as *mut std::ffi::c_void;
-                let ours = linear_node(ctx, w_packed, xq, n, std::ptr::null_mut(), queue_ptr);
+                let ours = linear_node(ctx, &mut [w_packed, xq], n, queue_ptr);
+                // The same product with a residual added in the node: `r + 0.5 * ours`.
+                let rt = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, m as i64, n as i64);
+                std::ptr::copy_nonoverlapping(residual.as_ptr(), (*rt).data as *mut f32, m * n);
+                let with_residual = crate::backend::sgemm::GemmNode {
+                    finish: crate::backend::sgemm::Finish {
+                        residual: Some(0.5),
+                    },
+                    ..Default::default()
+                };
+                let node_ptr = &with_residual as *const _ as *mut std::ffi::c_void;
+                let finished = linear_node(ctx, &mut [w_packed, xq, rt], n, node_ptr);
                 let gf = sys::ggml_new_graph(ctx);
                 sys::ggml_build_forward_expand(gf, theirs);
                 sys::ggml_build_forward_expand(gf, ours);
+                sys::ggml_build_forward_expand(gf, finished);
                 let st = sys::ggml_graph_compute_with_ctx(ctx, gf, threads);
                 assert_eq!(st, sys::GGML_STATUS_SUCCESS);
                 let read = |t: *mut sys::ggml_tensor| {
                     std::slice::from_raw_parts((*t).data as *const f32, m * n).to_vec()
                 };
                 let r = (read(ours), read(theirs));
+                let finished = read(finished);
                 sys::ggml_free(ctx);
+                for (i, (&f, &o)) in finished.iter().zip(&r.0).enumerate() {
+                    assert_eq!(f, residual[i] + o * 0.5, "t{threads} residual at {i}");
+                }
                 r
             };
             let mut worst = 0f64;

@@ -269,12 +269,70 @@ fn relu_f32(v: f32) -> f32 {
     if v > 0.0 { v } else { 0.0 }
 }
 
-/// What a GEMM node of the graph carries in its `userdata`: its [`PanelQueue`] counter and
-/// whether a ReLU follows the bias (f32 panel GEMM only).
+/// What a GEMM node of the graph carries in its `userdata`: its [`PanelQueue`] counter, which
+/// optional sources it has, and what follows the product (and bias) in the node itself.
 #[derive(Default)]
 pub struct GemmNode {
     pub next: std::sync::atomic::AtomicUsize,
+    /// A ReLU in the store (f32 panel GEMM only).
     pub relu: bool,
+    /// Whether the node has a bias source (the first after its two operands).
+    pub bias: bool,
+    /// What [`finish_rows`] applies to each claimed range once it is computed.
+    pub finish: Finish,
+}
+
+/// Work a GEMM node does on the rows it has just computed, while they are still in cache: what
+/// separate nodes did with one more pass each over the whole output. (A SiLU done here, after
+/// each feed-forward's first linear, measured no faster than ggml's own `silu` node: its
+/// exponentials, not the pass over memory, are what it costs.)
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Finish {
+    /// `residual + scale * v`, the residual being the node's last source (same shape as the
+    /// output): the values of a `scale` node and an `add` node after it.
+    pub residual: Option<f32>,
+}
+
+impl Finish {
+    pub fn is_none(self) -> bool {
+        self == Finish::default()
+    }
+}
+
+/// [`Finish`] over rows `rows` of every column of `y` (`n` columns of `m` values).
+///
+/// # Safety
+/// `y` holds `n * m` values and this thread owns their rows `rows`; `residual` is null or holds
+/// `n * m` values (null exactly when `finish.residual` is `None`).
+pub(crate) unsafe fn finish_rows(
+    finish: Finish,
+    y: *mut f32,
+    residual: *const f32,
+    (m, n): (usize, usize),
+    rows: std::ops::Range<usize>,
+) {
+    if finish.is_none() || rows.is_empty() {
+        return;
+    }
+    assert!(rows.end <= m && finish.residual.is_some() != residual.is_null());
+    for j in 0..n {
+        // SAFETY: column j's rows `rows` are within y (and residual), owned by this thread.
+        let out = unsafe { std::slice::from_raw_parts_mut(y.add(j * m + rows.start), rows.len()) };
+        if let Some(scale) = finish.residual {
+            // SAFETY: as above; the residual is another tensor, only read.
+            let r =
+                unsafe { std::slice::from_raw_parts(residual.add(j * m + rows.start), rows.len()) };
+            if scale == 1.0 {
+                for (v, &r) in out.iter_mut().zip(r) {
+                    *v += r;
+                }
+            } else {
+                for (v, &r) in out.iter_mut().zip(r) {
+                    *v = r + *v * scale;
+                }
+            }
+        }
+    }
 }
 
 /// Hands out a product's panels to the threads computing it: guided, each claim a fraction of

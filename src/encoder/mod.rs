@@ -530,31 +530,58 @@ fn graph_nodes(feature_frames: usize, frames: usize, layers: usize) -> usize {
 
 /// `f` applied to `x` ([d, T]) in slices of at most [`FRAME_SLICE`] frames, for blocks that
 /// treat every frame on its own (exact): their wide intermediates ([4d, T] in a feed-forward)
-/// then never exist for the whole of a long file at once.
+/// then never exist for the whole of a long file at once. `f` also gets the same frames of
+/// `with` (a residual the block adds), if any.
 fn per_frame<'g>(
     g: &mut Graph<'g>,
     x: Tensor<'g>,
-    f: &dyn Fn(&mut Graph<'g>, Tensor<'g>) -> Tensor<'g>,
+    with: Option<Tensor<'g>>,
+    f: &dyn Fn(&mut Graph<'g>, Tensor<'g>, Option<Tensor<'g>>) -> Tensor<'g>,
 ) -> Tensor<'g> {
     let t = x.ne(1);
     if t <= FRAME_SLICE {
-        return f(g, x);
+        return f(g, x, with);
     }
     let parts: Vec<Tensor<'g>> = (0..t)
         .step_by(FRAME_SLICE)
         .map(|a| {
-            let xs = g.rows(x, a, FRAME_SLICE.min(t - a));
-            f(g, xs)
+            let len = FRAME_SLICE.min(t - a);
+            let xs = g.rows(x, a, len);
+            let ws = with.map(|w| g.rows(w, a, len));
+            f(g, xs, ws)
         })
         .collect();
     g.stack_rows(&parts)
 }
 
-fn feed_forward<'g>(g: &mut Graph<'g>, x: Tensor<'g>, ff: &FeedForward) -> Tensor<'g> {
-    per_frame(g, x, &|g, x| {
+/// A residual connection `x + scale * block(..)` that the block's last linear adds in its own
+/// node (`Graph::linear_residual`).
+type Residual<'g> = Option<(Tensor<'g>, f32)>;
+
+/// `linear`, or `linear_residual` when the block ends in a residual connection.
+fn last_linear<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    l: &crate::model::Linear,
+    residual: Residual<'g>,
+) -> Tensor<'g> {
+    match residual {
+        Some((r, scale)) => g.linear_residual(x, &l.weight, l.bias.as_ref(), r, scale),
+        None => g.linear(x, &l.weight, l.bias.as_ref()),
+    }
+}
+
+fn feed_forward<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    ff: &FeedForward,
+    residual: Residual<'g>,
+) -> Tensor<'g> {
+    let (with, scale) = (residual.map(|r| r.0), residual.map_or(1.0, |r| r.1));
+    per_frame(g, x, with, &|g, x, with| {
         let h = g.linear(x, &ff.linear1.weight, ff.linear1.bias.as_ref());
         let h = g.silu(h);
-        g.linear(h, &ff.linear2.weight, ff.linear2.bias.as_ref())
+        last_linear(g, h, &ff.linear2, with.map(|w| (w, scale)))
     })
 }
 
@@ -573,26 +600,31 @@ fn conformer_layer<'g>(
         }
     };
     // `x + scale * block(norm(x))`, with the norm and block outputs tapped by NeMo's names.
-    let residual = |g: &mut Graph<'g>,
-                    x: Tensor<'g>,
-                    (norm, norm_name): (&LayerNorm, &str),
-                    block_name: &str,
-                    scale: f32,
-                    block: &dyn Fn(&mut Graph<'g>, Tensor<'g>) -> Tensor<'g>| {
-        let n = layer_norm(g, x, norm);
-        tap(g, norm_name, n);
-        let y = block(g, n);
-        tap(g, block_name, y);
-        let y = if scale == 1.0 { y } else { g.scale(y, scale) };
-        g.add(x, y)
-    };
+    // Untapped, the block's last linear adds the residual in its own node.
+    let residual =
+        |g: &mut Graph<'g>,
+         x: Tensor<'g>,
+         (norm, norm_name): (&LayerNorm, &str),
+         block_name: &str,
+         scale: f32,
+         block: &dyn Fn(&mut Graph<'g>, Tensor<'g>, Residual<'g>) -> Tensor<'g>| {
+            let n = layer_norm(g, x, norm);
+            tap(g, norm_name, n);
+            if !taps {
+                return block(g, n, Some((x, scale)));
+            }
+            let y = block(g, n, None);
+            tap(g, block_name, y);
+            let y = if scale == 1.0 { y } else { g.scale(y, scale) };
+            g.add(x, y)
+        };
     let x = residual(
         g,
         x,
         (&l.norm_feed_forward1, "norm_feed_forward1"),
         "feed_forward1",
         0.5,
-        &|g, n| feed_forward(g, n, &l.feed_forward1),
+        &|g, n, r| feed_forward(g, n, &l.feed_forward1, r),
     );
     let x = residual(
         g,
@@ -600,18 +632,23 @@ fn conformer_layer<'g>(
         (&l.norm_self_att, "norm_self_att"),
         "self_attn",
         1.0,
-        &|g, n| self_attention(g, hp, &l.self_attn, n, pos),
+        &|g, n, r| self_attention(g, hp, &l.self_attn, n, pos, r),
     );
-    let x = residual(g, x, (&l.norm_conv, "norm_conv"), "conv", 1.0, &|g, n| {
-        conv_module(g, &l.conv, n)
-    });
+    let x = residual(
+        g,
+        x,
+        (&l.norm_conv, "norm_conv"),
+        "conv",
+        1.0,
+        &|g, n, r| conv_module(g, &l.conv, n, r),
+    );
     let x = residual(
         g,
         x,
         (&l.norm_feed_forward2, "norm_feed_forward2"),
         "feed_forward2",
         0.5,
-        &|g, n| feed_forward(g, n, &l.feed_forward2),
+        &|g, n, r| feed_forward(g, n, &l.feed_forward2, r),
     );
 
     let out = layer_norm(g, x, &l.norm_out);
@@ -628,6 +665,7 @@ fn self_attention<'g>(
     a: &RelPositionAttention,
     x: Tensor<'g>,
     (pos, (left, right)): (Tensor<'g>, (usize, usize)),
+    residual: Residual<'g>,
 ) -> Tensor<'g> {
     let (d, t, h) = (hp.d_model, x.ne(1), hp.n_heads);
     let dk = d / h;
@@ -643,12 +681,17 @@ fn self_attention<'g>(
     let vb = g.weight(&a.pos_bias_v);
     let o = g.rel_pos_attention(q, k, v, p, u, vb, left, right);
     let o = g.reshape(o, &[d, t]);
-    g.linear(o, &a.linear_out.weight, a.linear_out.bias.as_ref())
+    last_linear(g, o, &a.linear_out, residual)
 }
 
 /// pointwise_conv1 -> GLU -> depthwise conv (BatchNorm folded) -> Swish -> pointwise_conv2.
-fn conv_module<'g>(g: &mut Graph<'g>, c: &ConvModule, x: Tensor<'g>) -> Tensor<'g> {
-    let y = per_frame(g, x, &|g, x| {
+fn conv_module<'g>(
+    g: &mut Graph<'g>,
+    c: &ConvModule,
+    x: Tensor<'g>,
+    residual: Residual<'g>,
+) -> Tensor<'g> {
+    let y = per_frame(g, x, None, &|g, x, _| {
         let y = g.linear(
             x,
             &c.pointwise_conv1.weight,
@@ -660,9 +703,5 @@ fn conv_module<'g>(g: &mut Graph<'g>, c: &ConvModule, x: Tensor<'g>) -> Tensor<'
     let b = g.weight(&c.depthwise_bias_folded);
     let y = g.conv1d_depthwise_same(y, k, Some(b));
     let y = g.silu(y);
-    g.linear(
-        y,
-        &c.pointwise_conv2.weight,
-        c.pointwise_conv2.bias.as_ref(),
-    )
+    last_linear(g, y, &c.pointwise_conv2, residual)
 }
