@@ -707,8 +707,9 @@ impl Loader<'_> {
                 channels_fastest(&w.to_host_f32(), c, 9),
             );
         }
-        // conv.0 (1 -> C, 3 x 3) runs as im2col + a [9, C] product, conv.3 and conv.6 as
-        // [C, C] products; torch's [out, in, kh, kw] is the row-major [m][k] of a Linear.
+        // conv.0 (1 -> C, 3 x 3) runs in the stem op (`Graph::conv_stem`), which reads its
+        // [9, C] panels sixteen channels at a time; conv.3 and conv.6 as [C, C] products;
+        // torch's [out, in, kh, kw] is the row-major [m][k] of a Linear.
         for (conv, side, cin) in [("0", 3, 1), ("3", 1, c), ("6", 1, c)] {
             let name = format!("encoder.pre_encode.conv.{conv}.weight");
             let w = self.file.weight(&name, &[side, side, cin, c], F32)?;

@@ -533,7 +533,7 @@ fn a_long_request_s_compute_buffer_is_released() {
     let short = clip("speech_2s.wav");
     let short_text = cli_output(&short, &dir).txt;
     let long = dir.join("long.wav");
-    repeated_wav(&clip("speech_10s.wav"), 3, &long);
+    repeated_wav(&clip("speech_10s.wav"), 6, &long);
     let long_text = cli_output(&long, &dir).txt;
     let server = Server::start(&["--workers", "1", "--release-buffer-mb", "4"]);
     let buffer = || server.health()["compute_buffer_bytes"][0].as_u64().unwrap();
@@ -542,7 +542,7 @@ fn a_long_request_s_compute_buffer_is_released() {
     // A 2 s clip's buffer stays (it is reused by the next request).
     let kept = buffer();
     assert!(kept > 0 && kept <= 4 << 20, "{kept}");
-    // 30 s needs more than 4 MiB: the worker starts afresh after it.
+    // 60 s needs more than 4 MiB: the worker starts afresh after it.
     let r = upload(&server, &long, &[("response_format", "text")]);
     assert_eq!(r.body, long_text);
     assert_eq!(buffer(), 0);

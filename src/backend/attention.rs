@@ -798,17 +798,8 @@ mod tests {
 
     #[test]
     fn blocks_match_a_per_query_reference_for_full_and_local_windows() {
-        let mut seed = 1u64;
-        let mut rnd = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    seed = seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-                })
-                .collect()
-        };
+        let mut rng = crate::backend::TestValues::new(1);
+        let mut rnd = |n: usize| rng.take(n);
         for &(dk, h, t, left, right) in &[
             (8, 2, 5, 4, 4),
             (16, 2, 70, 69, 69),

@@ -98,7 +98,7 @@ pub struct Graph<'g> {
     _graph: PhantomData<fn(&'g ()) -> &'g ()>,
 }
 
-fn check(cond: bool, msg: impl FnOnce() -> String) {
+pub(super) fn check(cond: bool, msg: impl FnOnce() -> String) {
     if !cond {
         panic!("graph shape error: {}", msg());
     }
@@ -1346,17 +1346,6 @@ impl<'g> Graph<'g> {
         stride: usize,
         pad: usize,
     ) -> Tensor<'g> {
-        self.conv2d_with(kernel, None, x, stride, pad)
-    }
-
-    fn conv2d_with(
-        &mut self,
-        kernel: Tensor<'g>,
-        packed: Option<(&Weight, Option<&Weight>, bool)>,
-        x: Tensor<'g>,
-        stride: usize,
-        pad: usize,
-    ) -> Tensor<'g> {
         check(kernel.ne(2) == x.ne(2) && kernel.is_contiguous(), || {
             format!(
                 "conv2d: kernel {:?} for input {:?}",
@@ -1384,47 +1373,9 @@ impl<'g> Graph<'g> {
         let cols = self.wrap(cols, "im2col");
         let [k, w, h, n] = cols.shape();
         let flat = self.reshape(cols, &[k, w * h * n]);
-        let y = match packed {
-            Some((weight, bias, relu)) => {
-                self.linear_panel16(flat, weight, bias, relu, Finish::default(), None)
-            }
-            None => {
-                let kern = self.reshape(kernel, &[k, kernel.ne(3)]);
-                self.matmul(kern, flat)
-            }
-        };
+        let kern = self.reshape(kernel, &[k, kernel.ne(3)]);
+        let y = self.matmul(kern, flat);
         self.reshape(y, &[kernel.ne(3), w, h, n])
-    }
-
-    /// `relu(conv2d(x) + bias)` with a panel-packed kernel: `weight` [KW * KH * Cin, Cout]
-    /// packed as a linear (row `o` = torch's `weight[o]` flattened), `kw` x `kh` taps; the
-    /// bias and the ReLU are applied in the GEMM's store (the values of a separate `add` and
-    /// `relu`, without two more passes over the output).
-    pub fn conv2d_panel16_relu(
-        &mut self,
-        weight: &Weight,
-        bias: &Weight,
-        (kw, kh): (usize, usize),
-        x: Tensor<'g>,
-        stride: usize,
-        pad: usize,
-    ) -> Tensor<'g> {
-        let [k, cout, ..] = weight.shape();
-        check(
-            weight.layout() == Layout::Panel16 && k == kw * kh * x.ne(2),
-            || {
-                format!(
-                    "conv2d {}: packed kernel {:?} ({kw} x {kh}) for input {:?}",
-                    weight.name(),
-                    weight.shape(),
-                    x.shape()
-                )
-            },
-        );
-        // im2col reads only the kernel's shape, never its (packed) values.
-        let w = self.wrap(weight.raw(), "weight (shape for im2col)");
-        let shape = self.reshape(w, &[kw, kh, x.ne(2), cout]);
-        self.conv2d_with(shape, Some((weight, Some(bias), true)), x, stride, pad)
     }
 
     /// Depthwise 2-D convolution in f32. `kernel` [KW, KH, 1, C], `x` [W, H, C, N].

@@ -16,6 +16,7 @@ mod graph;
 mod pagecache;
 pub mod qgemm;
 pub mod sgemm;
+mod stem;
 
 pub use graph::{Graph, Tensor};
 
@@ -574,6 +575,29 @@ pub(crate) fn thread_share(units: usize, ith: usize, nth: usize) -> std::ops::Ra
     let chunk = units.div_ceil(nth.max(1));
     let start = (ith * chunk).min(units);
     start..(start + chunk).min(units)
+}
+
+/// Deterministic values in [-1, 1) for the op tests (a 64-bit LCG's high bits).
+#[cfg(test)]
+pub(crate) struct TestValues(u64);
+
+#[cfg(test)]
+impl TestValues {
+    pub(crate) fn new(seed: u64) -> TestValues {
+        TestValues(seed)
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 = self
+                    .0
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
 }
 
 /// ggml's tensor names hold at most 63 bytes.

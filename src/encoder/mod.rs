@@ -419,8 +419,8 @@ fn sinusoids(positions: impl Iterator<Item = Option<i64>>, d: usize) -> Vec<f32>
     pe
 }
 
-/// Feature frames per time slice of the subsampling (about 41 s): one slice's im2col and
-/// conv activations stay around 100 MB however long the audio is.
+/// Feature frames per time slice of the subsampling (about 41 s): one slice's conv
+/// activations stay within a few tens of MB however long the audio is.
 const PRE_ENCODE_SLICE: usize = 4096;
 
 /// Feature frames of left context each later slice recomputes. Three stride-2, kernel-3
@@ -461,18 +461,24 @@ fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>) -> Tensor<'g>
     // conv.0: full 3x3 conv, 1 -> C channels, in f32 (f32 kernel -> f32 im2col).
     // Channels fastest ([C, F, T]) from here: the depthwise convs read that layout directly
     // and the pointwise convs are plain matmuls.
+    let c = p.conv2.bias.shape()[0];
     let x = if p.conv0.weight.layout() == Layout::Panel16 {
-        // Packed at load (`Model::derived_weights`); bias and ReLU in the GEMM's store.
-        g.conv2d_panel16_relu(&p.conv0.weight, &p.conv0.bias, (3, 3), x, 2, 1)
+        // conv.0 (packed at load, `Model::derived_weights`) and the depthwise conv.2 as one
+        // node that never holds conv.0's whole output.
+        let y = g.conv_stem(
+            x,
+            (&p.conv0.weight, &p.conv0.bias),
+            (&p.conv2.weight, &p.conv2.bias),
+        ); // [C, F2, T2]
+        pointwise(g, y, &p.conv3)
     } else {
         let k0 = g.weight(&p.conv0.weight);
         let x = g.conv2d(k0, x, 2, 1);
         let b0 = g.weight(&p.conv0.bias);
         let x = g.add(x, b0);
-        g.relu(x)
-    }; // [C, F1, T1]
-    let c = x.ne(0);
-    let x = dw_pw_block(g, x, &p.conv2, &p.conv3);
+        let x = g.relu(x); // [C, F1, T1]
+        dw_pw_block(g, x, &p.conv2, &p.conv3)
+    };
     let x = dw_pw_block(g, x, &p.conv5, &p.conv6);
     // torch flattens (C, F) per frame with F fastest.
     let (f, t) = (x.ne(1), x.ne(2));
@@ -489,15 +495,19 @@ fn dw_pw_block<'g>(
     dw: &crate::model::Conv2d,
     pw: &crate::model::Conv2d,
 ) -> Tensor<'g> {
-    let c = x.ne(0);
     let whcn = g.permute(x, [2, 0, 1, 3]); // logical [F, T, C], channels contiguous
     let k = g.weight(&dw.weight); // [C, 1, KW, KH] in memory
     let k = g.permute(k, [3, 2, 0, 1]); // logical [KW, KH, 1, C], channels contiguous
     let y = g.conv2d_depthwise(k, whcn, 2, 1); // same channels-fastest layout
     let y = g.permute(y, [1, 2, 0, 3]); // back to [C, F', T'] (contiguous)
-    let (f, t) = (y.ne(1), y.ne(2));
     let b = g.weight(&dw.bias);
     let y = g.add(y, b);
+    pointwise(g, y, pw)
+}
+
+/// Pointwise 1x1 conv + ReLU on a channels-fastest [C, F, T].
+fn pointwise<'g>(g: &mut Graph<'g>, y: Tensor<'g>, pw: &crate::model::Conv2d) -> Tensor<'g> {
+    let (c, f, t) = (y.ne(0), y.ne(1), y.ne(2));
     let y = g.reshape(y, &[c, f * t]);
     let y = if pw.weight.layout() == Layout::Panel16 {
         // Packed at load (`Model::derived_weights`); bias and ReLU in the GEMM's store.
