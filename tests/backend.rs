@@ -632,12 +632,27 @@ fn conv1d_depthwise_same_matches_plain_rust_in_f32() {
             err < ABS_TOL,
             "conv1d_depthwise_same C={c} T={t} K={k}: {err:.3e}"
         );
+        // With the SiLU fused: the same sums, then x * sigmoid(x).
+        let fused = be
+            .compute(|g| {
+                let xt = g.input_f32(&x, &[c, t]);
+                let kt = g.weight(&ws["dw.weight"]);
+                let bt = with_bias.then(|| g.weight(&ws["dw.bias"]));
+                Ok(g.conv1d_depthwise_same_silu(xt, kt, bt))
+            })
+            .unwrap();
+        let silu: Vec<f64> = reference.iter().map(|&v| v / (1.0 + (-v).exp())).collect();
+        let err = max_abs_err(&fused.output, &silu);
+        assert!(
+            err < ABS_TOL,
+            "conv1d_depthwise_same_silu C={c} T={t} K={k}: {err:.3e}"
+        );
     }
 }
 
-/// The fused GLU gives exactly what ggml's sigmoid and product nodes give.
+/// The fused GLU against f64, and within a few ulps of ggml's sigmoid and product nodes.
 #[test]
-fn glu_matches_ggml_sigmoid_and_mul_exactly() {
+fn glu_matches_f64_and_ggml_sigmoid_and_mul() {
     let mut be = backend(2);
     let mut rng = Lcg::new(31);
     for &(d, t) in &[(24, 37), (5, 1), (64, 3)] {
@@ -659,7 +674,25 @@ fn glu_matches_ggml_sigmoid_and_mul_exactly() {
             })
             .unwrap();
         assert_eq!(fused.shape, [d, t, 1, 1]);
-        assert_eq!(fused.output, nodes.output, "glu d={d} t={t}");
+        let want: Vec<f64> = (0..d * t)
+            .map(|i| {
+                let (step, ch) = (i / d, i % d);
+                let (a, gate) = (y[step * 2 * d + ch] as f64, y[step * 2 * d + d + ch] as f64);
+                a / (1.0 + (-gate).exp())
+            })
+            .collect();
+        let rel = |got: &[f32]| {
+            got.iter()
+                .zip(&want)
+                .map(|(&g, &w)| (g as f64 - w).abs() / w.abs().max(1e-6))
+                .fold(0f64, f64::max)
+        };
+        assert!(
+            rel(&fused.output) < 1e-6,
+            "glu d={d} t={t}: {:e}",
+            rel(&fused.output)
+        );
+        assert!(rel(&nodes.output) < 1e-6, "ggml's nodes d={d} t={t}");
     }
 }
 

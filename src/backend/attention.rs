@@ -12,6 +12,7 @@
 //! Keys outside the utterance get exactly zero weight, as NeMo's `-inf` / `-10000` masks give
 //! after an f32 softmax.
 
+use super::vmath::exp_in_place;
 use super::{DType, Graph, Tensor};
 use llama_cpp_sys_2 as sys;
 use std::os::raw::{c_int, c_void};
@@ -707,58 +708,9 @@ fn product_qt(a: &[f32], bt: Columns<'_>, dk: usize, nq: usize, n_pad: usize, ou
     }
 }
 
-/// `exp` of values `<= 0`, branch-free so that it vectorises: `2^n * e^r` with
-/// `r = x - n ln 2` in `[-ln2/2, ln2/2]` (Cody-Waite split) and a degree-6 polynomial;
-/// about 1 ulp, and exactly 0 below -87.3 (where f32 underflows anyway). `n` is rounded by
-/// adding 1.5 * 2^23 (its integer then sits in the sum's low mantissa bits): `f32::round`
-/// and an `as i32` kept the loop scalar.
-fn exp_in_place(x: &mut [f32]) {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const ROUND: f32 = 12_582_912.0;
-    for v in x.iter_mut() {
-        let a = v.max(-87.3);
-        let shifted = a * LOG2E + ROUND;
-        let n = shifted - ROUND;
-        let r = (a - n * LN2_HI) - n * LN2_LO;
-        // Taylor coefficients 1/k!, Horner form.
-        let mut p = 1.0 / 720.0;
-        p = p * r + 1.0 / 120.0;
-        p = p * r + 1.0 / 24.0;
-        p = p * r + 1.0 / 6.0;
-        p = p * r + 0.5;
-        p = p * r + 1.0;
-        p = p * r + 1.0;
-        // 2^n from n's bits: |n| <= 126, so the difference of the two sums' bits is n.
-        let n_bits = shifted.to_bits().wrapping_sub(ROUND.to_bits());
-        let scale = f32::from_bits(n_bits.wrapping_add(127) << 23);
-        *v = if *v < -87.3 { 0.0 } else { p * scale };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exp_matches_std() {
-        let mut worst = 0f32;
-        let xs: Vec<f32> = (0..20000).map(|i| -(i as f32) * 0.0044).collect();
-        let mut ys = xs.clone();
-        exp_in_place(&mut ys);
-        for (&x, &y) in xs.iter().zip(&ys) {
-            let e = x.exp();
-            if e > 1e-30 {
-                worst = worst.max(((y - e) / e).abs());
-            }
-        }
-        assert!(worst < 4e-7, "worst relative error {worst:e}");
-        let mut tiny = [-100.0f32, -88.0, 0.0];
-        exp_in_place(&mut tiny);
-        assert_eq!(tiny[..2], [0.0, 0.0]);
-        assert_eq!(tiny[2], 1.0);
-    }
 
     /// Plain per-query reference of the op's math, in f64.
     fn naive(o: &Operands<'_>) -> Vec<f64> {

@@ -17,6 +17,7 @@ mod pagecache;
 pub mod qgemm;
 pub mod sgemm;
 mod stem;
+mod vmath;
 
 pub use graph::{Graph, Tensor};
 

@@ -711,7 +711,6 @@ fn conv_module<'g>(
     });
     let k = g.weight(&c.depthwise_conv_folded);
     let b = g.weight(&c.depthwise_bias_folded);
-    let y = g.conv1d_depthwise_same(y, k, Some(b));
-    let y = g.silu(y);
+    let y = g.conv1d_depthwise_same_silu(y, k, Some(b));
     last_linear(g, y, &c.pointwise_conv2, residual)
 }
