@@ -154,6 +154,20 @@ fn graph_linear_on_packed_weights_matches_f64_on_1_to_3_threads() {
     }
 }
 
+/// One random [m, k] linear as "packed.weight" (panel16) and "plain.weight", with "lin.bias".
+fn packed_and_plain(
+    rng: &mut Lcg,
+    m: usize,
+    k: usize,
+) -> std::collections::HashMap<String, parakeet::backend::gguf::Weight> {
+    let (w, b) = (rng.vec(m * k), rng.vec(m));
+    let mut hw = HostWeights::new();
+    hw.push_panel16("packed.weight", m, k, &w);
+    hw.push("plain.weight", &[k, m], w);
+    hw.push("lin.bias", &[m], b);
+    hw.realize().unwrap()
+}
+
 /// `linear_residual` (`r + scale * (x W^T + b)` in the GEMM node) gives the bits of a linear,
 /// a `scale` and an `add` node, on 1-3 threads, with and without a bias; on a plain weight it
 /// falls back to those nodes.
@@ -162,15 +176,9 @@ fn graph_linear_residual_is_linear_scale_add() {
     backend::silence_ggml_logs();
     let mut rng = Lcg::new(12);
     for &(m, k, n) in &[(48, 300, 13), (16, 9, 1), (528, 257, 37)] {
-        let w = rng.vec(m * k);
-        let b = rng.vec(m);
+        let weights = packed_and_plain(&mut rng, m, k);
         let x = rng.vec(n * k);
         let r = rng.vec(n * m);
-        let mut hw = HostWeights::new();
-        hw.push_panel16("packed.weight", m, k, &w);
-        hw.push("plain.weight", &[k, m], w.clone());
-        hw.push("lin.bias", &[m], b.clone());
-        let weights = hw.realize().unwrap();
         let bias = &weights["lin.bias"];
         for threads in 1..=3 {
             let mut be = Backend::cpu(threads).unwrap();
@@ -199,6 +207,53 @@ fn graph_linear_residual_is_linear_scale_add() {
                 let want: Vec<f64> = separate.iter().map(|&v| v as f64).collect();
                 let err = rel_err(&plain, &want);
                 assert!(err < REL_TOL, "plain weight fallback: rel err {err:.2e}");
+            }
+        }
+    }
+}
+
+/// `silu_linear` (the SiLU applied as the input is packed) against a SiLU node and a linear,
+/// on packed and plain weights, 1-3 threads, with and without a residual.
+#[test]
+fn graph_silu_linear_matches_silu_then_linear() {
+    backend::silence_ggml_logs();
+    let mut rng = Lcg::new(13);
+    for &(m, k, n) in &[(48, 300, 13), (16, 9, 1), (528, 257, 37)] {
+        let weights = packed_and_plain(&mut rng, m, k);
+        let x: Vec<f32> = rng.vec(n * k).iter().map(|v| v * 6.0).collect();
+        let r = rng.vec(n * m);
+        let bias = &weights["lin.bias"];
+        for threads in 1..=3 {
+            let mut be = Backend::cpu(threads).unwrap();
+            for with_residual in [false, true] {
+                let mut run = |name: &str, fused: bool| {
+                    be.compute(|g| {
+                        let (xt, rt) = (g.input_f32(&x, &[k, n]), g.input_f32(&r, &[m, n]));
+                        let w = &weights[name];
+                        let residual = with_residual.then_some((rt, 0.5));
+                        if fused {
+                            return Ok(g.silu_linear(xt, w, Some(bias), residual));
+                        }
+                        let h = g.silu(xt);
+                        Ok(match residual {
+                            Some((rt, s)) => g.linear_residual(h, w, Some(bias), rt, s),
+                            None => g.linear(h, w, Some(bias)),
+                        })
+                    })
+                    .unwrap()
+                    .output
+                };
+                let want: Vec<f64> = run("packed.weight", false)
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                for name in ["packed.weight", "plain.weight"] {
+                    let err = rel_err(&run(name, true), &want);
+                    assert!(
+                        err < REL_TOL,
+                        "{name} {m}x{k}x{n}, {threads} threads: rel err {err:.2e}"
+                    );
+                }
             }
         }
     }

@@ -87,9 +87,9 @@ pub struct Graph<'g> {
     captures: Vec<(String, NonNull<sys::ggml_tensor>)>,
     /// Int8-quantized activations by the tensor they quantize: linears reading the same input
     /// (q, k and v) share one quantization.
-    quantized: HashMap<usize, Tensor<'g>>,
+    quantized: HashMap<(usize, bool), Tensor<'g>>,
     /// Activations packed for the f32 panel GEMM, by the tensor they pack (shared likewise).
-    packed: HashMap<usize, Tensor<'g>>,
+    packed: HashMap<(usize, bool), Tensor<'g>>,
     /// One [`sgemm::GemmNode`] (panel counter, fused ReLU) per GEMM node, f32 and int8, alive
     /// until the graph has run (boxed: the nodes hold their addresses, which a growing Vec
     /// would move).
@@ -175,7 +175,7 @@ unsafe extern "C" fn pack_activations_f32(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
     nth: std::os::raw::c_int,
-    _: *mut std::os::raw::c_void,
+    silu: *mut std::os::raw::c_void,
 ) {
     // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = x, dst the
     // same number of f32 values; each thread writes only its own blocks.
@@ -193,6 +193,7 @@ unsafe extern "C" fn pack_activations_f32(
             dims,
             (ith as usize, nth as usize),
             d.data as *mut f32,
+            !silu.is_null(),
         );
     }
 }
@@ -249,6 +250,30 @@ unsafe extern "C" fn panel16_gemm_f32(
                 (dims.m, dims.n),
                 panels.start * PANEL..panels.end * PANEL,
             );
+        }
+    }
+}
+
+/// What a linear does besides its product, in its own nodes where its weight is packed.
+#[derive(Clone, Copy, Default)]
+struct Fused<'g> {
+    /// SiLU on the input, where it is packed or quantized.
+    silu_input: bool,
+    /// ReLU in the store (f32 panel GEMM only).
+    relu: bool,
+    finish: Finish,
+    /// The residual `finish` adds.
+    residual: Option<Tensor<'g>>,
+}
+
+impl<'g> Fused<'g> {
+    fn residual(residual: Tensor<'g>, scale: f32) -> Fused<'g> {
+        Fused {
+            finish: Finish {
+                residual: Some(scale),
+            },
+            residual: Some(residual),
+            ..Fused::default()
         }
     }
 }
@@ -758,7 +783,11 @@ impl<'g> Graph<'g> {
     /// the GEMM's store (the same values as [`linear`](Self::linear) then [`relu`](Self::relu)).
     pub fn linear_relu(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
         if w.layout() == Layout::Panel16 {
-            return self.linear_panel16(x, w, b, true, Finish::default(), None);
+            let relu = Fused {
+                relu: true,
+                ..Fused::default()
+            };
+            return self.linear_panel16(x, w, b, relu);
         }
         let y = self.linear(x, w, b);
         self.relu(y)
@@ -766,7 +795,7 @@ impl<'g> Graph<'g> {
 
     /// A torch `Linear`: `x @ W^T + b` over `x` [in, n, ...], weight [in, out].
     pub fn linear(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
-        self.linear_finished(x, w, b, Finish::default(), None)
+        self.linear_fused(x, w, b, Fused::default())
     }
 
     /// `residual + scale * (x @ W^T + b)`, a residual connection around a block that ends in a
@@ -780,25 +809,42 @@ impl<'g> Graph<'g> {
         residual: Tensor<'g>,
         scale: f32,
     ) -> Tensor<'g> {
-        let finish = Finish {
-            residual: Some(scale),
-        };
-        self.linear_finished(x, w, b, finish, Some(residual))
+        self.linear_fused(x, w, b, Fused::residual(residual, scale))
     }
 
-    /// [`linear`](Self::linear) then `finish`, in the GEMM node where the weight is packed and
-    /// the residual (if any) is a contiguous f32 of the output's 2-D shape; as separate nodes
-    /// otherwise.
-    fn linear_finished(
+    /// `silu(x) @ W^T + b`, plus `residual * scale` if given: with a packed weight the SiLU is
+    /// applied where the input is packed or quantized for the GEMM (no pass of its own), within
+    /// 3e-7 of f64 (`vmath`).
+    pub fn silu_linear(
         &mut self,
         x: Tensor<'g>,
         w: &Weight,
         b: Option<&Weight>,
-        finish: Finish,
-        residual: Option<Tensor<'g>>,
+        residual: Option<(Tensor<'g>, f32)>,
+    ) -> Tensor<'g> {
+        let fused = match residual {
+            Some((r, scale)) => Fused::residual(r, scale),
+            None => Fused::default(),
+        };
+        let fused = Fused {
+            silu_input: true,
+            ..fused
+        };
+        self.linear_fused(x, w, b, fused)
+    }
+
+    /// [`linear`](Self::linear) with `fused` done in its nodes where the weight is packed and
+    /// the residual (if any) is a contiguous f32 of the output's 2-D shape; as separate nodes
+    /// otherwise.
+    fn linear_fused(
+        &mut self,
+        x: Tensor<'g>,
+        w: &Weight,
+        b: Option<&Weight>,
+        fused: Fused<'g>,
     ) -> Tensor<'g> {
         let m = w.shape()[1];
-        let fusable = residual.is_none_or(|r| {
+        let fusable = fused.residual.is_none_or(|r| {
             let [_, n, c, d] = x.shape();
             r.shape() == [m, n, 1, 1]
                 && c * d == 1
@@ -807,13 +853,14 @@ impl<'g> Graph<'g> {
         });
         if fusable {
             match w.layout() {
-                Layout::Q8_0x8 => return self.linear_q8_0x8(x, w, b, finish, residual),
-                Layout::Panel16 => return self.linear_panel16(x, w, b, false, finish, residual),
+                Layout::Q8_0x8 => return self.linear_q8_0x8(x, w, b, fused),
+                Layout::Panel16 => return self.linear_panel16(x, w, b, fused),
                 _ => {}
             }
         }
+        let x = if fused.silu_input { self.silu(x) } else { x };
         let y = self.linear_plain(x, w, b);
-        match (finish.residual, residual) {
+        match (fused.finish.residual, fused.residual) {
             (Some(scale), Some(r)) => {
                 let y = if scale == 1.0 {
                     y
@@ -829,10 +876,8 @@ impl<'g> Graph<'g> {
     /// `x @ W^T + b` by any layout, with nothing fused.
     fn linear_plain(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
         match w.layout() {
-            Layout::Q8_0x8 => return self.linear_q8_0x8(x, w, b, Finish::default(), None),
-            Layout::Panel16 => {
-                return self.linear_panel16(x, w, b, false, Finish::default(), None);
-            }
+            Layout::Q8_0x8 => return self.linear_q8_0x8(x, w, b, Fused::default()),
+            Layout::Panel16 => return self.linear_panel16(x, w, b, Fused::default()),
             _ => {}
         }
         let w = self.weight(w);
@@ -853,9 +898,7 @@ impl<'g> Graph<'g> {
         x: Tensor<'g>,
         w: &Weight,
         b: Option<&Weight>,
-        relu: bool,
-        finish: Finish,
-        residual: Option<Tensor<'g>>,
+        fused: Fused<'g>,
     ) -> Tensor<'g> {
         let [k, m, ..] = w.shape();
         check(x.ne(0) == k && x.dtype() == Some(DType::F32), || {
@@ -869,7 +912,8 @@ impl<'g> Graph<'g> {
         }
         let x = if x.is_contiguous() { x } else { self.cont(x) };
         let xs = x.shape();
-        let xp = match self.packed.get(&(x.raw() as usize)) {
+        let key = (x.raw() as usize, fused.silu_input);
+        let xp = match self.packed.get(&key) {
             Some(&xp) => xp,
             None => {
                 let mut src = [x.raw()];
@@ -887,16 +931,16 @@ impl<'g> Graph<'g> {
                         1,
                         Some(pack_activations_f32),
                         -1, // every thread of the backend
-                        std::ptr::null_mut(),
+                        super::flag(fused.silu_input),
                     )
                 };
                 let xp = self.wrap(p, "pack activations (panel16 gemm)");
-                self.packed.insert(x.raw() as usize, xp);
+                self.packed.insert(key, xp);
                 xp
             }
         };
-        let queue_ptr = self.gemm_node(relu, b.is_some(), finish);
-        let mut args = gemm_sources(w.raw(), xp.raw(), b, residual);
+        let queue_ptr = self.gemm_node(fused.relu, b.is_some(), fused.finish);
+        let mut args = gemm_sources(w.raw(), xp.raw(), b, fused.residual);
         // SAFETY: an [m, n...] f32 result whose srcs are W (packed [k, m]), the packed x, the
         // optional bias and residual (the caller checked its shape), kept alive and ordered by
         // the graph; the queue outlives the compute (owned by this graph); each thread writes
@@ -927,8 +971,7 @@ impl<'g> Graph<'g> {
         x: Tensor<'g>,
         w: &Weight,
         b: Option<&Weight>,
-        finish: Finish,
-        residual: Option<Tensor<'g>>,
+        fused: Fused<'g>,
     ) -> Tensor<'g> {
         let [k, m, ..] = w.shape();
         let xs = x.shape();
@@ -941,21 +984,25 @@ impl<'g> Graph<'g> {
             });
         }
         let n = xs[1] * xs[2] * xs[3];
-        let xq = match self.quantized.get(&(x.raw() as usize)) {
+        let key = (x.raw() as usize, fused.silu_input);
+        let xq = match self.quantized.get(&key) {
             Some(&xq) => xq,
             None => {
                 let xc = if x.is_contiguous() { x } else { self.cont(x) };
                 let x2 = self.reshape(xc, &[k, n]);
                 // SAFETY: x2 is a contiguous f32 [k, n] of this context, k % 32 == 0 (the
                 // weight's rows are whole q8_0 blocks).
-                let p = unsafe { qgemm::quantize_node(self.ctx(), x2.raw()) };
+                let p = unsafe { qgemm::quantize_node(self.ctx(), x2.raw(), fused.silu_input) };
                 let xq = self.wrap(p, "quantize (q8_0)");
-                self.quantized.insert(x.raw() as usize, xq);
+                self.quantized.insert(key, xq);
                 xq
             }
         };
-        let queue = self.gemm_node(false, b.is_some(), finish);
-        let mut args = gemm_sources(w.raw(), xq.raw(), b, residual);
+        check(!fused.relu, || {
+            format!("linear {}: no fused ReLU on int8", w.name())
+        });
+        let queue = self.gemm_node(false, b.is_some(), fused.finish);
+        let mut args = gemm_sources(w.raw(), xq.raw(), b, fused.residual);
         // SAFETY: a q8_0x8 weight [k, m], the quantized [k, n] input, the optional f32 bias [m]
         // and residual [m, n] (all checked above or by the caller), as `linear_node` requires;
         // the queue's GemmNode says which of the optional ones are there.
@@ -1488,12 +1535,7 @@ impl<'g> Graph<'g> {
                 if bias.is_some() { 3 } else { 2 },
                 Some(depthwise_conv_op),
                 -1,
-                // The flag travels as a non-null pointer (never dereferenced).
-                if silu {
-                    std::ptr::NonNull::<std::os::raw::c_void>::dangling().as_ptr()
-                } else {
-                    std::ptr::null_mut()
-                },
+                super::flag(silu),
             )
         };
         self.wrap(

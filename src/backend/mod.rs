@@ -601,6 +601,16 @@ impl TestValues {
     }
 }
 
+/// A yes/no for a custom op, carried in its `userdata` pointer: non-null (never dereferenced)
+/// for yes.
+pub(crate) fn flag(yes: bool) -> *mut std::os::raw::c_void {
+    if yes {
+        std::ptr::NonNull::<std::os::raw::c_void>::dangling().as_ptr()
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
 /// ggml's tensor names hold at most 63 bytes.
 pub(crate) const MAX_NAME: usize = 63;
 

@@ -201,7 +201,13 @@ impl QuantizedCols {
         self.q.resize(k * padded, 0);
         self.d.clear();
         self.d.resize(k / QK * padded, 0.0);
-        quantize_cols(kernel, x, &mut self.q[..k * n], &mut self.d[..k / QK * n]);
+        quantize_cols(
+            kernel,
+            x,
+            &mut self.q[..k * n],
+            &mut self.d[..k / QK * n],
+            false,
+        );
     }
 
     fn cols(&self) -> Cols<'_> {
@@ -213,8 +219,29 @@ impl QuantizedCols {
 }
 
 /// Quantizes whole steps `x` into `q` and `d` (sized for them) the way `kernel` reads them.
-fn quantize_cols(kernel: Kernel, x: &[f32], q: &mut [u8], d: &mut [f32]) {
+fn quantize_cols(kernel: Kernel, x: &[f32], q: &mut [u8], d: &mut [f32], silu: bool) {
     debug_assert!(x.len() == q.len() && x.len() == d.len() * QK);
+    if !silu {
+        quantize_blocks(kernel, x, q, d);
+        return;
+    }
+    // SiLU first, a stack buffer of blocks at a time (a call per block cost more than the
+    // separate pass it saves).
+    const CHUNK: usize = 32 * QK;
+    let mut activated = [0f32; CHUNK];
+    for ((xc, qc), dc) in x
+        .chunks(CHUNK)
+        .zip(q.chunks_mut(CHUNK))
+        .zip(d.chunks_mut(CHUNK / QK))
+    {
+        let buf = &mut activated[..xc.len()];
+        buf.copy_from_slice(xc);
+        super::vmath::silu_in_place(buf);
+        quantize_blocks(kernel, buf, qc, dc);
+    }
+}
+
+fn quantize_blocks(kernel: Kernel, x: &[f32], q: &mut [u8], d: &mut [f32]) {
     for ((xb, qb), d) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d) {
         *d = match kernel {
             Kernel::Portable => quantize_block(xb, qb),
@@ -793,13 +820,14 @@ fn quantized_bytes(k: usize, n: usize) -> usize {
 
 /// A graph node quantizing `x` (contiguous f32 [k, n], k a multiple of 32) for the int8 GEMM,
 /// once for every linear that reads `x` and split over the threads by steps (each GEMM thread
-/// needs all of them).
+/// needs all of them). With `silu`, what it quantizes is `silu(x)`.
 ///
 /// # Safety
 /// `ctx` is a live context and `x` a contiguous f32 [k, n] tensor of it.
 pub(super) unsafe fn quantize_node(
     ctx: *mut sys::ggml_context,
     x: *mut sys::ggml_tensor,
+    silu: bool,
 ) -> *mut sys::ggml_tensor {
     // SAFETY: per the contract.
     unsafe {
@@ -816,7 +844,7 @@ pub(super) unsafe fn quantize_node(
             1,
             Some(quantize_op),
             -1, // every thread of the backend
-            std::ptr::null_mut(),
+            super::flag(silu),
         )
     }
 }
@@ -857,12 +885,13 @@ pub(super) unsafe fn linear_node(
 /// ggml custom-op body of [`quantize_node`]: this thread's share of the steps.
 ///
 /// # Safety
-/// Called by ggml on a tensor built by [`quantize_node`], allocated.
+/// Called by ggml on a tensor built by [`quantize_node`], allocated; a non-null userdata asks
+/// for SiLU first.
 unsafe extern "C" fn quantize_op(
     dst: *mut sys::ggml_tensor,
     ith: std::os::raw::c_int,
     nth: std::os::raw::c_int,
-    _: *mut std::os::raw::c_void,
+    silu: *mut std::os::raw::c_void,
 ) {
     // SAFETY: per the contract: src[0] is a contiguous f32 [k, n], dst holds
     // quantized_bytes(k, n) (the scales start at padded * k, 4-aligned as k is a multiple of 32).
@@ -886,7 +915,7 @@ unsafe extern "C" fn quantize_op(
             std::slice::from_raw_parts((x.data as *const f32).add(mine.start * k), mine.len() * k);
         let q = std::slice::from_raw_parts_mut(base.add(mine.start * k), mine.len() * k);
         let ds = std::slice::from_raw_parts_mut(scales.add(mine.start * nb), mine.len() * nb);
-        quantize_cols(Kernel::for_steps(n), xs, q, ds);
+        quantize_cols(Kernel::for_steps(n), xs, q, ds, !silu.is_null());
     }
 }
 
@@ -1108,7 +1137,9 @@ mod tests {
                 let xt = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, k as i64, n as i64);
                 std::ptr::copy_nonoverlapping(x.as_ptr(), (*xt).data as *mut f32, x.len());
                 let theirs = sys::ggml_mul_mat(ctx, w_plain, xt);
-                let xq = quantize_node(ctx, xt);
+                let xq = quantize_node(ctx, xt, false);
+                // The node with SiLU first: the quantization of silu(x).
+                let xq_silu = quantize_node(ctx, xt, true);
                 let queue = crate::backend::sgemm::GemmNode::default();
                 let queue_ptr = &queue as *const _ as *mut std::ffi::c_void;
                 let ours = linear_node(ctx, &mut [w_packed, xq], n, queue_ptr);
@@ -1127,6 +1158,7 @@ mod tests {
                 sys::ggml_build_forward_expand(gf, theirs);
                 sys::ggml_build_forward_expand(gf, ours);
                 sys::ggml_build_forward_expand(gf, finished);
+                sys::ggml_build_forward_expand(gf, xq_silu);
                 let st = sys::ggml_graph_compute_with_ctx(ctx, gf, threads);
                 assert_eq!(st, sys::GGML_STATUS_SUCCESS);
                 let read = |t: *mut sys::ggml_tensor| {
@@ -1134,6 +1166,17 @@ mod tests {
                 };
                 let r = (read(ours), read(theirs));
                 let finished = read(finished);
+                let mut activated = x.clone();
+                crate::backend::vmath::silu_in_place(&mut activated);
+                let mut want = QuantizedCols::default();
+                want.quantize(Kernel::for_steps(n), &activated, k, n);
+                let bytes = std::slice::from_raw_parts((*xq_silu).data as *const u8, want.q.len());
+                assert!(bytes == &want.q[..], "t{threads}: silu quants");
+                let scales = std::slice::from_raw_parts(
+                    ((*xq_silu).data as *const u8).add(want.q.len()) as *const f32,
+                    want.d.len(),
+                );
+                assert!(scales == &want.d[..], "t{threads}: silu scales");
                 sys::ggml_free(ctx);
                 for (i, (&f, &o)) in finished.iter().zip(&r.0).enumerate() {
                     assert_eq!(f, residual[i] + o * 0.5, "t{threads} residual at {i}");

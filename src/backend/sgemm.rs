@@ -189,12 +189,16 @@ fn packed_activations_len(d: Dims) -> usize {
 /// # Safety
 /// `x` holds `n * k` values; `out` has room for [`packed_activations_len`]; concurrent calls
 /// take distinct parts.
+///
+/// With `silu`, the packed values are `silu(x)` (applied to each block as it is packed: the
+/// packing only moves values, so this is the packing of `silu(x)` without a pass of its own).
 pub(crate) unsafe fn pack_activations(
     isa: Isa,
     x: *const f32,
     d: Dims,
     (part, parts): (usize, usize),
     out: *mut f32,
+    silu: bool,
 ) {
     for (i, (n0, nc, k0, kc)) in blocks(d).enumerate() {
         if i % parts == part {
@@ -202,6 +206,9 @@ pub(crate) unsafe fn pack_activations(
             unsafe {
                 let block = std::slice::from_raw_parts_mut(out.add(n0 * d.k + k0 * nc), nc * kc);
                 pack_block(isa, x, d.k, (n0, nc), (k0, kc), isa.nr(), block);
+                if silu {
+                    super::vmath::silu_in_place(block);
+                }
             }
         }
     }
@@ -827,7 +834,7 @@ fn whole_product(
     // SAFETY: extents asserted above (bias per the callers); the kernel is supported; one
     // thread takes every part and every panel.
     unsafe {
-        pack_activations(isa, x.as_ptr(), d, (0, 1), xp.as_mut_ptr());
+        pack_activations(isa, x.as_ptr(), d, (0, 1), xp.as_mut_ptr(), false);
         gemm_panels(
             isa,
             packed.as_ptr(),

@@ -590,8 +590,9 @@ fn feed_forward<'g>(
     let (with, scale) = (residual.map(|r| r.0), residual.map_or(1.0, |r| r.1));
     per_frame(g, x, with, &|g, x, with| {
         let h = g.linear(x, &ff.linear1.weight, ff.linear1.bias.as_ref());
-        let h = g.silu(h);
-        last_linear(g, h, &ff.linear2, with.map(|w| (w, scale)))
+        // The SiLU is applied where linear2 packs or quantizes its input.
+        let l2 = &ff.linear2;
+        g.silu_linear(h, &l2.weight, l2.bias.as_ref(), with.map(|w| (w, scale)))
     })
 }
 
