@@ -604,14 +604,20 @@ fn conv1d_depthwise_same_matches_plain_rust_in_f32() {
         hw.push("dw.weight", &[k, c], kernel.clone());
         hw.push("dw.bias", &[c], bias.clone());
         let ws = hw.realize().unwrap();
-        let got = be
-            .compute(|g| {
+        let mut conv = |silu: bool| {
+            be.compute(|g| {
                 let xt = g.input_f32(&x, &[c, t]);
                 let kt = g.weight(&ws["dw.weight"]);
                 let bt = with_bias.then(|| g.weight(&ws["dw.bias"]));
-                Ok(g.conv1d_depthwise_same(xt, kt, bt))
+                Ok(if silu {
+                    g.conv1d_depthwise_same_silu(xt, kt, bt)
+                } else {
+                    g.conv1d_depthwise_same(xt, kt, bt)
+                })
             })
-            .unwrap();
+            .unwrap()
+        };
+        let got = conv(false);
         assert_eq!(got.shape, [c, t, 1, 1]);
         let half = k / 2;
         let mut reference = vec![0.0; c * t];
@@ -633,14 +639,7 @@ fn conv1d_depthwise_same_matches_plain_rust_in_f32() {
             "conv1d_depthwise_same C={c} T={t} K={k}: {err:.3e}"
         );
         // With the SiLU fused: the same sums, then x * sigmoid(x).
-        let fused = be
-            .compute(|g| {
-                let xt = g.input_f32(&x, &[c, t]);
-                let kt = g.weight(&ws["dw.weight"]);
-                let bt = with_bias.then(|| g.weight(&ws["dw.bias"]));
-                Ok(g.conv1d_depthwise_same_silu(xt, kt, bt))
-            })
-            .unwrap();
+        let fused = conv(true);
         let silu: Vec<f64> = reference.iter().map(|&v| v / (1.0 + (-v).exp())).collect();
         let err = max_abs_err(&fused.output, &silu);
         assert!(

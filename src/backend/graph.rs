@@ -6,7 +6,7 @@
 
 use super::gguf::{Layout, Weight};
 use super::qgemm;
-use super::sgemm::{self, Dims, Finish, Isa, PANEL};
+use super::sgemm::{self, Dims, Isa, PANEL};
 use super::{Capture, DType, MAX_NAME};
 use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;
@@ -243,13 +243,16 @@ unsafe extern "C" fn panel16_gemm_f32(
                 claimed.clone().unwrap_or(0..0),
                 node.relu,
             );
-            sgemm::finish_rows(
-                node.finish,
-                d.data as *mut f32,
-                residual,
-                (dims.m, dims.n),
-                panels.start * PANEL..panels.end * PANEL,
-            );
+            if let Some(scale) = node.residual {
+                let rows = panels.start * PANEL..panels.end * PANEL;
+                sgemm::add_residual_rows(
+                    scale,
+                    d.data as *mut f32,
+                    residual,
+                    (dims.m, dims.n),
+                    rows,
+                );
+            }
         }
     }
 }
@@ -261,21 +264,8 @@ struct Fused<'g> {
     silu_input: bool,
     /// ReLU in the store (f32 panel GEMM only).
     relu: bool,
-    finish: Finish,
-    /// The residual `finish` adds.
-    residual: Option<Tensor<'g>>,
-}
-
-impl<'g> Fused<'g> {
-    fn residual(residual: Tensor<'g>, scale: f32) -> Fused<'g> {
-        Fused {
-            finish: Finish {
-                residual: Some(scale),
-            },
-            residual: Some(residual),
-            ..Fused::default()
-        }
-    }
+    /// `residual + scale * y` on the output.
+    residual: Option<(Tensor<'g>, f32)>,
 }
 
 /// A GEMM node's sources: its two operands, then the bias and the residual where it has them
@@ -310,7 +300,7 @@ pub(super) unsafe fn optional_sources(
     } else {
         std::ptr::null()
     };
-    let residual = if node.finish.residual.is_some() {
+    let residual = if node.residual.is_some() {
         source(2 + node.bias as usize)
     } else {
         std::ptr::null()
@@ -563,11 +553,16 @@ impl<'g> Graph<'g> {
 
     /// A fresh [`sgemm::GemmNode`] for one GEMM node (its `userdata`), alive as long as this
     /// graph (so through its compute); boxed, so the address stays put.
-    fn gemm_node(&mut self, relu: bool, bias: bool, finish: Finish) -> *mut std::ffi::c_void {
+    fn gemm_node(
+        &mut self,
+        relu: bool,
+        bias: bool,
+        residual: Option<f32>,
+    ) -> *mut std::ffi::c_void {
         let node = Box::new(sgemm::GemmNode {
             relu,
             bias,
-            finish,
+            residual,
             ..Default::default()
         });
         let ptr = &*node as *const sgemm::GemmNode as *mut std::ffi::c_void;
@@ -809,7 +804,11 @@ impl<'g> Graph<'g> {
         residual: Tensor<'g>,
         scale: f32,
     ) -> Tensor<'g> {
-        self.linear_fused(x, w, b, Fused::residual(residual, scale))
+        let fused = Fused {
+            residual: Some((residual, scale)),
+            ..Fused::default()
+        };
+        self.linear_fused(x, w, b, fused)
     }
 
     /// `silu(x) @ W^T + b`, plus `residual * scale` if given: with a packed weight the SiLU is
@@ -822,13 +821,10 @@ impl<'g> Graph<'g> {
         b: Option<&Weight>,
         residual: Option<(Tensor<'g>, f32)>,
     ) -> Tensor<'g> {
-        let fused = match residual {
-            Some((r, scale)) => Fused::residual(r, scale),
-            None => Fused::default(),
-        };
         let fused = Fused {
             silu_input: true,
-            ..fused
+            residual,
+            ..Fused::default()
         };
         self.linear_fused(x, w, b, fused)
     }
@@ -844,48 +840,51 @@ impl<'g> Graph<'g> {
         fused: Fused<'g>,
     ) -> Tensor<'g> {
         let m = w.shape()[1];
-        let fusable = fused.residual.is_none_or(|r| {
+        let fusable = fused.residual.is_none_or(|(r, _)| {
             let [_, n, c, d] = x.shape();
             r.shape() == [m, n, 1, 1]
                 && c * d == 1
                 && r.is_contiguous()
                 && r.dtype() == Some(DType::F32)
         });
-        if fusable {
-            match w.layout() {
-                Layout::Q8_0x8 => return self.linear_q8_0x8(x, w, b, fused),
-                Layout::Panel16 => return self.linear_panel16(x, w, b, fused),
-                _ => {}
+        match w.layout() {
+            Layout::Q8_0x8 if fusable => return self.linear_q8_0x8(x, w, b, fused),
+            Layout::Panel16 if fusable => return self.linear_panel16(x, w, b, fused),
+            Layout::Q8_0x8 | Layout::Panel16 => {
+                // Separate nodes around the packed product.
+                let x = if fused.silu_input { self.silu(x) } else { x };
+                let y = self.linear_fused(x, w, b, Fused::default());
+                return self.add_scaled_residual(y, fused.residual);
             }
+            Layout::Plain => {}
         }
         let x = if fused.silu_input { self.silu(x) } else { x };
-        let y = self.linear_plain(x, w, b);
-        match (fused.finish.residual, fused.residual) {
-            (Some(scale), Some(r)) => {
+        let w = self.weight(w);
+        let y = self.matmul(w, x);
+        let y = match b {
+            Some(b) => {
+                let b = self.weight(b);
+                self.add(y, b)
+            }
+            None => y,
+        };
+        self.add_scaled_residual(y, fused.residual)
+    }
+
+    /// `r + scale * y` as `scale` and `add` nodes (`y` alone without a residual).
+    fn add_scaled_residual(
+        &mut self,
+        y: Tensor<'g>,
+        residual: Option<(Tensor<'g>, f32)>,
+    ) -> Tensor<'g> {
+        match residual {
+            Some((r, scale)) => {
                 let y = if scale == 1.0 {
                     y
                 } else {
                     self.scale(y, scale)
                 };
                 self.add(r, y)
-            }
-            _ => y,
-        }
-    }
-
-    /// `x @ W^T + b` by any layout, with nothing fused.
-    fn linear_plain(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
-        match w.layout() {
-            Layout::Q8_0x8 => return self.linear_q8_0x8(x, w, b, Fused::default()),
-            Layout::Panel16 => return self.linear_panel16(x, w, b, Fused::default()),
-            _ => {}
-        }
-        let w = self.weight(w);
-        let y = self.matmul(w, x);
-        match b {
-            Some(b) => {
-                let b = self.weight(b);
-                self.add(y, b)
             }
             None => y,
         }
@@ -939,8 +938,8 @@ impl<'g> Graph<'g> {
                 xp
             }
         };
-        let queue_ptr = self.gemm_node(fused.relu, b.is_some(), fused.finish);
-        let mut args = gemm_sources(w.raw(), xp.raw(), b, fused.residual);
+        let queue_ptr = self.gemm_node(fused.relu, b.is_some(), fused.residual.map(|r| r.1));
+        let mut args = gemm_sources(w.raw(), xp.raw(), b, fused.residual.map(|r| r.0));
         // SAFETY: an [m, n...] f32 result whose srcs are W (packed [k, m]), the packed x, the
         // optional bias and residual (the caller checked its shape), kept alive and ordered by
         // the graph; the queue outlives the compute (owned by this graph); each thread writes
@@ -1001,8 +1000,8 @@ impl<'g> Graph<'g> {
         check(!fused.relu, || {
             format!("linear {}: no fused ReLU on int8", w.name())
         });
-        let queue = self.gemm_node(false, b.is_some(), fused.finish);
-        let mut args = gemm_sources(w.raw(), xq.raw(), b, fused.residual);
+        let queue = self.gemm_node(false, b.is_some(), fused.residual.map(|r| r.1));
+        let mut args = gemm_sources(w.raw(), xq.raw(), b, fused.residual.map(|r| r.0));
         // SAFETY: a q8_0x8 weight [k, m], the quantized [k, n] input, the optional f32 bias [m]
         // and residual [m, n] (all checked above or by the caller), as `linear_node` requires;
         // the queue's GemmNode says which of the optional ones are there.

@@ -850,7 +850,7 @@ pub(super) unsafe fn quantize_node(
 }
 
 /// A graph node `[m, n] = w^T x (+ bias)` over the output of [`quantize_node`], then the
-/// node's [`Finish`](super::sgemm::Finish), the threads claiming panels of rows from `queue`
+/// node's residual ([`GemmNode`](super::sgemm::GemmNode)), the threads claiming panels of rows from `queue`
 /// ([`PanelQueue`](super::sgemm::PanelQueue)).
 ///
 /// # Safety
@@ -965,13 +965,10 @@ unsafe extern "C" fn linear_op(
                 bias,
                 d.data as *mut f32,
             );
-            super::sgemm::finish_rows(
-                node.finish,
-                d.data as *mut f32,
-                residual,
-                (m, n),
-                mine.start * PANEL..mine.end * PANEL,
-            );
+            if let Some(scale) = node.residual {
+                let rows = mine.start * PANEL..mine.end * PANEL;
+                super::sgemm::add_residual_rows(scale, d.data as *mut f32, residual, (m, n), rows);
+            }
         }
     }
 }
@@ -1147,9 +1144,7 @@ mod tests {
                 let rt = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, m as i64, n as i64);
                 std::ptr::copy_nonoverlapping(residual.as_ptr(), (*rt).data as *mut f32, m * n);
                 let with_residual = crate::backend::sgemm::GemmNode {
-                    finish: crate::backend::sgemm::Finish {
-                        residual: Some(0.5),
-                    },
+                    residual: Some(0.5),
                     ..Default::default()
                 };
                 let node_ptr = &with_residual as *const _ as *mut std::ffi::c_void;

@@ -285,58 +285,43 @@ pub struct GemmNode {
     pub relu: bool,
     /// Whether the node has a bias source (the first after its two operands).
     pub bias: bool,
-    /// What [`finish_rows`] applies to each claimed range once it is computed.
-    pub finish: Finish,
-}
-
-/// Work a GEMM node does on the rows it has just computed, while they are still in cache: what
-/// separate nodes did with one more pass each over the whole output. (A SiLU done here, after
-/// each feed-forward's first linear, measured no faster than ggml's own `silu` node: its
-/// exponentials, not the pass over memory, are what it costs.)
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Finish {
-    /// `residual + scale * v`, the residual being the node's last source (same shape as the
-    /// output): the values of a `scale` node and an `add` node after it.
+    /// `residual + scale * v` on each claimed range once it is computed, the residual being
+    /// the node's last source (the output's shape): the values of a `scale` node and an `add`
+    /// node after it, without another pass over the output. (A SiLU done the same way, after
+    /// each feed-forward's first linear, measured no faster than ggml's own `silu` node: its
+    /// exponentials, not the pass over memory, are what it costs.)
     pub residual: Option<f32>,
 }
 
-impl Finish {
-    pub fn is_none(self) -> bool {
-        self == Finish::default()
-    }
-}
-
-/// [`Finish`] over rows `rows` of every column of `y` (`n` columns of `m` values).
+/// `y = residual + scale * y` over rows `rows` of every column of `y` (`n` columns of `m`
+/// values), see [`GemmNode::residual`].
 ///
 /// # Safety
-/// `y` holds `n * m` values and this thread owns their rows `rows`; `residual` is null or holds
-/// `n * m` values (null exactly when `finish.residual` is `None`).
-pub(crate) unsafe fn finish_rows(
-    finish: Finish,
+/// `y` and `residual` hold `n * m` values and this thread owns `y`'s rows `rows`.
+pub(crate) unsafe fn add_residual_rows(
+    scale: f32,
     y: *mut f32,
     residual: *const f32,
     (m, n): (usize, usize),
     rows: std::ops::Range<usize>,
 ) {
-    if finish.is_none() || rows.is_empty() {
-        return;
-    }
-    assert!(rows.end <= m && finish.residual.is_some() != residual.is_null());
+    assert!(rows.end <= m && !residual.is_null());
     for j in 0..n {
-        // SAFETY: column j's rows `rows` are within y (and residual), owned by this thread.
-        let out = unsafe { std::slice::from_raw_parts_mut(y.add(j * m + rows.start), rows.len()) };
-        if let Some(scale) = finish.residual {
-            // SAFETY: as above; the residual is another tensor, only read.
-            let r =
-                unsafe { std::slice::from_raw_parts(residual.add(j * m + rows.start), rows.len()) };
-            if scale == 1.0 {
-                for (v, &r) in out.iter_mut().zip(r) {
-                    *v += r;
-                }
-            } else {
-                for (v, &r) in out.iter_mut().zip(r) {
-                    *v = r + *v * scale;
-                }
+        // SAFETY: column j's rows `rows` are within y and residual (another tensor, only
+        // read); this thread owns them in y.
+        let (out, r) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(y.add(j * m + rows.start), rows.len()),
+                std::slice::from_raw_parts(residual.add(j * m + rows.start), rows.len()),
+            )
+        };
+        if scale == 1.0 {
+            for (v, &r) in out.iter_mut().zip(r) {
+                *v += r;
+            }
+        } else {
+            for (v, &r) in out.iter_mut().zip(r) {
+                *v = r + *v * scale;
             }
         }
     }
