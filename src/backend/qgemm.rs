@@ -178,9 +178,9 @@ impl Kernel {
 }
 
 /// Activations of `n` time steps quantized per block of 32, as `kernel` reads them: the quants
-/// of step `c` at `q[c * k..]` (int8 bits; +128 as unsigned bytes for the VNNI kernel, whose
-/// `vpdpbusd` multiplies unsigned by signed) and the scale of its block `b` at `d[c * k / 32 + b]`.
-/// Both hold [`STEP_PAD`]-padded steps, the padding zero.
+/// of step `c`, block `b` at [`quants_at`] (int8 bits; +128 as unsigned bytes for the VNNI
+/// kernel, whose `vpdpbusd` multiplies unsigned by signed) and their scale at
+/// `d[`[`scale_at`]`]`. Both hold [`STEP_PAD`]-padded steps, the padding zero.
 #[derive(Clone, Copy)]
 struct Cols<'a> {
     q: &'a [u8],
@@ -196,18 +196,29 @@ struct QuantizedCols {
 
 impl QuantizedCols {
     fn quantize(&mut self, kernel: Kernel, x: &[f32], k: usize, n: usize) {
+        assert!(k.is_multiple_of(QK) && x.len() == k * n);
         let padded = n.next_multiple_of(STEP_PAD);
         self.q.clear();
         self.q.resize(k * padded, 0);
         self.d.clear();
         self.d.resize(k / QK * padded, 0.0);
-        quantize_cols(
-            kernel,
-            x,
-            &mut self.q[..k * n],
-            &mut self.d[..k / QK * n],
-            false,
-        );
+        // SAFETY: q and d hold every (padded) step's quants and scales; this is the only writer.
+        unsafe {
+            quantize_cols(
+                kernel,
+                x,
+                (k, 0),
+                (self.q.as_mut_ptr(), self.d.as_mut_ptr()),
+                false,
+            )
+        };
+    }
+
+    /// The quants of step `c`, block `b`, and their scale.
+    #[cfg(test)]
+    fn block(&self, kernel: Kernel, k: usize, c: usize, b: usize) -> (&[u8], f32) {
+        let at = quants_at(kernel, k, c, b);
+        (&self.q[at..][..QK], self.d[at / QK])
     }
 
     fn cols(&self) -> Cols<'_> {
@@ -218,31 +229,79 @@ impl QuantizedCols {
     }
 }
 
-/// Quantizes whole steps `x` into `q` and `d` (sized for them) the way `kernel` reads them.
-fn quantize_cols(kernel: Kernel, x: &[f32], q: &mut [u8], d: &mut [f32], silu: bool) {
-    debug_assert!(x.len() == q.len() && x.len() == d.len() * QK);
+/// Byte offset of the quants of step `c`, block `b` among quantized activations of `k` inputs,
+/// as `kernel` reads them: step after step, except for AMX, which reads a block of 16 steps as
+/// one tile and gets it as 512 contiguous bytes (a tile load of 16 steps `k` bytes apart touches
+/// twice the cache lines). Their scale is at this offset / 32 among the scales (for AMX, the 16
+/// steps' scales of a block side by side). A 16-step tile starts at `c * k` in both layouts.
+fn quants_at(kernel: Kernel, k: usize, c: usize, b: usize) -> usize {
+    if reads_tiles(kernel) {
+        let tile = c - c % STEP_PAD;
+        tile * k + b * STEP_PAD * QK + (c % STEP_PAD) * QK
+    } else {
+        c * k + b * QK
+    }
+}
+
+/// Whether `kernel` reads quantized activations a 16-step tile at a time ([`quants_at`]).
+fn reads_tiles(kernel: Kernel) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return kernel == Kernel::Amx;
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
+}
+
+/// Quantizes whole steps `c0..` (`x`, `k` inputs each) into the quants and scales at `q` and
+/// `d`, laid out by [`quants_at`]. With `silu`, what it quantizes is `silu(x)`.
+///
+/// # Safety
+/// `q` and `d` point to the quants and scales of every step `x` covers, and no other thread
+/// writes those.
+unsafe fn quantize_cols(
+    kernel: Kernel,
+    x: &[f32],
+    (k, c0): (usize, usize),
+    (q, d): (*mut u8, *mut f32),
+    silu: bool,
+) {
+    debug_assert!(x.len().is_multiple_of(k));
+    let nb = k / QK;
+    // Block `j` of these steps, to its place.
+    let place = |j: usize| {
+        let at = quants_at(kernel, k, c0 + j / nb, j % nb);
+        // SAFETY: the quants and scale of step c0 + j / nb, ours per the contract.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(q.add(at), QK),
+                &mut *d.add(at / QK),
+            )
+        }
+    };
     if !silu {
-        quantize_blocks(kernel, x, q, d);
+        quantize_blocks(kernel, x, 0, place);
         return;
     }
     // SiLU first, a stack buffer of blocks at a time (a call per block cost more than the
     // separate pass it saves).
     const CHUNK: usize = 32 * QK;
     let mut activated = [0f32; CHUNK];
-    for ((xc, qc), dc) in x
-        .chunks(CHUNK)
-        .zip(q.chunks_mut(CHUNK))
-        .zip(d.chunks_mut(CHUNK / QK))
-    {
+    for (i, xc) in x.chunks(CHUNK).enumerate() {
         let buf = &mut activated[..xc.len()];
         buf.copy_from_slice(xc);
         super::vmath::silu_in_place(buf);
-        quantize_blocks(kernel, buf, qc, dc);
+        quantize_blocks(kernel, buf, i * (CHUNK / QK), place);
     }
 }
 
-fn quantize_blocks(kernel: Kernel, x: &[f32], q: &mut [u8], d: &mut [f32]) {
-    for ((xb, qb), d) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d) {
+/// Blocks `j0..` of `x` into their places `place(j)` (quants, scale).
+fn quantize_blocks<'q>(
+    kernel: Kernel,
+    x: &[f32],
+    j0: usize,
+    place: impl Fn(usize) -> (&'q mut [u8], &'q mut f32),
+) {
+    for (j, xb) in x.chunks_exact(QK).enumerate() {
+        let (qb, d) = place(j0 + j);
         *d = match kernel {
             Kernel::Portable => quantize_block(xb, qb),
             // SAFETY: these kernels are only chosen when the CPU has AVX2.
@@ -903,9 +962,20 @@ unsafe extern "C" fn quantize_op(
         let padded = n.next_multiple_of(STEP_PAD);
         let base = d.data as *mut u8;
         let scales = base.add(padded * k) as *mut f32;
-        if ith + 1 == nth {
-            std::ptr::write_bytes(base.add(n * k), 0, (padded - n) * k);
-            std::ptr::write_bytes(scales.add(n * nb), 0, (padded - n) * nb);
+        let kernel = Kernel::for_steps(n);
+        if ith + 1 == nth && padded > n {
+            // The padding steps' quants: after the last step, or inside each block of the last
+            // tile; the threads quantizing the real steps there write other bytes.
+            if reads_tiles(kernel) {
+                for b in 0..nb {
+                    let at = quants_at(kernel, k, n, b);
+                    std::ptr::write_bytes(base.add(at), 0, (padded - n) * QK);
+                    std::ptr::write_bytes(scales.add(at / QK), 0, padded - n);
+                }
+            } else {
+                std::ptr::write_bytes(base.add(n * k), 0, (padded - n) * k);
+                std::ptr::write_bytes(scales.add(n * nb), 0, (padded - n) * nb);
+            }
         }
         let mine = super::thread_share(n, ith as usize, nth as usize);
         if mine.is_empty() {
@@ -913,9 +983,7 @@ unsafe extern "C" fn quantize_op(
         }
         let xs =
             std::slice::from_raw_parts((x.data as *const f32).add(mine.start * k), mine.len() * k);
-        let q = std::slice::from_raw_parts_mut(base.add(mine.start * k), mine.len() * k);
-        let ds = std::slice::from_raw_parts_mut(scales.add(mine.start * nb), mine.len() * nb);
-        quantize_cols(Kernel::for_steps(n), xs, q, ds, !silu.is_null());
+        quantize_cols(kernel, xs, (k, mine.start), (base, scales), !silu.is_null());
     }
 }
 
@@ -1016,10 +1084,12 @@ mod tests {
 
     #[test]
     fn quantizers_agree() {
-        let x = values(32 * 7, 2);
+        // 19 steps of 3 blocks: more than one 16-step tile, for the AMX layout.
+        let (k, n) = (96, 19);
+        let x = values(k * n, 2);
         for kernel in Kernel::available() {
             let mut q = QuantizedCols::default();
-            q.quantize(kernel, &x, 32, 7);
+            q.quantize(kernel, &x, k, n);
             // The VNNI kernel reads its quants +128 as unsigned bytes.
             #[cfg(target_arch = "x86_64")]
             let bias = if kernel == Kernel::Avx512Vnni {
@@ -1029,12 +1099,14 @@ mod tests {
             };
             #[cfg(not(target_arch = "x86_64"))]
             let bias = 0;
-            for (b, xb) in x.chunks_exact(32).enumerate() {
+            for (j, xb) in x.chunks_exact(32).enumerate() {
                 let mut want = [0u8; 32];
                 let d = quantize_block(xb, &mut want);
-                let got: Vec<u8> = q.q[b * 32..][..32].iter().map(|v| v ^ bias).collect();
-                assert_eq!(got, want, "{kernel:?} block {b}");
-                assert_eq!(q.d[b], d);
+                let (c, b) = (j / (k / 32), j % (k / 32));
+                let (quants, scale) = q.block(kernel, k, c, b);
+                let got: Vec<u8> = quants.iter().map(|v| v ^ bias).collect();
+                assert_eq!(got, want, "{kernel:?} step {c} block {b}");
+                assert_eq!(scale, d);
                 // Every value within half a step of its quantized value, plus the f16 rounding
                 // of the scale (2^-11 relative, times at most 127 steps).
                 for (v, qv) in xb.iter().zip(want.map(|q| q as i8)) {

@@ -2,8 +2,9 @@
 //!
 //! A q8_0x8 panel block is already in the layout AMX wants for its second operand: group `g`
 //! holds 4 consecutive quants of each of the panel's 8 rows, so the block's 8 groups are a
-//! tile of 8 rows x 32 bytes (stride 32). The activations are the first operand as they lie:
-//! 16 steps x the block's 32 quants (stride `k`), signed as for the AVX2 kernel. One
+//! tile of 8 rows x 32 bytes (stride 32). The activations are the first operand as the quantizer
+//! lays them out for this kernel: 16 steps x the block's 32 quants, 512 contiguous bytes
+//! (`super::quants_at`), signed as for the AVX2 kernel. One
 //! `tdpbssd` then gives the 16 x 8 integer sums of a block for a panel; two panels' sums are
 //! stored side by side, so each step's 16 rows are one register that the block's weight and
 //! activation scales multiply into the f32 accumulators. The per-block scaling, on the vector
@@ -99,9 +100,9 @@ struct Sums([i32; 2 * ROWS * 2 * PANEL]);
 /// Panels `p0..p1` of the whole `q8_0x8` matrix `w`, every step (as `vnni::panels`).
 ///
 /// # Safety
-/// [`usable`] is true; the activations were quantized signed and padded to [`STEP_PAD`] steps;
-/// the extents checked by `gemm_panels`; `out` holds `n` steps of `m` rows (step stride `m`)
-/// and the rows of these panels are ours.
+/// [`usable`] is true; the activations were quantized signed, in tiles, and padded to
+/// [`STEP_PAD`] steps; the extents checked by `gemm_panels`; `out` holds `n` steps of `m` rows
+/// (step stride `m`) and the rows of these panels are ours.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn panels(
@@ -170,13 +171,15 @@ unsafe fn tile(
         let wa = w.as_ptr().add(p * nb * PANEL_BLOCK);
         let wb = if pair { wa.add(nb * PANEL_BLOCK) } else { wa };
         let xq = x.q.as_ptr().add(c0 * k);
+        // The block's 16 step scales side by side (`quants_at`).
         let xd = x.d.as_ptr().add(c0 * nb);
         let s = sums.0.as_mut_ptr();
         let mut acc = [_mm512_setzero_ps(); ROWS];
-        let (lda, ldw) = (k, 4 * PANEL);
+        // A block of the 16 steps is one 512-byte tile (`quants_at`).
+        let (lda, ldw) = (QK, 4 * PANEL);
         let operands = |b: usize| {
             (
-                xq.add(b * QK),
+                xq.add(b * ROWS * QK),
                 wa.add(b * PANEL_BLOCK + 2 * PANEL),
                 wb.add(b * PANEL_BLOCK + 2 * PANEL),
             )
@@ -190,9 +193,10 @@ unsafe fn tile(
                 _mm_loadu_si128(bb.cast()),
                 _mm_loadu_si128(ba.cast()),
             ));
+            let xdb = xd.add(b * ROWS);
             for (t, a) in acc.iter_mut().enumerate() {
                 let v = _mm512_cvtepi32_ps(_mm512_load_si512(sb.add(t * 2 * PANEL).cast()));
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(t * nb + b)));
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xdb.add(t)));
                 *a = _mm512_fmadd_ps(v, scale, *a);
             }
         };
