@@ -739,16 +739,33 @@ unsafe fn pair_avx512<const NR: usize>(t: Tile, next: usize) {
         let mut lo = [_mm512_setzero_ps(); NR];
         let mut hi = [_mm512_setzero_ps(); NR];
         let a1 = t.a.add(next);
-        for kk in 0..t.kc {
+        let step = |kk: usize, lo: &mut [__m512; NR], hi: &mut [__m512; NR]| {
             let w0 = _mm512_loadu_ps(t.a.add(kk * PANEL));
             let w1 = _mm512_loadu_ps(a1.add(kk * PANEL));
             let xs = t.x.add(kk * NR);
-            _mm_prefetch::<_MM_HINT_T1>(t.prefetch.add((kk >> t.prefetch_shift) * 64).cast());
             for j in 0..NR {
                 let b = _mm512_set1_ps(*xs.add(j));
                 lo[j] = _mm512_fmadd_ps(w0, b, lo[j]);
                 hi[j] = _mm512_fmadd_ps(w1, b, hi[j]);
             }
+        };
+        // Four steps per prefetch round: the lines of steps kk..kk + 4.
+        let whole = t.kc - t.kc % 4;
+        let mut kk = 0;
+        while kk < whole {
+            let first = kk >> t.prefetch_shift;
+            for line in first..=(kk + 3) >> t.prefetch_shift {
+                _mm_prefetch::<_MM_HINT_T1>(t.prefetch.add(line * 64).cast());
+            }
+            for u in 0..4 {
+                step(kk + u, &mut lo, &mut hi);
+            }
+            kk += 4;
+        }
+        while kk < t.kc {
+            _mm_prefetch::<_MM_HINT_T1>(t.prefetch.add((kk >> t.prefetch_shift) * 64).cast());
+            step(kk, &mut lo, &mut hi);
+            kk += 1;
         }
         for j in 0..NR {
             let out = t.y.add(j * t.ldy);
