@@ -1002,3 +1002,48 @@ fn a_build_error_is_returned_not_panicked() {
     assert!(err.to_string().contains("caller gave up"));
     assert_eq!(be.stats().graphs_computed, 0);
 }
+
+/// The LSTM cell's pointwise node (gate order i, f, g, o) against the f64 cell, on 1-3 threads
+/// and hidden sizes that leave scalar tails: its vectorised sigmoid and tanh are within f32
+/// rounding of the exact functions.
+#[test]
+fn lstm_pointwise_matches_f64_cell() {
+    let mut rng = Lcg::new(21);
+    for h in [37usize, 640] {
+        // Gate pre-activations over about [-8, 8], the cell over [-2, 2].
+        let scaled = |rng: &mut Lcg, n: usize, s: f32| -> Vec<f32> {
+            rng.vec(n).iter().map(|v| v * s).collect()
+        };
+        let (gx, gh) = (scaled(&mut rng, 4 * h, 4.0), scaled(&mut rng, 4 * h, 4.0));
+        let (b_ih, b_hh) = (rng.vec(4 * h), rng.vec(4 * h));
+        let c = scaled(&mut rng, h, 2.0);
+        let mut hw = HostWeights::new();
+        hw.push("b_ih", &[4 * h], b_ih.clone());
+        hw.push("b_hh", &[4 * h], b_hh.clone());
+        let ws = hw.realize().unwrap();
+        let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+        let gate = |j: usize| ((gx[j] + b_ih[j]) + (gh[j] + b_hh[j])) as f64;
+        let mut want = vec![0f64; 2 * h];
+        for j in 0..h {
+            let cell = sig(gate(h + j)) * c[j] as f64 + sig(gate(j)) * gate(2 * h + j).tanh();
+            want[h + j] = cell;
+            want[j] = sig(gate(3 * h + j)) * cell.tanh();
+        }
+        for threads in 1..=3 {
+            let mut be = backend(threads);
+            let got = be
+                .compute(|g| {
+                    let (a, b) = (g.input_f32(&gx, &[4 * h, 1]), g.input_f32(&gh, &[4 * h, 1]));
+                    let ct = g.input_f32(&c, &[h, 1]);
+                    Ok(g.lstm_pointwise(a, b, (&ws["b_ih"], &ws["b_hh"]), ct))
+                })
+                .unwrap();
+            assert_eq!(got.shape, [h, 2, 1, 1]);
+            let err = max_abs_err(&got.output, &want);
+            assert!(
+                err < 1e-6,
+                "h {h}, {threads} threads: max abs err {err:.2e}"
+            );
+        }
+    }
+}

@@ -7,7 +7,7 @@
 use super::gguf::{Layout, Weight};
 use super::qgemm;
 use super::sgemm::{self, Dims, Isa, PANEL};
-use super::{Capture, DType, MAX_NAME};
+use super::{Capture, DType, MAX_NAME, vmath};
 use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;
 use std::collections::HashMap;
@@ -334,15 +334,29 @@ unsafe extern "C" fn lstm_pointwise_op(
     let [gx, gh, b_ih, b_hh] = src;
     let (mine, h1, c1) = out;
     let h = c.len();
-    let gate = |j: usize| (gx[j] + b_ih[j]) + (gh[j] + b_hh[j]);
-    // ggml's own sigmoid (1 / (1 + e^-x), libm's expf) and tanh (libm's tanhf).
-    let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
-    for (u, j) in mine.enumerate() {
-        let (i, f) = (sigmoid(gate(j)), sigmoid(gate(h + j)));
-        let (g, o) = (gate(2 * h + j).tanh(), sigmoid(gate(3 * h + j)));
-        let cell = f * c[j] + i * g;
-        c1[u] = cell;
-        h1[u] = o * cell.tanh();
+    // This thread's units of the four gates, each contiguous, so that the sigmoids and tanh
+    // run sixteen lanes at a time (libm's expf and tanhf, a call per value, took ~13 us of a
+    // 0.6b decoder step, 10 % of a q8_0 one).
+    let u = mine.len();
+    let mut gates = vec![0f32; 4 * u];
+    for (q, slot) in gates.chunks_exact_mut(u).enumerate() {
+        for (v, j) in slot.iter_mut().zip(q * h + mine.start..) {
+            *v = (gx[j] + b_ih[j]) + (gh[j] + b_hh[j]);
+        }
+    }
+    let (ifg, o) = gates.split_at_mut(3 * u);
+    let (i_f, g) = ifg.split_at_mut(2 * u);
+    vmath::sigmoid_in_place(i_f);
+    vmath::tanh_in_place(g);
+    vmath::sigmoid_in_place(o);
+    let (i, f) = i_f.split_at(u);
+    for (k, j) in mine.enumerate() {
+        c1[k] = f[k] * c[j] + i[k] * g[k];
+    }
+    h1.copy_from_slice(c1);
+    vmath::tanh_in_place(h1);
+    for (v, &o) in h1.iter_mut().zip(o.iter()) {
+        *v *= o;
     }
 }
 

@@ -1,4 +1,5 @@
-//! Exponentials for the custom ops (softmax, GLU, SiLU): one polynomial `e^x` for `x <= 0`,
+//! Exponentials for the custom ops (softmax, GLU, SiLU, the LSTM cell): one polynomial `e^x`
+//! for `x <= 0`,
 //! in scalar code and in 512-bit registers with the same operations in the same order (no
 //! fused multiply-adds), so both give the same bits. libm's `expf` is a call per value, which
 //! kept those loops scalar.
@@ -49,16 +50,66 @@ fn sigmoid(x: f32) -> f32 {
     num / (1.0 + e)
 }
 
+/// `tanh(x) = sign(x) (1 - e) / (1 + e)` from `e = e^-2|x|` (no overflow for any x; within
+/// 2e-7 of the exact value, absolutely, near 0 as well).
+#[inline(always)]
+fn tanh(x: f32) -> f32 {
+    let e = exp_nonpositive(-2.0 * x.abs());
+    let t = (1.0 - e) / (1.0 + e);
+    if x < 0.0 { -t } else { t }
+}
+
 /// `e^x` in place, every `x <= 0`.
 pub fn exp_in_place(x: &mut [f32]) {
+    map_in_place(x, Map::Exp);
+}
+
+/// The logistic sigmoid in place.
+pub fn sigmoid_in_place(x: &mut [f32]) {
+    map_in_place(x, Map::Sigmoid);
+}
+
+/// `tanh` in place.
+pub fn tanh_in_place(x: &mut [f32]) {
+    map_in_place(x, Map::Tanh);
+}
+
+/// SiLU in place, `x * sigmoid(x)`.
+pub fn silu_in_place(x: &mut [f32]) {
+    map_in_place(x, Map::Silu);
+}
+
+/// A function of one value that the slices above apply.
+#[derive(Clone, Copy)]
+enum Map {
+    Exp,
+    Sigmoid,
+    Tanh,
+    Silu,
+}
+
+impl Map {
+    #[inline(always)]
+    fn scalar(self, v: f32) -> f32 {
+        match self {
+            Map::Exp => exp_nonpositive(v),
+            Map::Sigmoid => sigmoid(v),
+            Map::Tanh => tanh(v),
+            Map::Silu => v * sigmoid(v),
+        }
+    }
+}
+
+/// `map` over `x`, sixteen lanes at a time where AVX-512 is there (the same bits).
+fn map_in_place(x: &mut [f32], map: Map) {
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: AVX-512F present.
-        let done = unsafe { simd::exp_in_place(x) };
-        x[done..].iter_mut().for_each(|v| *v = exp_nonpositive(*v));
+        let done = unsafe { simd::map_in_place(x, map) };
+        x[done..].iter_mut().for_each(|v| *v = map.scalar(*v));
         return;
     }
-    x.iter_mut().for_each(|v| *v = exp_nonpositive(*v));
+    x.iter_mut().for_each(|v| *v = map.scalar(*v));
 }
 
 /// The gated linear unit of one step: `out = a * sigmoid(gate)`.
@@ -78,18 +129,6 @@ pub fn glu(a: &[f32], gate: &[f32], out: &mut [f32]) {
     }
 }
 
-/// SiLU in place, `x * sigmoid(x)`.
-pub fn silu_in_place(x: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: AVX-512F present.
-        let done = unsafe { simd::silu_in_place(x) };
-        x[done..].iter_mut().for_each(|v| *v *= sigmoid(*v));
-        return;
-    }
-    x.iter_mut().for_each(|v| *v *= sigmoid(*v));
-}
-
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
@@ -99,7 +138,7 @@ fn avx512() -> bool {
 /// (the rest, fewer than 16, are left to the scalar code).
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{LN2_HI, LN2_LO, LOG2E, MIN_ARG, ROUND, TAYLOR};
+    use super::{LN2_HI, LN2_LO, LOG2E, MIN_ARG, Map, ROUND, TAYLOR};
     use std::arch::x86_64::*;
 
     const LANES: usize = 16;
@@ -158,19 +197,22 @@ mod simd {
         }
     }
 
-    /// # Safety
-    /// AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn exp_in_place(x: &mut [f32]) -> usize {
-        let n = x.len() / LANES * LANES;
-        for i in (0..n).step_by(LANES) {
-            // SAFETY: lanes i..i + 16 are inside x.
-            unsafe {
-                let p = x.as_mut_ptr().add(i);
-                _mm512_storeu_ps(p, exp_nonpositive(_mm512_loadu_ps(p)));
-            }
+    /// [`super::tanh`] on sixteen lanes.
+    #[inline(always)]
+    unsafe fn tanh(x: __m512) -> __m512 {
+        // SAFETY: AVX-512F (the callers' contract).
+        unsafe {
+            let sign = _mm512_set1_epi32(i32::MIN);
+            let abs = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x)));
+            let minus_2abs = _mm512_mul_ps(_mm512_set1_ps(-2.0), abs);
+            let e = exp_nonpositive(minus_2abs);
+            let one = _mm512_set1_ps(1.0);
+            let t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+            // -t where x < 0 (the scalar `if`: -0 and NaN keep t's sign).
+            let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_setzero_ps());
+            let flipped = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(t), sign));
+            _mm512_mask_mov_ps(t, negative, flipped)
         }
-        n
     }
 
     /// # Safety
@@ -189,17 +231,25 @@ mod simd {
         n
     }
 
+    /// [`super::map_in_place`]'s lanes; returns how many leading values it did.
+    ///
     /// # Safety
     /// AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn silu_in_place(x: &mut [f32]) -> usize {
+    pub(super) unsafe fn map_in_place(x: &mut [f32], map: Map) -> usize {
         let n = x.len() / LANES * LANES;
         for i in (0..n).step_by(LANES) {
             // SAFETY: lanes i..i + 16 are inside x.
             unsafe {
                 let p = x.as_mut_ptr().add(i);
                 let v = _mm512_loadu_ps(p);
-                _mm512_storeu_ps(p, _mm512_mul_ps(v, sigmoid(v)));
+                let y = match map {
+                    Map::Exp => exp_nonpositive(v),
+                    Map::Sigmoid => sigmoid(v),
+                    Map::Tanh => tanh(v),
+                    Map::Silu => _mm512_mul_ps(v, sigmoid(v)),
+                };
+                _mm512_storeu_ps(p, y);
             }
         }
         n
@@ -237,7 +287,7 @@ mod tests {
     }
 
     #[test]
-    fn glu_and_silu_match_f64_and_their_scalar_code() {
+    fn glu_silu_sigmoid_tanh_match_f64_and_their_scalar_code() {
         let xs = arguments();
         let a: Vec<f32> = xs.iter().map(|x| (x * 0.37).sin() * 3.0).collect();
         let mut glu_out = vec![0f32; xs.len()];
@@ -257,6 +307,28 @@ mod tests {
             assert_eq!(s, x * sigmoid(x), "silu: SIMD and scalar differ at {x}");
         }
         assert!(worst_glu < 3e-7, "glu: worst relative error {worst_glu:e}");
+        let (mut sig_out, mut tanh_out) = (xs.clone(), xs.clone());
+        sigmoid_in_place(&mut sig_out);
+        tanh_in_place(&mut tanh_out);
+        let (mut worst_sig, mut worst_tanh) = (0f64, 0f64);
+        for (i, &x) in xs.iter().enumerate() {
+            assert_eq!(
+                sig_out[i],
+                sigmoid(x),
+                "sigmoid: SIMD and scalar differ at {x}"
+            );
+            assert_eq!(tanh_out[i], tanh(x), "tanh: SIMD and scalar differ at {x}");
+            let (want_s, want_t) = (sig(x), (x as f64).tanh());
+            worst_sig = worst_sig.max((sig_out[i] as f64 - want_s).abs() / want_s.max(1e-20));
+            // Absolute near 0 (1 - e cancels), relative beyond.
+            let t_err = (tanh_out[i] as f64 - want_t).abs() / want_t.abs().max(1.0);
+            worst_tanh = worst_tanh.max(t_err);
+        }
+        assert!(
+            worst_sig < 3e-7,
+            "sigmoid: worst relative error {worst_sig:e}"
+        );
+        assert!(worst_tanh < 2e-7, "tanh: worst error {worst_tanh:e}");
         assert!(
             worst_silu < 3e-7,
             "silu: worst relative error {worst_silu:e}"
