@@ -180,7 +180,7 @@ impl Kernel {
 /// Activations of `n` time steps quantized per block of 32, as `kernel` reads them: the quants
 /// of step `c`, block `b` at [`quants_at`] (int8 bits; +128 as unsigned bytes for the VNNI
 /// kernel, whose `vpdpbusd` multiplies unsigned by signed) and their scale at
-/// `d[`[`scale_at`]`]`. Both hold [`STEP_PAD`]-padded steps, the padding zero.
+/// `d[quants_at(..) / 32]`. Both hold [`STEP_PAD`]-padded steps, the padding zero.
 #[derive(Clone, Copy)]
 struct Cols<'a> {
     q: &'a [u8],

@@ -2,13 +2,15 @@
 //!
 //! A q8_0x8 panel block is already in the layout AMX wants for its second operand: group `g`
 //! holds 4 consecutive quants of each of the panel's 8 rows, so the block's 8 groups are a
-//! tile of 8 rows x 32 bytes (stride 32). The activations are the first operand as the quantizer
-//! lays them out for this kernel: 16 steps x the block's 32 quants, 512 contiguous bytes
-//! (`super::quants_at`), signed as for the AVX2 kernel. One
-//! `tdpbssd` then gives the 16 x 8 integer sums of a block for a panel; two panels' sums are
-//! stored side by side, so each step's 16 rows are one register that the block's weight and
-//! activation scales multiply into the f32 accumulators. The per-block scaling, on the vector
-//! units, and the tile multiplies, on the AMX unit, run side by side.
+//! tile of 8 rows x 32 bytes (stride 32). The activations are the first operand as the
+//! quantizer lays them out for this kernel: 16 steps x the block's 32 quants, 512 contiguous
+//! bytes (`super::quants_at`), signed as for the AVX2 kernel. One `tdpbssd` then gives the
+//! 16 x 8 integer sums of a block for a panel; two panels' sums are stored side by side, so
+//! each step's 16 rows are one register that the block's weight and activation scales multiply
+//! into the f32 accumulators. The per-block scaling, on the vector units, and the tile
+//! multiplies, on the AMX unit, run side by side. (Measured: a `tdpbssd` costs ~19 cycles
+//! whatever its K and N, so this quarter-size product per block and panel, which q8_0's
+//! per-32 scales impose on the `q8_0x8` layout, leaves most of the unit idle.)
 //!
 //! Steps are taken 16 at a time; the quantized activations are padded to a multiple of 16 steps
 //! with zeros ([`super::STEP_PAD`]), so the last tile reads zeros and only its real steps are
