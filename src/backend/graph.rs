@@ -243,16 +243,12 @@ unsafe extern "C" fn panel16_gemm_f32(
                 claimed.clone().unwrap_or(0..0),
                 node.relu,
             );
-            if let Some(scale) = node.residual {
-                let rows = panels.start * PANEL..panels.end * PANEL;
-                sgemm::add_residual_rows(
-                    scale,
-                    d.data as *mut f32,
-                    residual,
-                    (dims.m, dims.n),
-                    rows,
-                );
-            }
+            node.finish_panels(
+                d.data as *mut f32,
+                residual,
+                (dims.m, dims.n),
+                (panels, PANEL),
+            );
         }
     }
 }
@@ -334,29 +330,36 @@ unsafe extern "C" fn lstm_pointwise_op(
     let [gx, gh, b_ih, b_hh] = src;
     let (mine, h1, c1) = out;
     let h = c.len();
-    // This thread's units of the four gates, each contiguous, so that the sigmoids and tanh
-    // run sixteen lanes at a time (libm's expf and tanhf, a call per value, took ~13 us of a
-    // 0.6b decoder step, 10 % of a q8_0 one).
-    let u = mine.len();
-    let mut gates = vec![0f32; 4 * u];
-    for (q, slot) in gates.chunks_exact_mut(u).enumerate() {
-        for (v, j) in slot.iter_mut().zip(q * h + mine.start..) {
-            *v = (gx[j] + b_ih[j]) + (gh[j] + b_hh[j]);
+    // The four gates of up to CHUNK of this thread's units, each gate contiguous on the stack,
+    // so that the sigmoids and tanh run sixteen lanes at a time (libm's expf and tanhf, a call
+    // per value, took ~13 us of a 0.6b decoder step, 10 % of a q8_0 one).
+    const CHUNK: usize = 64;
+    let mut buf = [0f32; 4 * CHUNK];
+    let mut done = 0;
+    while done < mine.len() {
+        let (j0, u) = (mine.start + done, CHUNK.min(mine.len() - done));
+        let gates = &mut buf[..4 * u];
+        for (q, slot) in gates.chunks_exact_mut(u).enumerate() {
+            for (v, j) in slot.iter_mut().zip(q * h + j0..) {
+                *v = (gx[j] + b_ih[j]) + (gh[j] + b_hh[j]);
+            }
         }
-    }
-    let (ifg, o) = gates.split_at_mut(3 * u);
-    let (i_f, g) = ifg.split_at_mut(2 * u);
-    vmath::sigmoid_in_place(i_f);
-    vmath::tanh_in_place(g);
-    vmath::sigmoid_in_place(o);
-    let (i, f) = i_f.split_at(u);
-    for (k, j) in mine.enumerate() {
-        c1[k] = f[k] * c[j] + i[k] * g[k];
-    }
-    h1.copy_from_slice(c1);
-    vmath::tanh_in_place(h1);
-    for (v, &o) in h1.iter_mut().zip(o.iter()) {
-        *v *= o;
+        let (ifg, o) = gates.split_at_mut(3 * u);
+        let (i_f, g) = ifg.split_at_mut(2 * u);
+        vmath::sigmoid_in_place(i_f);
+        vmath::tanh_in_place(g);
+        vmath::sigmoid_in_place(o);
+        let (i, f) = i_f.split_at(u);
+        let (c1, h1) = (&mut c1[done..done + u], &mut h1[done..done + u]);
+        for k in 0..u {
+            c1[k] = f[k] * c[j0 + k] + i[k] * g[k];
+        }
+        h1.copy_from_slice(c1);
+        vmath::tanh_in_place(h1);
+        for (v, &o) in h1.iter_mut().zip(o.iter()) {
+            *v *= o;
+        }
+        done += u;
     }
 }
 

@@ -265,11 +265,10 @@ unsafe fn quantize_cols(
     silu: bool,
 ) {
     debug_assert!(x.len().is_multiple_of(k));
-    let nb = k / QK;
-    // Block `j` of these steps, to its place.
-    let place = |j: usize| {
-        let at = quants_at(kernel, k, c0 + j / nb, j % nb);
-        // SAFETY: the quants and scale of step c0 + j / nb, ours per the contract.
+    // Block `b` of step `c`, to its place.
+    let place = |(c, b): (usize, usize)| {
+        let at = quants_at(kernel, k, c, b);
+        // SAFETY: the quants and scale of step c (one of these steps), ours per the contract.
         unsafe {
             (
                 std::slice::from_raw_parts_mut(q.add(at), QK),
@@ -277,8 +276,9 @@ unsafe fn quantize_cols(
             )
         }
     };
+    let nb = k / QK;
     if !silu {
-        quantize_blocks(kernel, x, 0, place);
+        quantize_blocks(kernel, x, ((c0, 0), nb), place);
         return;
     }
     // SiLU first, a stack buffer of blocks at a time (a call per block cost more than the
@@ -289,19 +289,22 @@ unsafe fn quantize_cols(
         let buf = &mut activated[..xc.len()];
         buf.copy_from_slice(xc);
         super::vmath::silu_in_place(buf);
-        quantize_blocks(kernel, buf, i * (CHUNK / QK), place);
+        let j = i * (CHUNK / QK);
+        quantize_blocks(kernel, buf, ((c0 + j / nb, j % nb), nb), place);
     }
 }
 
-/// Blocks `j0..` of `x` into their places `place(j)` (quants, scale).
+/// The blocks of `x`, the first being block `b` of step `c` (`nb` blocks a step), into their
+/// places `place((c, b))` (quants, scale).
 fn quantize_blocks<'q>(
     kernel: Kernel,
     x: &[f32],
-    j0: usize,
-    place: impl Fn(usize) -> (&'q mut [u8], &'q mut f32),
+    ((mut c, mut b), nb): ((usize, usize), usize),
+    place: impl Fn((usize, usize)) -> (&'q mut [u8], &'q mut f32),
 ) {
-    for (j, xb) in x.chunks_exact(QK).enumerate() {
-        let (qb, d) = place(j0 + j);
+    for xb in x.chunks_exact(QK) {
+        let (qb, d) = place((c, b));
+        (c, b) = if b + 1 == nb { (c + 1, 0) } else { (c, b + 1) };
         *d = match kernel {
             Kernel::Portable => quantize_block(xb, qb),
             // SAFETY: these kernels are only chosen when the CPU has AVX2.
@@ -1033,10 +1036,7 @@ unsafe extern "C" fn linear_op(
                 bias,
                 d.data as *mut f32,
             );
-            if let Some(scale) = node.residual {
-                let rows = mine.start * PANEL..mine.end * PANEL;
-                super::sgemm::add_residual_rows(scale, d.data as *mut f32, residual, (m, n), rows);
-            }
+            node.finish_panels(d.data as *mut f32, residual, (m, n), (mine, PANEL));
         }
     }
 }

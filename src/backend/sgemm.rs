@@ -293,12 +293,35 @@ pub struct GemmNode {
     pub residual: Option<f32>,
 }
 
+impl GemmNode {
+    /// What the node does after the product on the panels `panels` (of `panel` rows each) a
+    /// thread has just computed: `y = residual + scale * y` over their rows of every column of
+    /// `y` (`n` columns of `m` values), where the node has a residual.
+    ///
+    /// # Safety
+    /// `y` holds `n * m` values and this thread owns these rows; `residual` (the node's
+    /// residual source, null without one) holds `n * m` values.
+    pub(crate) unsafe fn finish_panels(
+        &self,
+        y: *mut f32,
+        residual: *const f32,
+        (m, n): (usize, usize),
+        (panels, panel): (std::ops::Range<usize>, usize),
+    ) {
+        if let Some(scale) = self.residual {
+            let rows = panels.start * panel..panels.end * panel;
+            // SAFETY: per the contract.
+            unsafe { add_residual_rows(scale, y, residual, (m, n), rows) };
+        }
+    }
+}
+
 /// `y = residual + scale * y` over rows `rows` of every column of `y` (`n` columns of `m`
 /// values), see [`GemmNode::residual`].
 ///
 /// # Safety
 /// `y` and `residual` hold `n * m` values and this thread owns `y`'s rows `rows`.
-pub(crate) unsafe fn add_residual_rows(
+unsafe fn add_residual_rows(
     scale: f32,
     y: *mut f32,
     residual: *const f32,

@@ -1,8 +1,7 @@
 //! Exponentials for the custom ops (softmax, GLU, SiLU, the LSTM cell): one polynomial `e^x`
-//! for `x <= 0`,
-//! in scalar code and in 512-bit registers with the same operations in the same order (no
-//! fused multiply-adds), so both give the same bits. libm's `expf` is a call per value, which
-//! kept those loops scalar.
+//! for `x <= 0`, in scalar code and in 512-bit registers with the same operations in the same
+//! order (no fused multiply-adds), so both give the same bits. libm's `expf` is a call per
+//! value, which kept those loops scalar.
 
 /// `e^x` for `x <= 0`: `2^n * e^r` with `r = x - n ln 2` in `[-ln2/2, ln2/2]` (Cody-Waite
 /// split) and a degree-7 Taylor polynomial; within 2e-7 relative, and exactly 0 below -87.3
