@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the small audio-format fixtures of tests/audio.rs and their reference decodings.
+"""Writes the small audio-format fixtures of tests/pipeline/audio.rs and their reference decodings.
 
 Each fixture is a short deterministic test signal written by libsndfile (through the
 `soundfile` package) in one container/codec; `<fixture>.npy` next to it is libsndfile's own

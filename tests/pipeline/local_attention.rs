@@ -1,11 +1,9 @@
 //! NeMo's local attention (`rel_pos_local_attn`) against NeMo's own dumps: every encoder layer
 //! and the decoded tokens, frames and durations, for the four tiny models switched to
 //! `[16, 16]` with `change_attention_model`, the model whose own config has `[12, 12]`, and the
-//! window's edge cases (references made by scripts/make_local_edge_refs.sh).
+//! window's edge cases (references made by scripts/make_local_refs.sh).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::encoder::{AUTO_FULL_MAX_SECONDS, Attention, AttentionChoice};
 use parakeet::transcribe::{DecoderChoice, Transcriber};

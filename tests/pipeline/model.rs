@@ -1,9 +1,7 @@
 //! The loader on good and malformed GGUFs: every bad file is one clear error naming the file
 //! and the tensor or key, never a panic or a ggml abort.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use parakeet::backend::DType;
 use parakeet::backend::gguf::{GgufFile, Layout, MetaValue};
 use parakeet::backend::gguf_writer::GgufWriter;

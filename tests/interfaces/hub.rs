@@ -1,9 +1,7 @@
 //! `--model owner/name`: the hub path, against a local HTTP server that serves a reference
 //! `.nemo` in the hub's URL layout (`HF_ENDPOINT` points the client at it). No other network.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;

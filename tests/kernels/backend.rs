@@ -6,9 +6,7 @@
 //! f32-level (< 1e-5 absolute on values of order 1): an f16 round trip anywhere in the path would
 //! show up as ~1e-3.
 
-mod common;
-
-use common::{Lcg, rel_err_f64 as rel_err};
+use crate::common::{Lcg, rel_err_f64 as rel_err};
 use parakeet::backend::gguf::HostWeights;
 use parakeet::backend::{self, Backend};
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -5,9 +5,7 @@
 //! Bound: relative error 1e-6 (f32 accumulation over k <= 700 of values in [-1, 1); a wrong
 //! index or a lost tile shows up as O(1)).
 
-mod common;
-
-use common::{Lcg, rel_err_f64 as rel_err};
+use crate::common::{Lcg, rel_err_f64 as rel_err};
 use parakeet::backend::gguf::{HostWeights, Layout};
 use parakeet::backend::sgemm::{
     Dims, Isa, gemm_packed, gemm_packed_bias_relu, pack_panels, unpack_panels,

@@ -1,8 +1,6 @@
 //! The fused encoder graph against NeMo's per-layer outputs, every reference model and clip.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::transcribe::Transcriber;
 
@@ -68,13 +66,13 @@ fn every_layer_matches_nemo_in_f32() {
 
 /// f16 and q8_0 weights are an opt-in, looser precision: the encoder output stays close to
 /// NeMo's f32 result (stated tolerances), and the decoder fed NeMo's own encoder output is
-/// checked separately in tests/decoder.rs.
+/// checked separately in tests/pipeline/decoder.rs.
 #[test]
 fn quantized_encoders_stay_close_to_nemo() {
     // Measured worst: f16 2.5e-3, q8_0 7.6e-2 (the activations are rounded to int8 too; the
     // tiny random models amplify it). A broken path gives ~1. q4_0 (step max|w| / 8, 16x q8_0's)
     // measures 0.24 (rnnt, ctc) to 0.70 (tdt): here it only proves the path runs and is not
-    // garbage; its stored values are checked to one step in tests/convert.rs, and its token
+    // garbage; its stored values are checked to one step in tests/pipeline/convert.rs, and its token
     // agreement on the full-size models is in docs/BENCHMARKS.md.
     for (ty, tol) in [
         (OutType::F16, 5e-3),

@@ -1,8 +1,6 @@
 //! The `parakeet` binary end to end: single files, batches with bad inputs, exit codes, outputs.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -2,9 +2,7 @@
 //! clip (end to end from the WAV), and a teacher-forced, step-by-step trace comparison that feeds
 //! NeMo's own encoder output into our decoder.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::decoder::{Step, TransducerDecoder, log_softmax_rows};
 use parakeet::encoder::encode_heads;

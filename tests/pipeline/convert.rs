@@ -405,7 +405,7 @@ fn refuses_to_overwrite_its_input() {
 }
 
 /// Full-size check, for models too big to ship as fixtures:
-/// `PARAKEET_NEMO=model.nemo [PARAKEET_TYPES=f32,q8_0] cargo test --test convert -- --ignored`.
+/// `PARAKEET_NEMO=model.nemo [PARAKEET_TYPES=f32,q8_0] cargo test --test pipeline convert:: -- --ignored`.
 /// `PARAKEET_VERIFY=0` only converts (to measure the converter's time and memory alone).
 #[test]
 #[ignore]

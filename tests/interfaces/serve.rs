@@ -2,9 +2,7 @@
 //! every response format against the CLI's own output for the same file, concurrency, bad
 //! requests, a full queue, buffer release and a clean exit on SIGTERM.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use parakeet::convert::OutType;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};

@@ -1,9 +1,7 @@
 //! Hostile-but-realistic use (issue 9): every case refused with one clear error naming the file
 //! and the problem, or handled right, never an abort, a hang or a silently lost result.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use parakeet::backend::gguf::{GgufFile, MetaValue};
 use parakeet::backend::gguf_writer::GgufWriter;
 use parakeet::convert::OutType;

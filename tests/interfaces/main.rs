@@ -1,0 +1,8 @@
+//! The command line, the OpenAI-compatible server and the hub resolver, run as a user would.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cli;
+mod serve;
+mod hub;
