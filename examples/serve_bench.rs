@@ -12,7 +12,7 @@
 //!   seconds of audio per second.
 
 use parakeet::audio;
-use parakeet::transcribe::{DecoderChoice, Transcriber};
+use parakeet::session::{DecoderChoice, Transcriber};
 use std::path::Path;
 use std::time::Instant;
 

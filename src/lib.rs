@@ -13,4 +13,4 @@ pub mod model;
 pub mod model_source;
 pub mod output;
 pub mod server;
-pub mod transcribe;
+pub mod session;

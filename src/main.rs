@@ -9,7 +9,7 @@ use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::encoder::{Attention, AttentionChoice};
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
-use parakeet::transcribe::{DecoderChoice, StageTimes, Transcriber, Transcript};
+use parakeet::session::{DecoderChoice, StageTimes, Transcriber, Transcript};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -11,7 +11,7 @@ pub mod pool;
 
 use crate::audio;
 use crate::model::Model;
-use crate::transcribe::{DecoderChoice, Transcriber, Transcript};
+use crate::session::{DecoderChoice, Transcriber, Transcript};
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Request, State};

@@ -2,7 +2,7 @@
 
 use crate::common::*;
 use parakeet::convert::OutType;
-use parakeet::transcribe::Transcriber;
+use parakeet::session::Transcriber;
 
 /// Worst relative error allowed in f32 (‖ours − NeMo‖ / ‖NeMo‖).
 const F32_TOL: f64 = 1e-4;

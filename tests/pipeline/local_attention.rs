@@ -6,7 +6,7 @@
 use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::encoder::{AUTO_FULL_MAX_SECONDS, Attention, AttentionChoice};
-use parakeet::transcribe::{DecoderChoice, Transcriber};
+use parakeet::session::{DecoderChoice, Transcriber};
 use serde_json::Value;
 use std::path::Path;
 
