@@ -9,7 +9,8 @@ use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::encoder::{Attention, AttentionChoice};
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
-use parakeet::session::{DecoderChoice, StageTimes, Transcriber, Transcript};
+use parakeet::session::{DecoderChoice, Session};
+use parakeet::transcript::{StageTimes, Transcript};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -417,14 +418,14 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .first()
         .filter(|j| j.path.as_os_str() != "-")
         .and_then(|j| audio::declared_seconds(&j.path));
-    let mut tr = Transcriber::load_for(&model_path, threads, expect_seconds)?;
-    tr.set_attention(args.att_context);
-    tr.backend.set_op_timing(args.profile);
+    let mut session = Session::load_for(&model_path, threads, expect_seconds)?;
+    session.set_attention(args.att_context);
+    session.set_op_timing(args.profile);
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()
     };
-    let model_name = tr.model.name.clone();
+    let model_name = session.model().name.clone();
     let single = jobs.len() == 1;
     let progress = (!args.quiet && !single && std::io::stderr().is_terminal())
         .then(|| progress_bar(jobs.len()));
@@ -432,7 +433,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let stage_bar = (!args.quiet && single && std::io::stderr().is_terminal()).then(stage_bar);
     if let Some(bar) = &stage_bar {
         let bar = bar.clone();
-        tr.set_progress(Some(std::sync::Arc::new(move |stage, done| {
+        session.set_progress(Some(std::sync::Arc::new(move |stage, done| {
             if bar.message() != stage {
                 bar.set_message(stage);
             }
@@ -449,7 +450,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
             }
             continue;
         }
-        let result = transcribe_one(&mut tr, job, &args, &mut profile).and_then(|t| {
+        let result = transcribe_one(&mut session, job, &args, &mut profile).and_then(|t| {
             if let Some(bar) = &stage_bar {
                 bar.finish_and_clear();
             }
@@ -522,13 +523,13 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         );
     }
     if args.profile {
-        print_profile(&profile, &tr, wall);
+        print_profile(&profile, &session, wall);
     }
     Ok(if failed > 0 { EXIT_FAILED_INPUTS } else { 0 })
 }
 
 fn transcribe_one(
-    tr: &mut Transcriber,
+    session: &mut Session,
     job: &Job,
     args: &TranscribeArgs,
     profile: &mut Profile,
@@ -544,9 +545,9 @@ fn transcribe_one(
         audio::resample_to_16k(decoded).with_context(|| format!("{shown}: resampling"))?;
     profile.read += t0.elapsed();
     if let Some(dir) = &args.dump_layers {
-        dump_layers(tr, &samples, dir).with_context(|| format!("{shown}: dumping layers"))?;
+        dump_layers(session, &samples, dir).with_context(|| format!("{shown}: dumping layers"))?;
     }
-    let t = tr
+    let t = session
         .transcribe(samples, args.decoder)
         .with_context(|| shown.clone())?;
     profile.stages.add(&t.times);
@@ -579,10 +580,10 @@ fn print_transcript(
     Ok(())
 }
 
-fn dump_layers(tr: &mut Transcriber, samples: &[f32], dir: &Path) -> Result<()> {
+fn dump_layers(session: &mut Session, samples: &[f32], dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
-    let features = tr.features(samples);
-    let enc = tr.encode(&features, true)?;
+    let features = session.features(samples);
+    let enc = session.encode(&features, true)?;
     use npyz::WriterBuilder;
     let mut all = enc.layers;
     all.push(("encoder_out_tc".to_string(), enc.output));
@@ -654,9 +655,9 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn print_profile(p: &Profile, tr: &Transcriber, wall: Duration) {
+fn print_profile(p: &Profile, session: &Session, wall: Duration) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let stats = tr.backend.stats();
+    let stats = session.stats();
     let per_step = if p.stages.decoder_steps > 0 {
         format!(
             "{} steps, {} LSTM updates, {} graphs, {:.0} us/step",
@@ -689,8 +690,8 @@ fn print_profile(p: &Profile, tr: &Transcriber, wall: Duration) {
             p.audio_seconds,
             wall.as_secs_f64() / p.audio_seconds,
             p.audio_seconds / wall.as_secs_f64(),
-            tr.backend.threads(),
-            tr.backend.device_name()
+            session.threads(),
+            session.device_name()
         );
     }
     eprintln!(
