@@ -318,16 +318,24 @@ struct Job {
     root: Option<PathBuf>,
 }
 
-/// The audio files to transcribe, in argument order (directories walked, sorted). A file named
-/// twice (`talks/ talks/a.wav`) is transcribed once.
+/// The audio files to transcribe, in argument order (directories walked, sorted), and how many
+/// non-audio files were passed over. A file named twice (`a.wav a.wav`, `talks/ talks/a.wav`)
+/// is transcribed once, and each later naming is reported on stderr as skipped.
 fn collect_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
     let (jobs, skipped) = walk_inputs(inputs)?;
     let mut seen = std::collections::HashSet::new();
     let jobs = jobs
         .into_iter()
         .filter(|j| {
-            j.path.as_os_str() == "-"
-                || seen.insert(std::fs::canonicalize(&j.path).unwrap_or_else(|_| j.path.clone()))
+            let first = j.path.as_os_str() == "-"
+                || seen.insert(std::fs::canonicalize(&j.path).unwrap_or_else(|_| j.path.clone()));
+            if !first {
+                eprintln!(
+                    "skipped {}: named more than once in the inputs",
+                    j.path.display()
+                );
+            }
+            first
         })
         .collect();
     Ok((jobs, skipped))
