@@ -1,7 +1,7 @@
 //! parakeet: NVIDIA Parakeet speech recognition (FastConformer + TDT/RNN-T/CTC) on ggml.
 //!
 //! Pipeline: [`audio`] (decode, resample, log-mel) -> [`encoder`] (one fused ggml graph) ->
-//! [`decoder`] (TDT / RNN-T / CTC greedy). [`backend`] is the only place that touches ggml's FFI;
+//! [`decoder`] (TDT / RNN-T / CTC greedy), run by a [`session`] over a shared [`model`]. [`backend`] is the only place that touches ggml's FFI;
 //! [`model`] loads a GGUF written by [`convert`].
 
 pub mod audio;
@@ -13,4 +13,5 @@ pub mod model;
 pub mod model_source;
 pub mod output;
 pub mod server;
-pub mod transcribe;
+pub mod session;
+pub mod transcript;

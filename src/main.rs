@@ -9,7 +9,8 @@ use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::encoder::{Attention, AttentionChoice};
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
-use parakeet::transcribe::{DecoderChoice, StageTimes, Transcriber, Transcript};
+use parakeet::session::{DecoderChoice, Session};
+use parakeet::transcript::{StageTimes, Transcript};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -317,16 +318,24 @@ struct Job {
     root: Option<PathBuf>,
 }
 
-/// The audio files to transcribe, in argument order (directories walked, sorted). A file named
-/// twice (`talks/ talks/a.wav`) is transcribed once.
+/// The audio files to transcribe, in argument order (directories walked, sorted), and how many
+/// non-audio files were passed over. A file named twice (`a.wav a.wav`, `talks/ talks/a.wav`)
+/// is transcribed once, and each later naming is reported on stderr as skipped.
 fn collect_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
     let (jobs, skipped) = walk_inputs(inputs)?;
     let mut seen = std::collections::HashSet::new();
     let jobs = jobs
         .into_iter()
         .filter(|j| {
-            j.path.as_os_str() == "-"
-                || seen.insert(std::fs::canonicalize(&j.path).unwrap_or_else(|_| j.path.clone()))
+            let first = j.path.as_os_str() == "-"
+                || seen.insert(std::fs::canonicalize(&j.path).unwrap_or_else(|_| j.path.clone()));
+            if !first {
+                eprintln!(
+                    "skipped {}: named more than once in the inputs",
+                    j.path.display()
+                );
+            }
+            first
         })
         .collect();
     Ok((jobs, skipped))
@@ -417,14 +426,14 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .first()
         .filter(|j| j.path.as_os_str() != "-")
         .and_then(|j| audio::declared_seconds(&j.path));
-    let mut tr = Transcriber::load_for(&model_path, threads, expect_seconds)?;
-    tr.set_attention(args.att_context);
-    tr.backend.set_op_timing(args.profile);
+    let mut session = Session::load_for(&model_path, threads, expect_seconds)?;
+    session.set_attention(args.att_context);
+    session.set_op_timing(args.profile);
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()
     };
-    let model_name = tr.model.name.clone();
+    let model_name = session.model().name.clone();
     let single = jobs.len() == 1;
     let progress = (!args.quiet && !single && std::io::stderr().is_terminal())
         .then(|| progress_bar(jobs.len()));
@@ -432,7 +441,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let stage_bar = (!args.quiet && single && std::io::stderr().is_terminal()).then(stage_bar);
     if let Some(bar) = &stage_bar {
         let bar = bar.clone();
-        tr.set_progress(Some(std::sync::Arc::new(move |stage, done| {
+        session.set_progress(Some(std::sync::Arc::new(move |stage, done| {
             if bar.message() != stage {
                 bar.set_message(stage);
             }
@@ -449,7 +458,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
             }
             continue;
         }
-        let result = transcribe_one(&mut tr, job, &args, &mut profile).and_then(|t| {
+        let result = transcribe_one(&mut session, job, &args, &mut profile).and_then(|t| {
             if let Some(bar) = &stage_bar {
                 bar.finish_and_clear();
             }
@@ -522,13 +531,13 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         );
     }
     if args.profile {
-        print_profile(&profile, &tr, wall);
+        print_profile(&profile, &session, wall);
     }
     Ok(if failed > 0 { EXIT_FAILED_INPUTS } else { 0 })
 }
 
 fn transcribe_one(
-    tr: &mut Transcriber,
+    session: &mut Session,
     job: &Job,
     args: &TranscribeArgs,
     profile: &mut Profile,
@@ -544,9 +553,9 @@ fn transcribe_one(
         audio::resample_to_16k(decoded).with_context(|| format!("{shown}: resampling"))?;
     profile.read += t0.elapsed();
     if let Some(dir) = &args.dump_layers {
-        dump_layers(tr, &samples, dir).with_context(|| format!("{shown}: dumping layers"))?;
+        dump_layers(session, &samples, dir).with_context(|| format!("{shown}: dumping layers"))?;
     }
-    let t = tr
+    let t = session
         .transcribe(samples, args.decoder)
         .with_context(|| shown.clone())?;
     profile.stages.add(&t.times);
@@ -579,10 +588,10 @@ fn print_transcript(
     Ok(())
 }
 
-fn dump_layers(tr: &mut Transcriber, samples: &[f32], dir: &Path) -> Result<()> {
+fn dump_layers(session: &mut Session, samples: &[f32], dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
-    let features = tr.features(samples);
-    let enc = tr.encode(&features, true)?;
+    let features = session.features(samples);
+    let enc = session.encode(&features, true)?;
     use npyz::WriterBuilder;
     let mut all = enc.layers;
     all.push(("encoder_out_tc".to_string(), enc.output));
@@ -654,9 +663,9 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn print_profile(p: &Profile, tr: &Transcriber, wall: Duration) {
+fn print_profile(p: &Profile, session: &Session, wall: Duration) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let stats = tr.backend.stats();
+    let stats = session.stats();
     let per_step = if p.stages.decoder_steps > 0 {
         format!(
             "{} steps, {} LSTM updates, {} graphs, {:.0} us/step",
@@ -689,8 +698,8 @@ fn print_profile(p: &Profile, tr: &Transcriber, wall: Duration) {
             p.audio_seconds,
             wall.as_secs_f64() / p.audio_seconds,
             p.audio_seconds / wall.as_secs_f64(),
-            tr.backend.threads(),
-            tr.backend.device_name()
+            session.threads(),
+            session.device_name()
         );
     }
     eprintln!(

@@ -5,7 +5,7 @@
 //! millisecond and a file can be compared exactly with another rendering of the same transcript.
 
 use crate::decoder::{Word, token_span};
-use crate::transcribe::Transcript;
+use crate::transcript::Transcript;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use std::ffi::OsStr;

@@ -1,14 +1,14 @@
-//! Greedy decoding: TDT and RNN-T (label looping, as NeMo) and CTC, plus detokenisation and
-//! word timings.
+//! Decoding: the transducer's networks ([`nets`]) stepping [`hypothesis`] values for a search
+//! (greedy TDT and RNN-T in [`greedy`]; beam search and phrase boosting fit beside it, over
+//! the same nets), greedy CTC ([`ctc`]), plus detokenisation and word timings.
 //!
 //! The prediction network and the joint run as small graphs on the same persistent backend as
 //! the encoder; the joint's encoder projection comes precomputed from the encoder graph.
 
-mod ctc;
-mod transducer;
-
-pub use ctc::{ctc_greedy, log_softmax_rows};
-pub use transducer::{Step, TransducerDecoder};
+pub mod ctc;
+pub mod greedy;
+pub mod hypothesis;
+pub mod nets;
 
 /// One emitted token.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -188,39 +188,51 @@ impl From<&Features> for FeatureImage {
     }
 }
 
-/// Run the encoder over `features` (valid frames only) with the given self-attention.
-/// `capture_layers` also returns every layer's output (and layer 0's sub-blocks) from the same
-/// graph.
+/// What the encoder carries from one chunk of a stream to the next.
+///
+/// Empty for now: every utterance is encoded as one chunk (the whole file) from a fresh state,
+/// which is exactly the whole-utterance encoder. Cache-aware streaming will keep its caches
+/// here, per conformer layer: the last frames' keys and values that the next chunk's
+/// self-attention looks back at (its left context), and the last `conv_kernel - 1` frames of
+/// the depthwise convolution's input; and, for the subsampling, the feature frames its
+/// convolutions need from before the chunk. Until then a state takes one chunk only.
+#[derive(Debug, Default)]
+pub struct EncoderState {
+    /// A chunk has been encoded from this state (a second would need the caches above).
+    started: bool,
+}
+
+impl EncoderState {
+    /// The state at the start of a stream.
+    pub fn new() -> EncoderState {
+        EncoderState::default()
+    }
+}
+
+/// Run the encoder over the next `chunk` of a stream (valid frames only) from `state`, with the
+/// given self-attention, returning only `outputs`. A whole file is one chunk from a fresh
+/// state.
 pub fn encode(
     backend: &mut Backend,
     model: &Model,
-    features: &Features,
-    attention: Attention,
-    capture_layers: bool,
-) -> Result<Encoded> {
-    let outputs = Outputs::All {
-        layers: capture_layers,
-    };
-    encode_image(backend, model, features.into(), attention, outputs)
-}
-
-/// [`encode`] over features already in the graph's layout, returning only `outputs`.
-pub fn encode_image(
-    backend: &mut Backend,
-    model: &Model,
-    image: FeatureImage,
+    state: &mut EncoderState,
+    chunk: FeatureImage,
     attention: Attention,
     outputs: Outputs,
 ) -> Result<Encoded> {
+    if state.started {
+        bail!("the encoder keeps no streaming caches yet: each utterance needs a fresh state");
+    }
+    state.started = true;
     let hp = &model.hparams.encoder;
-    if image.n_mels != hp.feat_in {
+    if chunk.n_mels != hp.feat_in {
         bail!(
             "features have {} mel bins, the model expects {}",
-            image.n_mels,
+            chunk.n_mels,
             hp.feat_in
         );
     }
-    if image.n_frames == 0 {
+    if chunk.n_frames == 0 {
         bail!("audio too short: no complete feature frame");
     }
     match outputs {
@@ -228,7 +240,7 @@ pub fn encode_image(
         Outputs::CtcLogits if model.ctc.is_none() => bail!("the model has no CTC head"),
         _ => {}
     }
-    let t_feat = image.n_frames;
+    let t_feat = chunk.n_frames;
     let frames = model.hparams.geometry().encoded_len(t_feat);
     let window = attention.window(frames);
     let pos = positional_rows(attention, frames, hp.d_model);
@@ -236,7 +248,7 @@ pub fn encode_image(
 
     let mut head_ids = HeadIds::default();
     let computed = backend.compute_sized(graph_nodes(t_feat, frames, hp.n_layers), |g| {
-        let x = g.input_f32_owned(image.data, &[hp.feat_in, t_feat, 1, 1]);
+        let x = g.input_f32_owned(chunk.data, &[hp.feat_in, t_feat, 1, 1]);
         let mut x = pre_encode_sliced(g, &model.encoder.pre_encode, x, frames);
         if capture_layers {
             g.capture("enc_pre_encode", x);

@@ -1,7 +1,7 @@
 //! `parakeet serve`: an OpenAI-compatible transcription server.
 //!
 //! One [`Model`] is loaded (memory-mapped) and shared read-only by N worker threads, each with
-//! its own [`Transcriber`] (backend + graph allocator). HTTP is axum on a small tokio runtime;
+//! its own [`Session`] (backend + graph allocator). HTTP is axum on a small tokio runtime;
 //! the compute happens on the workers ([`pool`]), fed by a bounded queue: a request that finds
 //! the queue full is answered 503 with `Retry-After` at once. Uploads are decoded from memory
 //! (nothing is written to disk).
@@ -11,7 +11,8 @@ pub mod pool;
 
 use crate::audio;
 use crate::model::Model;
-use crate::transcribe::{DecoderChoice, Transcriber, Transcript};
+use crate::session::{DecoderChoice, Session};
+use crate::transcript::Transcript;
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Request, State};
@@ -86,7 +87,7 @@ pub fn plan_workers(
 }
 
 struct AppState {
-    pool: Pool<Transcriber>,
+    pool: Pool<Session>,
     model: Arc<Model>,
     model_created: u64,
     workers: usize,
@@ -121,10 +122,10 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         Pool::new(
             workers,
             args.queue,
-            move |_| Transcriber::shared(model.clone(), threads),
-            move |i, tr: &Transcriber| {
+            move |_| Session::new(model.clone(), threads),
+            move |i, session: &Session| {
                 // The gallocr's buffer only grows; after a very long request, drop it whole.
-                let bytes = tr.backend.stats().compute_buffer_bytes;
+                let bytes = session.stats().compute_buffer_bytes;
                 let recycle = bytes > release;
                 buffers[i].store(if recycle { 0 } else { bytes }, Ordering::Relaxed);
                 recycle
@@ -343,9 +344,9 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
     } = fields;
     let reply = st
         .pool
-        .submit(move |tr: &mut Transcriber| {
+        .submit(move |session: &mut Session| {
             let start = Instant::now();
-            run_job(tr, file, &file_name, max_seconds).map(|t| (t, start.elapsed()))
+            run_job(session, file, &file_name, max_seconds).map(|t| (t, start.elapsed()))
         })
         .map_err(|_| {
             ApiError::new(
@@ -475,7 +476,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
 
 /// Decodes the upload (any format the CLI reads, from memory) and transcribes it.
 fn run_job(
-    tr: &mut Transcriber,
+    session: &mut Session,
     file: Bytes,
     file_name: &str,
     max_seconds: f64,
@@ -496,7 +497,7 @@ fn run_job(
         ));
     }
     let samples = audio::resample_to_16k(decoded).map_err(bad_audio)?;
-    if samples.len() < tr.model.hparams.preprocessor.hop_length {
+    if samples.len() < session.model().hparams.preprocessor.hop_length {
         return Err(ApiError::bad_request(
             format!(
                 "{file_name}: the audio is too short to transcribe ({} samples at 16 kHz)",
@@ -506,14 +507,16 @@ fn run_job(
             Some("audio_too_short"),
         ));
     }
-    tr.transcribe(samples, DecoderChoice::Auto).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("{file_name}: {e:#}"),
-            None,
-            Some("internal_error"),
-        )
-    })
+    session
+        .transcribe(samples, DecoderChoice::Auto)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{file_name}: {e:#}"),
+                None,
+                Some("internal_error"),
+            )
+        })
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The OpenAI audio API's shapes: request fields, response formats, and the error body.
 
 use crate::output::{self, Format, OutputMeta, round_ms, segments};
-use crate::transcribe::Transcript;
+use crate::transcript::Transcript;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;

@@ -1,4 +1,4 @@
-//! A fixed set of worker threads, each owning its own state (for the server: a `Transcriber`
+//! A fixed set of worker threads, each owning its own state (for the server: a `Session`
 //! with its own backend and graph allocator over the one shared model), fed from a bounded
 //! queue. Jobs run under `catch_unwind`, so a panic answers its own request and the worker goes
 //! on with fresh state.

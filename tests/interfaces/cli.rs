@@ -309,3 +309,26 @@ fn profile_shows_where_the_time_went() {
         "shares sum to {shares}: {err}"
     );
 }
+
+/// A file named twice is transcribed once, and its later naming is reported on stderr as
+/// skipped, on one line with its path (given twice, or as itself after its directory).
+#[test]
+fn a_repeated_input_is_named_as_skipped() {
+    let root = scratch("repeated");
+    let model = gguf("tiny_tdt", parakeet::convert::OutType::F32);
+    let dir = root.join("in");
+    std::fs::create_dir_all(&dir).unwrap();
+    let clip = dir.join("a.wav");
+    std::fs::copy(reference("").join("speech_2s.wav"), &clip).unwrap();
+    let (model, clip_arg) = (model.to_str().unwrap(), clip.to_str().unwrap());
+    for inputs in [[clip_arg, clip_arg], [dir.to_str().unwrap(), clip_arg]] {
+        let out = parakeet(&["transcribe", inputs[0], inputs[1], "-m", model], &root);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{inputs:?}: {err}");
+        // One file: its text alone, once.
+        assert_eq!(text(&out.stdout).trim_end(), nemo_text("tiny_tdt_2s"));
+        let skipped: Vec<&str> = err.lines().filter(|l| l.contains("skipped")).collect();
+        assert_eq!(skipped.len(), 1, "{inputs:?}: {err}");
+        assert!(skipped[0].contains(clip_arg), "{inputs:?}: {err}");
+    }
+}

@@ -3,10 +3,12 @@
 //! NeMo's own encoder output into our decoder.
 
 use crate::common::*;
+use parakeet::backend::Backend;
 use parakeet::convert::OutType;
-use parakeet::decoder::{Step, TransducerDecoder, log_softmax_rows};
-use parakeet::encoder::encode_heads;
-use parakeet::transcribe::{DecoderChoice, Transcriber};
+use parakeet::decoder::ctc::log_softmax_rows;
+use parakeet::decoder::greedy::Step;
+use parakeet::decoder::nets::{JointInput, Nets, PredictInput};
+use parakeet::session::{DecoderChoice, Session};
 use serde_json::Value;
 
 fn ints(v: &Value) -> Vec<usize> {
@@ -20,7 +22,7 @@ fn ints(v: &Value) -> Vec<usize> {
 #[test]
 fn transcripts_match_nemo_token_for_token() {
     for model in MODELS {
-        let mut tr = Transcriber::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
         for (suffix, clip) in CLIPS {
             let name = format!("{model}{suffix}");
             let result = json(&reference(&name).join("result.json"));
@@ -34,7 +36,7 @@ fn transcripts_match_nemo_token_for_token() {
             }
             assert!(!heads.is_empty(), "{name}: no reference decode");
             for (choice, nemo, what) in heads {
-                let ours = tr.transcribe(samples.clone(), choice).unwrap();
+                let ours = session.transcribe(samples.clone(), choice).unwrap();
                 let ids: Vec<usize> = ours.tokens.iter().map(|t| t.id).collect();
                 assert_eq!(ids, ints(&nemo["tokens"]), "{name} {what}: tokens");
                 if let Some(ts) = nemo.get("timestamp") {
@@ -61,7 +63,7 @@ fn transcripts_match_nemo_token_for_token() {
     }
 }
 
-/// A transcriber whose compute buffer was readied at load for the clip's length: the clip then
+/// A session whose compute buffer was readied at load for the clip's length: the clip then
 /// runs in that buffer (it does not grow), and the transcript is still NeMo's.
 #[test]
 fn a_prepared_compute_buffer_serves_the_utterance() {
@@ -69,18 +71,18 @@ fn a_prepared_compute_buffer_serves_the_utterance() {
         let samples = clip_samples(clip);
         let seconds = parakeet::audio::declared_seconds(&reference("").join(clip)).unwrap();
         assert!((seconds - samples.len() as f64 / 16000.0).abs() < 1e-9);
-        let mut tr =
-            Transcriber::load_for(&gguf("tiny_tdt", OutType::F32), 2, Some(seconds)).unwrap();
-        let prepared = tr.backend.compute_buffer_bytes();
+        let mut session =
+            Session::load_for(&gguf("tiny_tdt", OutType::F32), 2, Some(seconds)).unwrap();
+        let prepared = session.compute_buffer_bytes();
         assert!(prepared > 0, "{clip}: nothing prepared");
         assert_eq!(
-            tr.backend.stats().graphs_computed,
+            session.stats().graphs_computed,
             0,
             "{clip}: prepare computed"
         );
-        let ours = tr.transcribe(samples, DecoderChoice::Auto).unwrap();
+        let ours = session.transcribe(samples, DecoderChoice::Auto).unwrap();
         assert_eq!(
-            tr.backend.compute_buffer_bytes(),
+            session.compute_buffer_bytes(),
             prepared,
             "{clip}: buffer grew"
         );
@@ -94,7 +96,7 @@ fn a_prepared_compute_buffer_serves_the_utterance() {
 #[test]
 fn teacher_forced_decode_follows_nemo_trace() {
     for model in ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt"] {
-        let mut tr = Transcriber::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
         for (suffix, _) in CLIPS {
             let name = format!("{model}{suffix}");
             let dir = reference(&name);
@@ -105,16 +107,9 @@ fn teacher_forced_decode_follows_nemo_trace() {
                 .flat_map(|t| (0..d).map(move |c| (t, c)))
                 .map(|(t, c)| enc_out[c * t_all + t])
                 .collect();
-            let enc = encode_heads(&mut tr.backend, &tr.model, &rows, frames).unwrap();
+            let enc = session.encode_heads(&rows, frames).unwrap();
             let mut trace = Vec::new();
-            let mut dec = TransducerDecoder::new(&tr.model).unwrap();
-            dec.decode(
-                &mut tr.backend,
-                enc.joint_enc.as_ref().unwrap(),
-                frames,
-                Some(&mut trace),
-            )
-            .unwrap();
+            session.decode_traced(&enc, &mut trace).unwrap();
             let nemo: Vec<Step> = json(&dir.join("decode_trace.json"))
                 .as_array()
                 .unwrap()
@@ -138,12 +133,12 @@ fn teacher_forced_decode_follows_nemo_trace() {
 #[test]
 fn ctc_log_probs_match_nemo() {
     for model in ["tiny_ctc", "tiny_tdt_ctc"] {
-        let mut tr = Transcriber::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
         for (suffix, clip) in CLIPS {
             let name = format!("{model}{suffix}");
-            let features = tr.features(&clip_samples(clip));
-            let enc = tr.encode(&features, false).unwrap();
-            let classes = tr.model.hparams.vocab_size + 1;
+            let features = session.features(&clip_samples(clip));
+            let enc = session.encode(&features, false).unwrap();
+            let classes = session.model().hparams.vocab_size + 1;
             let ours = log_softmax_rows(enc.ctc_logits.as_ref().unwrap(), classes);
             let (_, nemo) = npy(&reference(&name).join("ctc_logprobs.npy"));
             let err = max_abs_err(&ours, &nemo[..ours.len()]);
@@ -158,11 +153,13 @@ fn ctc_log_probs_match_nemo() {
 /// same tokens as the cold one did (NeMo's).
 #[test]
 fn kept_input_gates_are_the_graphs_product() {
-    let mut tr = Transcriber::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
     let (suffix, clip) = CLIPS[0];
     let samples = clip_samples(clip);
-    let cold = tr.transcribe(samples.clone(), DecoderChoice::Auto).unwrap();
-    let model = tr.model.clone();
+    let cold = session
+        .transcribe(samples.clone(), DecoderChoice::Auto)
+        .unwrap();
+    let model = session.model().clone();
     let pred = model.prediction.as_ref().unwrap();
     let tokens = model.hparams.vocab_size + 1;
     let kept: Vec<usize> = (0..tokens)
@@ -174,9 +171,10 @@ fn kept_input_gates_are_the_graphs_product() {
     expected.sort_unstable();
     expected.dedup();
     assert_eq!(kept, expected, "tokens kept");
+    // The same product on a backend of the same threads as the session's.
+    let mut backend = Backend::cpu(2).unwrap();
     for &token in &kept {
-        let fresh = tr
-            .backend
+        let fresh = backend
             .compute(|g| {
                 let id = g.input_i32(&[token as i32], &[1]);
                 let embed = g.weight(&pred.embed);
@@ -194,8 +192,110 @@ fn kept_input_gates_are_the_graphs_product() {
             "token {token}: kept gates differ from the graph's"
         );
     }
-    let warm = tr.transcribe(samples, DecoderChoice::Auto).unwrap();
+    let warm = session.transcribe(samples, DecoderChoice::Auto).unwrap();
     assert_eq!(warm.tokens, cold.tokens, "warm cache changed the decode");
     let nemo = json(&reference(&format!("tiny_tdt{suffix}")).join("result.json"));
     assert_eq!(warm.text, nemo["greedy_batch"]["text"].as_str().unwrap());
+}
+
+/// One prediction step and one joint step over three hypotheses give each hypothesis what a
+/// step of its own gives: states, `joint.pred` and logits (the batched products take the
+/// columns together and may round their sums differently, hence a tolerance), the fused
+/// joint only where a frame was given, and one input product made for a token fed twice.
+#[test]
+fn batched_steps_match_single_steps() {
+    let session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let model = session.model().clone();
+    let mut backend = Backend::cpu(2).unwrap();
+    let mut nets = Nets::new(&model).unwrap();
+    let start = nets.start(&mut backend).unwrap();
+    let mut fed = |nets: &mut Nets, token: usize| {
+        let input = PredictInput {
+            token,
+            state: start.state(),
+            next_enc: None,
+        };
+        nets.predict(&mut backend, &[input]).unwrap().pop().unwrap()
+    };
+    let states = [
+        start.state().clone(),
+        fed(&mut nets, 1).state,
+        fed(&mut nets, 2).state,
+    ];
+    let width = nets.enc_width();
+    let enc: Vec<f32> = (0..2 * width).map(|i| (i as f32 * 0.37).sin()).collect();
+    let inputs = [
+        PredictInput {
+            token: 3,
+            state: &states[0],
+            next_enc: Some(&enc[..width]),
+        },
+        PredictInput {
+            token: 1,
+            state: &states[1],
+            next_enc: None,
+        },
+        PredictInput {
+            token: 3,
+            state: &states[2],
+            next_enc: Some(&enc[width..]),
+        },
+    ];
+    let before = nets.counts();
+    let batched = nets.predict(&mut backend, &inputs).unwrap();
+    let after = nets.counts();
+    assert_eq!(after.predictor_steps - before.predictor_steps, 3);
+    assert_eq!(after.joint_steps - before.joint_steps, 2);
+    assert_eq!(batched.len(), 3);
+    let close = |a: &[f32], b: &[f32], what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}: lengths");
+        let err = max_abs_err(a, b);
+        assert!(err < 1e-5, "{what}: batched and single differ by {err:.3e}");
+    };
+    for (i, (input, ours)) in inputs.iter().zip(&batched).enumerate() {
+        let single = nets
+            .predict(&mut backend, &[*input])
+            .unwrap()
+            .pop()
+            .unwrap();
+        for (l, (a, b)) in ours
+            .state
+            .layers()
+            .iter()
+            .zip(single.state.layers())
+            .enumerate()
+        {
+            close(&a.0, &b.0, &format!("hypothesis {i} layer {l} h"));
+            close(&a.1, &b.1, &format!("hypothesis {i} layer {l} c"));
+        }
+        close(
+            &ours.pred_out,
+            &single.pred_out,
+            &format!("hypothesis {i} pred"),
+        );
+        assert_eq!(ours.logits.is_some(), input.next_enc.is_some(), "{i}");
+        if let (Some(a), Some(b)) = (&ours.logits, &single.logits) {
+            close(a, b, &format!("hypothesis {i} fused joint"));
+        }
+    }
+    let joint_inputs: Vec<JointInput> = batched
+        .iter()
+        .zip([&enc[..width], &enc[width..], &enc[..width]])
+        .map(|(p, enc)| JointInput {
+            enc,
+            pred_out: &p.pred_out,
+        })
+        .collect();
+    let logits = nets.joint(&mut backend, &joint_inputs).unwrap();
+    assert_eq!(logits.len(), 3);
+    for (i, (input, ours)) in joint_inputs.iter().zip(&logits).enumerate() {
+        let single = nets.joint(&mut backend, &[*input]).unwrap().pop().unwrap();
+        close(ours, &single, &format!("hypothesis {i} joint"));
+    }
+    // The fused joint of a prediction step is the joint step's.
+    close(
+        batched[0].logits.as_ref().unwrap(),
+        &logits[0],
+        "fused vs joint step",
+    );
 }

@@ -2,7 +2,7 @@
 
 use crate::common::*;
 use parakeet::convert::OutType;
-use parakeet::transcribe::Transcriber;
+use parakeet::session::Session;
 
 /// Worst relative error allowed in f32 (‖ours − NeMo‖ / ‖NeMo‖).
 const F32_TOL: f64 = 1e-4;
@@ -11,11 +11,11 @@ const F32_TOL: f64 = 1e-4;
 fn every_layer_matches_nemo_in_f32() {
     let mut worst = (0.0f64, String::new());
     for model in MODELS {
-        let mut tr = Transcriber::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
         for (suffix, clip) in CLIPS {
             let dir = reference(&format!("{model}{suffix}"));
-            let features = tr.features(&clip_samples(clip));
-            let enc = tr.encode(&features, true).unwrap();
+            let features = session.features(&clip_samples(clip));
+            let enc = session.encode(&features, true).unwrap();
             let frames = enc.frames;
             let d = enc.d_model;
             let result = json(&dir.join("result.json"));
@@ -81,9 +81,9 @@ fn quantized_encoders_stay_close_to_nemo() {
     ] {
         let mut worst = 0.0f64;
         for model in MODELS {
-            let mut tr = Transcriber::load(&gguf(model, ty), 2).unwrap();
-            let features = tr.features(&clip_samples("speech_10s.wav"));
-            let enc = tr.encode(&features, false).unwrap();
+            let mut session = Session::load(&gguf(model, ty), 2).unwrap();
+            let features = session.features(&clip_samples("speech_10s.wav"));
+            let enc = session.encode(&features, false).unwrap();
             let (shape, nemo) = npy(&reference(model).join("encoder_out.npy"));
             let (d, t_all) = (shape[0], shape[1]);
             let nemo_t: Vec<f32> = (0..enc.frames)
@@ -113,13 +113,13 @@ fn plain_and_repacked_q8_0_agree() {
             parakeet::convert::convert_ggml_layout(&nemo(model), &plain, OutType::Q8_0).unwrap();
         assert_eq!(r.repacked_tensors, 0);
         let features = {
-            let tr = Transcriber::load(&plain, 1).unwrap();
-            tr.features(&clip_samples("speech_10s.wav"))
+            let session = Session::load(&plain, 1).unwrap();
+            session.features(&clip_samples("speech_10s.wav"))
         };
         let mut enc = Vec::new();
         for path in [plain.clone(), gguf(model, OutType::Q8_0)] {
-            let mut tr = Transcriber::load(&path, 2).unwrap();
-            enc.push(tr.encode(&features, false).unwrap().output);
+            let mut session = Session::load(&path, 2).unwrap();
+            enc.push(session.encode(&features, false).unwrap().output);
         }
         let err = rel_err(&enc[1], &enc[0]);
         println!("{model}: repacked vs plain q8_0 encoder_out rel err {err:.2e}");
@@ -131,11 +131,11 @@ fn plain_and_repacked_q8_0_agree() {
 /// allocator must re-plan (it used to replay the first plan for the second graph and crash).
 #[test]
 fn graphs_with_and_without_captures_alternate_safely() {
-    let mut tr = Transcriber::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
-    let features = tr.features(&clip_samples("speech_2s.wav"));
-    let first = tr.encode(&features, true).unwrap();
+    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let features = session.features(&clip_samples("speech_2s.wav"));
+    let first = session.encode(&features, true).unwrap();
     for capture in [false, true, false] {
-        let again = tr.encode(&features, capture).unwrap();
+        let again = session.encode(&features, capture).unwrap();
         assert_eq!(again.output, first.output);
         assert_eq!(again.joint_enc, first.joint_enc);
     }

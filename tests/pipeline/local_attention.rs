@@ -6,7 +6,7 @@
 use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::encoder::{AUTO_FULL_MAX_SECONDS, Attention, AttentionChoice};
-use parakeet::transcribe::{DecoderChoice, Transcriber};
+use parakeet::session::{DecoderChoice, Session};
 use serde_json::Value;
 use std::path::Path;
 
@@ -22,10 +22,10 @@ fn ints(v: &Value) -> Vec<usize> {
 }
 
 /// Every dumped layer of `dir` against ours, then the decoded heads against `result.json`.
-fn check_against_nemo(tr: &mut Transcriber, samples: &[f32], dir: &Path, name: &str) {
+fn check_against_nemo(session: &mut Session, samples: &[f32], dir: &Path, name: &str) {
     let result = json(&dir.join("result.json"));
-    let features = tr.features(samples);
-    let enc = tr.encode(&features, true).unwrap();
+    let features = session.features(samples);
+    let enc = session.encode(&features, true).unwrap();
     let (frames, d) = (enc.frames, enc.d_model);
     assert_eq!(frames as u64, result["enc_len"].as_u64().unwrap(), "{name}");
     let mut checked = 0;
@@ -60,7 +60,7 @@ fn check_against_nemo(tr: &mut Transcriber, samples: &[f32], dir: &Path, name: &
     }
     assert!(!heads.is_empty(), "{name}: no reference decode");
     for (choice, nemo, what) in heads {
-        let ours = tr.transcribe(samples.to_vec(), choice).unwrap();
+        let ours = session.transcribe(samples.to_vec(), choice).unwrap();
         let ids: Vec<usize> = ours.tokens.iter().map(|t| t.id).collect();
         assert_eq!(ids, ints(&nemo["tokens"]), "{name} {what}: tokens");
         if let Some(ts) = nemo.get("timestamp") {
@@ -86,11 +86,11 @@ fn local(left: usize, right: usize) -> AttentionChoice {
 #[test]
 fn four_models_switched_to_local_16_16_match_nemo() {
     for model in MODELS {
-        let mut tr = Transcriber::load(&gguf(model, OutType::F32), 2).unwrap();
-        tr.set_attention(local(16, 16));
+        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        session.set_attention(local(16, 16));
         let name = format!("{model}_local16");
         check_against_nemo(
-            &mut tr,
+            &mut session,
             &clip_samples("speech_10s.wav"),
             &reference(&name),
             &name,
@@ -100,9 +100,9 @@ fn four_models_switched_to_local_16_16_match_nemo() {
 
 #[test]
 fn model_configured_with_local_attention_matches_nemo() {
-    let mut tr = Transcriber::load(&gguf("tiny_tdt_ctc_local", OutType::F32), 2).unwrap();
+    let mut session = Session::load(&gguf("tiny_tdt_ctc_local", OutType::F32), 2).unwrap();
     assert_eq!(
-        tr.model.hparams.encoder.attention,
+        session.model().hparams.encoder.attention,
         Attention::Local {
             left: 12,
             right: 12
@@ -110,16 +110,16 @@ fn model_configured_with_local_attention_matches_nemo() {
     );
     let samples = clip_samples("speech_10s.wav");
     // `auto` keeps the model's own window, at any length.
-    let features = tr.features(&samples);
+    let features = session.features(&samples);
     assert_eq!(
-        tr.attention_for(features.n_frames),
+        session.attention_for(features.n_frames),
         Attention::Local {
             left: 12,
             right: 12
         }
     );
     let dir = reference("tiny_tdt_ctc_local");
-    check_against_nemo(&mut tr, &samples, &dir, "tiny_tdt_ctc_local");
+    check_against_nemo(&mut session, &samples, &dir, "tiny_tdt_ctc_local");
 }
 
 /// 16, 32, 33 and 34 encoder frames with the [16, 16] window (33 frames wide; NeMo pads to
@@ -128,7 +128,7 @@ fn model_configured_with_local_attention_matches_nemo() {
 /// (`scripts/make_local_refs.sh`).
 #[test]
 fn window_edges_match_nemo() {
-    let mut tr = Transcriber::load(&gguf("tiny_tdt_ctc", OutType::F32), 2).unwrap();
+    let mut session = Session::load(&gguf("tiny_tdt_ctc", OutType::F32), 2).unwrap();
     for (name, wav, (l, r)) in [
         ("tiny_tdt_ctc_local16_t16", "edge_16.wav", (16, 16)),
         ("tiny_tdt_ctc_local16_t32", "edge_32.wav", (16, 16)),
@@ -137,8 +137,8 @@ fn window_edges_match_nemo() {
         ("tiny_tdt_ctc_local8x4_t33", "edge_33.wav", (8, 4)),
         ("tiny_tdt_ctc_local4x8_t33", "edge_33.wav", (4, 8)),
     ] {
-        tr.set_attention(local(l, r));
-        check_against_nemo(&mut tr, &clip_samples(wav), &reference(name), name);
+        session.set_attention(local(l, r));
+        check_against_nemo(&mut session, &clip_samples(wav), &reference(name), name);
     }
 }
 
@@ -146,10 +146,10 @@ fn window_edges_match_nemo() {
 #[test]
 fn window_wider_than_the_utterance_is_full_attention() {
     for model in ["tiny_tdt", "tiny_ctc"] {
-        let mut tr = Transcriber::load(&gguf(model, OutType::F32), 2).unwrap();
-        tr.set_attention(local(200, 200));
+        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        session.set_attention(local(200, 200));
         check_against_nemo(
-            &mut tr,
+            &mut session,
             &clip_samples("speech_10s.wav"),
             &reference(model),
             &format!("{model} [200, 200]"),
@@ -159,26 +159,26 @@ fn window_wider_than_the_utterance_is_full_attention() {
 
 #[test]
 fn auto_picks_full_attention_up_to_the_threshold_then_long_form() {
-    let tr = Transcriber::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
     // Feature frames of 10 ms; encoder frames of 80 ms.
     let feature_frames = |seconds: f64| (seconds * 100.0).round() as usize;
     assert_eq!(
-        tr.attention_for(feature_frames(10.0)),
+        session.attention_for(feature_frames(10.0)),
         Attention::Full,
         "10 s"
     );
     assert_eq!(
-        tr.attention_for(feature_frames(AUTO_FULL_MAX_SECONDS)),
+        session.attention_for(feature_frames(AUTO_FULL_MAX_SECONDS)),
         Attention::Full,
         "at the threshold"
     );
     assert_eq!(
-        tr.attention_for(feature_frames(AUTO_FULL_MAX_SECONDS) + 8),
+        session.attention_for(feature_frames(AUTO_FULL_MAX_SECONDS) + 8),
         Attention::LONG_FORM,
         "one encoder frame past the threshold"
     );
     assert_eq!(
-        tr.attention_for(feature_frames(3600.0)),
+        session.attention_for(feature_frames(3600.0)),
         Attention::Local {
             left: 128,
             right: 128

@@ -8,7 +8,7 @@ use parakeet::output::{
     Format, MAX_LINE_CHARS, MAX_LINES, OutputMeta, Segment, check_not_input,
     format_timestamps_line, output_path, render, segments, write_atomic,
 };
-use parakeet::transcribe::Transcript;
+use parakeet::transcript::Transcript;
 use serde_json::{Value, json};
 use std::fs;
 use std::path::Path;

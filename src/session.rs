@@ -1,17 +1,23 @@
 //! The whole pipeline, one function per stage: samples -> features -> encoder -> decoder ->
-//! text. One [`Transcriber`] holds the model and the persistent backend for a whole batch.
+//! text, run by a [`Session`]: a backend with its graph allocator over a shared, read-only
+//! [`Model`] (whisper.cpp's state over its context, llama.cpp's context over its model).
+//! A process holds one model and as many sessions as it runs utterances at once (the server,
+//! one per worker).
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
-use crate::backend::Backend;
-use crate::decoder::{Token, TransducerDecoder, Word, ctc_greedy, detokenize, words};
+use crate::backend::{Backend, Stats};
+use crate::decoder::ctc::ctc_greedy;
+use crate::decoder::greedy::{GreedyTransducer, Step};
+use crate::decoder::{Token, detokenize, words};
 use crate::encoder::{
-    Attention, AttentionChoice, Encoded, FeatureImage, Outputs, encode, encode_image,
+    Attention, AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
 };
 use crate::model::Model;
+use crate::transcript::{StageTimes, Transcript};
 use anyhow::{Result, bail};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Which head decodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -25,39 +31,14 @@ pub enum DecoderChoice {
     Ctc,
 }
 
-/// Where the time went for one utterance.
-#[derive(Clone, Debug, Default)]
-pub struct StageTimes {
-    pub features: Duration,
-    pub encoder: Duration,
-    pub decoder: Duration,
-    /// Joint evaluations and prediction-net updates (transducers), graphs computed.
-    pub decoder_steps: u64,
-    pub predictor_steps: u64,
-    pub decoder_graphs: u64,
-}
-
-/// The result for one utterance.
-#[derive(Clone, Debug, Default)]
-pub struct Transcript {
-    pub text: String,
-    pub tokens: Vec<Token>,
-    /// Token pieces, parallel to `tokens`.
-    pub pieces: Vec<String>,
-    pub words: Vec<Word>,
-    /// Seconds of audio (16 kHz samples / 16000).
-    pub audio_seconds: f64,
-    /// Seconds per encoder frame (token frames to times).
-    pub frame_seconds: f64,
-    /// The encoder's self-attention for this utterance.
-    pub attention: Attention,
-    pub times: StageTimes,
-}
-
-pub struct Transcriber {
-    /// Read-only, so one model can serve several transcribers (each with its own backend).
-    pub model: Arc<Model>,
-    pub backend: Backend,
+/// One backend and its graph allocator running utterances of a shared model, one at a time.
+///
+/// Per utterance it starts a fresh [`EncoderState`] and a fresh decoder hypothesis: each file
+/// is one chunk. A streaming session will keep both here between chunks.
+pub struct Session {
+    /// Read-only, so one model can serve several sessions (each with its own backend).
+    model: Arc<Model>,
+    backend: Backend,
     mel: MelConfig,
     attention: AttentionChoice,
     progress: Option<Progress>,
@@ -67,19 +48,7 @@ pub struct Transcriber {
 /// how far it is (0 to 1; the decoder reports only its start).
 pub type Progress = std::sync::Arc<dyn Fn(&'static str, f64) + Send + Sync>;
 
-impl StageTimes {
-    /// Accumulate another utterance's (or piece's) times.
-    pub fn add(&mut self, o: &StageTimes) {
-        self.features += o.features;
-        self.encoder += o.encoder;
-        self.decoder += o.decoder;
-        self.decoder_steps += o.decoder_steps;
-        self.predictor_steps += o.predictor_steps;
-        self.decoder_graphs += o.decoder_graphs;
-    }
-}
-
-/// Longest utterance [`Transcriber::load_for`] readies the compute buffer for (a header may
+/// Longest utterance [`Session::load_for`] readies the compute buffer for (a header may
 /// declare anything; a longer file grows the buffer when it runs, as without preparing).
 const PREPARE_MAX_SECONDS: f64 = 120.0;
 
@@ -107,21 +76,26 @@ fn prepare_encoder(backend: &mut Backend, model: &Model, seconds: f64) -> Result
         hp.geometry().encoded_len(n_frames),
         hp.geometry().frame_seconds(),
     );
+    let chunk = FeatureImage::from(&features);
     backend.prepare(|b| {
-        encode_image(b, model, FeatureImage::from(&features), attention, outputs).map(|_| ())
+        encode(
+            b,
+            model,
+            &mut EncoderState::new(),
+            chunk,
+            attention,
+            outputs,
+        )
+        .map(|_| ())
     })
 }
 
 /// Compute buffer kept between utterances (a 0.6b encoder pass over 30 s needs about this).
 const KEEP_COMPUTE_BUFFER_BYTES: usize = 256 << 20;
 
-impl Transcriber {
-    pub fn new(model: Model, threads: usize) -> Result<Transcriber> {
-        Transcriber::shared(Arc::new(model), threads)
-    }
-
-    /// A transcriber over a model shared with others, with its own backend and allocator.
-    pub fn shared(model: Arc<Model>, threads: usize) -> Result<Transcriber> {
+impl Session {
+    /// A session over a model shared with others, with its own backend and allocator.
+    pub fn new(model: Arc<Model>, threads: usize) -> Result<Session> {
         let backend = Backend::cpu(threads)?;
         let pp = &model.hparams.preprocessor;
         let mel = MelConfig {
@@ -132,7 +106,7 @@ impl Transcriber {
             preemph: pp.preemph,
             log_zero_guard: pp.log_zero_guard,
         };
-        Ok(Transcriber {
+        Ok(Session {
             model,
             backend,
             mel,
@@ -141,19 +115,16 @@ impl Transcriber {
         })
     }
 
-    pub fn load(path: &Path, threads: usize) -> Result<Transcriber> {
-        Transcriber::load_for(path, threads, None)
+    /// Loads the model at `path` and opens a session over it.
+    pub fn load(path: &Path, threads: usize) -> Result<Session> {
+        Session::load_for(path, threads, None)
     }
 
-    /// [`Transcriber::load`], also readying the compute buffer for an utterance of
-    /// `expect_seconds` ([`Transcriber::prepare`]) while another thread maps the weights' pages.
-    pub fn load_for(
-        path: &Path,
-        threads: usize,
-        expect_seconds: Option<f64>,
-    ) -> Result<Transcriber> {
-        let mut tr = Transcriber::new(Model::load(path)?, threads)?;
-        let Transcriber { model, backend, .. } = &mut tr;
+    /// [`Session::load`], also readying the compute buffer for an utterance of
+    /// `expect_seconds` ([`Session::prepare`]) while another thread maps the weights' pages.
+    pub fn load_for(path: &Path, threads: usize, expect_seconds: Option<f64>) -> Result<Session> {
+        let mut session = Session::new(Arc::new(Model::load(path)?), threads)?;
+        let Session { model, backend, .. } = &mut session;
         std::thread::scope(|s| {
             s.spawn(|| model.file.populate());
             if let Some(seconds) = expect_seconds {
@@ -162,7 +133,12 @@ impl Transcriber {
                 let _ = prepare_encoder(backend, model, seconds.min(PREPARE_MAX_SECONDS));
             }
         });
-        Ok(tr)
+        Ok(session)
+    }
+
+    /// The model this session runs (shared: clone the `Arc` to open another session on it).
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
     }
 
     /// Grows the compute buffer to what an utterance of `seconds` needs and writes every page
@@ -202,6 +178,31 @@ impl Transcriber {
         }
     }
 
+    /// Time every graph node by kind from now on (`--profile`; [`Session::stats`]).
+    pub fn set_op_timing(&mut self, on: bool) {
+        self.backend.set_op_timing(on);
+    }
+
+    /// The backend's counters: graphs computed, compute buffer, node times.
+    pub fn stats(&self) -> &Stats {
+        self.backend.stats()
+    }
+
+    /// Bytes of the compute buffer as allocated now (0 before the first graph).
+    pub fn compute_buffer_bytes(&self) -> usize {
+        self.backend.compute_buffer_bytes()
+    }
+
+    /// Threads each compute runs on.
+    pub fn threads(&self) -> usize {
+        self.backend.threads()
+    }
+
+    /// The backend's device, as ggml names it.
+    pub fn device_name(&self) -> String {
+        self.backend.device_name()
+    }
+
     /// The self-attention an utterance of `feature_frames` feature frames gets.
     pub fn attention_for(&self, feature_frames: usize) -> Attention {
         let geometry = self.model.hparams.geometry();
@@ -212,16 +213,28 @@ impl Transcriber {
         )
     }
 
-    /// The encoder graph over `features`.
+    /// The encoder graph over `features` as one chunk, with the last layer's output and every
+    /// head the model has; `capture_layers` adds every layer's output (and layer 0's
+    /// sub-blocks) from the same graph.
     pub fn encode(&mut self, features: &Features, capture_layers: bool) -> Result<Encoded> {
         let attention = self.attention_for(features.n_frames);
+        let outputs = Outputs::All {
+            layers: capture_layers,
+        };
         encode(
             &mut self.backend,
             &self.model,
-            features,
+            &mut EncoderState::new(),
+            features.into(),
             attention,
-            capture_layers,
+            outputs,
         )
+    }
+
+    /// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's
+    /// `encoder_out`, for teacher-forced decoder tests): `output` is `[frames][d_model]`.
+    pub fn encode_heads(&mut self, output: &[f32], frames: usize) -> Result<Encoded> {
+        encode_heads(&mut self.backend, &self.model, output, frames)
     }
 
     /// The head `choice` decodes with, or why this model has none.
@@ -259,6 +272,22 @@ impl Transcriber {
         enc: &Encoded,
         choice: DecoderChoice,
     ) -> Result<(Vec<Token>, StageTimes)> {
+        self.decode_with(enc, choice, None)
+    }
+
+    /// Greedy transducer decoding of an encoder pass, recording every step into `trace` (the
+    /// fields of NeMo's `decode_trace.json`).
+    pub fn decode_traced(&mut self, enc: &Encoded, trace: &mut Vec<Step>) -> Result<Vec<Token>> {
+        self.decode_with(enc, DecoderChoice::Tdt, Some(trace))
+            .map(|(tokens, _)| tokens)
+    }
+
+    fn decode_with(
+        &mut self,
+        enc: &Encoded,
+        choice: DecoderChoice,
+        trace: Option<&mut Vec<Step>>,
+    ) -> Result<(Vec<Token>, StageTimes)> {
         let mut times = StageTimes::default();
         let graphs_before = self.backend.stats().graphs_computed;
         let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
@@ -267,10 +296,11 @@ impl Transcriber {
             ctc_greedy(logits, self.model.hparams.vocab_size + 1)
         } else {
             let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
-            let mut dec = TransducerDecoder::new(&self.model)?;
-            let tokens = dec.decode(&mut self.backend, joint_enc, enc.frames, None)?;
-            times.decoder_steps = dec.joint_steps;
-            times.predictor_steps = dec.predictor_steps;
+            let mut search = GreedyTransducer::new(&self.model)?;
+            let tokens = search.decode(&mut self.backend, joint_enc, enc.frames, trace)?;
+            let counts = search.counts();
+            times.decoder_steps = counts.joint_steps;
+            times.predictor_steps = counts.predictor_steps;
             tokens
         };
         times.decoder_graphs = self.backend.stats().graphs_computed - graphs_before;
@@ -282,7 +312,7 @@ impl Transcriber {
     /// taken by value so that an hour of audio is freed once its features exist.
     pub fn transcribe(&mut self, samples: Vec<f32>, choice: DecoderChoice) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
-        let (tokens, times, attention) = self.transcribe_piece(samples, choice)?;
+        let (tokens, times, attention) = self.run_stages(samples, choice)?;
         let vocab = &self.model.vocab;
         let frame_seconds = self.model.hparams.geometry().frame_seconds();
         Ok(Transcript {
@@ -303,7 +333,7 @@ impl Transcriber {
     /// Features, encoder and decoder over one utterance. Each stage's input is dropped as soon
     /// as the next stage has what it needs, and the encoder returns only the head the decoder
     /// reads: for a long file these are each hundreds of MB.
-    fn transcribe_piece(
+    fn run_stages(
         &mut self,
         samples: Vec<f32>,
         choice: DecoderChoice,
@@ -320,14 +350,21 @@ impl Transcriber {
         }
         drop(samples);
         let attention = self.attention_for(features.n_frames);
-        let image = FeatureImage::from(&features);
+        let chunk = FeatureImage::from(&features);
         drop(features);
         let t1 = Instant::now();
         if let Some(p) = self.progress.clone() {
             self.backend
                 .set_progress(Some(Box::new(move |done| p("encoder", done))));
         }
-        let enc = encode_image(&mut self.backend, &self.model, image, attention, outputs);
+        let enc = encode(
+            &mut self.backend,
+            &self.model,
+            &mut EncoderState::new(),
+            chunk,
+            attention,
+            outputs,
+        );
         self.backend.set_progress(None);
         let enc = enc?;
         self.report("decoder", 0.0);

@@ -1,0 +1,161 @@
+//! Greedy TDT and RNN-T decoding with NeMo's label-looping semantics, over one
+//! [`Hypothesis`] stepped by the [`Nets`].
+//!
+//! The prediction net runs once per emitted token and its `joint.pred` is reused until the
+//! next emission; the joint runs once per step. An emission's prediction step also evaluates
+//! the joint of the frame the next step looks at (one graph per emission instead of two).
+
+use super::Token;
+use super::ctc::argmax;
+use super::hypothesis::Hypothesis;
+use super::nets::{JointInput, NetCounts, Nets, PredictInput};
+use crate::backend::Backend;
+use crate::model::Model;
+use anyhow::{Result, bail};
+
+/// One decoding step, for traces and tests (NeMo's `decode_trace.json` fields).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Encoder frame.
+    pub t: usize,
+    /// Last emitted token fed to the prediction net (`None` at the start).
+    pub input: Option<usize>,
+    /// Chosen label (blank = vocab size).
+    pub token: usize,
+    /// TDT duration chosen (RNN-T: 0).
+    pub duration: usize,
+}
+
+/// Greedy transducer search over one utterance's encoder projection.
+pub struct GreedyTransducer<'m> {
+    nets: Nets<'m>,
+    max_symbols: usize,
+}
+
+impl<'m> GreedyTransducer<'m> {
+    pub fn new(model: &'m Model) -> Result<GreedyTransducer<'m>> {
+        Ok(GreedyTransducer {
+            nets: Nets::new(model)?,
+            max_symbols: model.hparams.max_symbols,
+        })
+    }
+
+    /// Joint evaluations and prediction-net updates so far, for `--profile`.
+    pub fn counts(&self) -> NetCounts {
+        self.nets.counts()
+    }
+
+    /// Greedy decode of one utterance. `joint_enc` is `joint.enc(encoder output)`,
+    /// `[frames][joint_hidden]`. With `trace`, every step is recorded.
+    pub fn decode(
+        &mut self,
+        backend: &mut Backend,
+        joint_enc: &[f32],
+        frames: usize,
+        mut trace: Option<&mut Vec<Step>>,
+    ) -> Result<Vec<Token>> {
+        let nets = &mut self.nets;
+        let width = nets.enc_width();
+        if joint_enc.len() != frames * width {
+            bail!(
+                "encoder projection holds {} values, expected {frames} x {width}",
+                joint_enc.len()
+            );
+        }
+        let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
+        let max_symbols = self.max_symbols;
+        let tdt = !durations.is_empty();
+        let mut hyp: Hypothesis = nets.start(backend)?;
+        // Logits already evaluated (with the last emission's prediction) for a frame.
+        let mut ready: Option<(usize, Vec<f32>)> = None;
+        // NeMo's frame loop: up to max_symbols labels per visit of a frame; TDT moves by the
+        // predicted duration, RNN-T by one frame after a blank.
+        while hyp.frame < frames {
+            let mut symbols = 0;
+            loop {
+                let t = hyp.frame;
+                let logits = match ready.take() {
+                    Some((frame, logits)) if frame == t => logits,
+                    _ => {
+                        let input = JointInput {
+                            enc: &joint_enc[t * width..(t + 1) * width],
+                            pred_out: &hyp.pred_out,
+                        };
+                        let Some(logits) = nets.joint(backend, &[input])?.pop() else {
+                            bail!("internal: a joint step without its result");
+                        };
+                        logits
+                    }
+                };
+                let k = argmax(&logits[..classes]);
+                let d = if tdt {
+                    durations[argmax(&logits[classes..classes + durations.len()])]
+                } else {
+                    0
+                };
+                let step = Step {
+                    t,
+                    input: hyp.last,
+                    token: k,
+                    duration: d,
+                };
+                symbols += 1;
+                if k == blank && d == 0 && tdt {
+                    // Nothing changes until this frame's budget runs out: NeMo repeats the same
+                    // evaluation; record the repeats without recomputing them.
+                    if let Some(tr) = trace.as_deref_mut() {
+                        tr.extend(std::iter::repeat_n(step, max_symbols - symbols + 1));
+                    }
+                    symbols = max_symbols;
+                    break;
+                }
+                if let Some(tr) = trace.as_deref_mut() {
+                    tr.push(step);
+                }
+                if k != blank {
+                    hyp.tokens.push(Token {
+                        id: k,
+                        frame: t,
+                        duration: d,
+                    });
+                    hyp.last = Some(k);
+                    // The frame the next step evaluates (as the loop below moves).
+                    let stay = symbols < max_symbols;
+                    let next = if tdt && d > 0 {
+                        t + d + usize::from(!stay)
+                    } else if stay {
+                        t
+                    } else {
+                        t + 1
+                    };
+                    let input = PredictInput {
+                        token: k,
+                        state: &hyp.state,
+                        next_enc: (next < frames).then(|| &joint_enc[next * width..][..width]),
+                    };
+                    let Some(p) = nets.predict(backend, &[input])?.pop() else {
+                        bail!("internal: a prediction step without its result");
+                    };
+                    hyp.state = p.state;
+                    hyp.pred_out = p.pred_out;
+                    if let Some(logits) = p.logits {
+                        ready = Some((next, logits));
+                    }
+                }
+                let again = if tdt {
+                    hyp.frame += d;
+                    d == 0
+                } else {
+                    k != blank
+                };
+                if !again || symbols >= max_symbols {
+                    break;
+                }
+            }
+            if !tdt || symbols >= max_symbols {
+                hyp.frame += 1;
+            }
+        }
+        Ok(hyp.into_tokens())
+    }
+}
