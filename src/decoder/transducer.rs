@@ -8,6 +8,7 @@
 use super::Token;
 use super::ctc::argmax;
 use crate::backend::{Backend, Graph, Tensor};
+use crate::kernels::FusedOps;
 use crate::model::{Joint, LstmLayer, Model, PredictionNetwork};
 use anyhow::{Result, bail};
 

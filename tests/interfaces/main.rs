@@ -4,5 +4,5 @@
 mod common;
 
 mod cli;
-mod serve;
 mod hub;
+mod serve;

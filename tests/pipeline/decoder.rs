@@ -6,6 +6,7 @@ use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::decoder::{Step, TransducerDecoder, log_softmax_rows};
 use parakeet::encoder::encode_heads;
+use parakeet::kernels::FusedOps;
 use parakeet::transcribe::{DecoderChoice, Transcriber};
 use serde_json::Value;
 

@@ -4,10 +4,10 @@
 mod common;
 
 mod audio;
-mod model;
-mod encoder;
-mod decoder;
-mod local_attention;
 mod convert;
+mod decoder;
+mod encoder;
 mod hardening;
+mod local_attention;
+mod model;
 mod output;
