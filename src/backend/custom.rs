@@ -1,10 +1,10 @@
 //! Custom ops: a kernel of ours as one node of a ggml graph.
 //!
 //! A kernel is a [`Body`] value; [`Graph::custom`](super::Graph::custom) boxes it into the graph
-//! (alive until the graph has run) and registers ONE generic trampoline per body type with
-//! ggml, which calls the body on every compute thread with a [`CustomOp`]: a typed view of the
-//! node's sources, its result and the thread's place, instead of each body reading ggml's raw
-//! tensor structs.
+//! (alive until the graph has run) and registers with ggml one generic trampoline (instantiated
+//! per body type), which calls the body on every compute thread with a [`CustomOp`]: a typed
+//! view of the node's sources, its result and the thread's place, instead of each body reading
+//! ggml's raw tensor structs.
 
 use llama_cpp_sys_2 as sys;
 use std::ops::Range;

@@ -11,10 +11,10 @@
 //! - [`DType`] and [`Weight`]: element types, and weights living in backend buffers (a GGUF's
 //!   mapping, made by `crate::gguf`, or [`HostWeights`] computed at load).
 
-pub mod custom;
+pub(crate) mod custom;
 mod dtype;
 pub(crate) mod graph;
-pub mod weight;
+pub(crate) mod weight;
 
 pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
@@ -209,9 +209,8 @@ unsafe fn computed_nodes(gf: *mut sys::ggml_cgraph) -> usize {
 
 /// Asks the kernel for transparent huge pages over `[base, base + len)` (the 2 MiB-aligned
 /// part), before its first touch: fewer page faults for the compute buffer (fresh memory, ~70
-/// MiB for an 11 s clip on the 0.6b). A C test here first-touched 72 MiB in ~11 ms with huge
-/// pages against ~36 ms with 4 KiB pages; in the encoder itself no change was measurable (the
-/// kernel's zeroing dominates). A hint: where THP is off or unsupported, pages stay small.
+/// MiB for an 11 s clip on the 0.6b; docs/BENCHMARKS.md has the measurements). A hint: where
+/// THP is off or unsupported, pages stay small.
 fn advise_huge_pages(base: usize, len: usize) {
     #[cfg(target_os = "linux")]
     {

@@ -461,8 +461,7 @@ fn transpose_rows(
 /// Transposes `rows` (<= 16) rows of 16 floats, `ldx` apart from `x`, into 16 rows of `rows`
 /// floats, `ldo` apart from `out` (output row `i` holds element `i` of every input row): one
 /// load per input row, a 16 x 16 transpose in registers (missing rows zero), and one store
-/// per output row masked by `mask` (the low `rows` bits). (Packing the panel GEMM's
-/// activations this way measured no faster than its gathers: that copy is memory-bound.)
+/// per output row masked by `mask` (the low `rows` bits).
 ///
 /// # Safety
 /// AVX-512F; rows `0..rows` hold 16 readable values each; every output row has room for

@@ -4,8 +4,8 @@
 //! holds 4 consecutive quants of each of the panel's 8 rows, so the block's 8 groups are a
 //! tile of 8 rows x 32 bytes (stride 32). The activations are the first operand as the
 //! quantizer lays them out for this kernel: 16 steps x the block's 32 quants, 512 contiguous
-//! bytes (`super::quantize::quants_at`), signed as for the AVX2 kernel. One `tdpbssd` then gives the
-//! 16 x 8 integer sums of a block for a panel; two panels' sums are stored side by side, so
+//! bytes (`super::quantize::quants_at`), signed as for the AVX2 kernel. One `tdpbssd` then gives
+//! the 16 x 8 integer sums of a block for a panel; two panels' sums are stored side by side, so
 //! each step's 16 rows are one register that the block's weight and activation scales multiply
 //! into the f32 accumulators. The per-block scaling, on the vector units, and the tile
 //! multiplies, on the AMX unit, run side by side. (Measured: a `tdpbssd` costs ~19 cycles
@@ -73,8 +73,8 @@ struct Sums([i32; 2 * ROWS * 2 * PANEL]);
 ///
 /// # Safety
 /// The CPU runs `Kernel::Amx` (`crate::kernels::cpu`); the activations were quantized signed,
-/// in tiles, and padded to [`STEP_PAD`] steps; the extents checked by `gemm_panels`; `out` holds `n` steps of `m` rows
-/// (step stride `m`) and the rows of these panels are ours.
+/// in tiles, and padded to [`STEP_PAD`] steps; the extents checked by `gemm_panels`; `out`
+/// holds `n` steps of `m` rows (step stride `m`) and the rows of these panels are ours.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn panels(

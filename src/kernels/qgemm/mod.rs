@@ -87,7 +87,8 @@ pub(super) unsafe fn gemm_panels(
     assert!(bias.is_none_or(|b| b.len() >= m));
     #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Amx {
-        // SAFETY: chosen only where the CPU runs it (`cpu::Kernel::available`); the activations are signed and padded.
+        // SAFETY: chosen only where the CPU runs it (`cpu::Kernel::available`); the
+        // activations are signed and padded.
         return unsafe { amx::panels(w, k, m, (p0, p1), x, n, bias, out) };
     }
     #[cfg(target_arch = "x86_64")]
