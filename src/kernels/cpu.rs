@@ -228,3 +228,25 @@ pub fn report() -> String {
         lines.join("\n")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_names_every_kernel_and_the_best_runs() {
+        let report = report();
+        #[cfg(target_arch = "x86_64")]
+        for name in ["amx-int8", "avx512-vnni", "avx512f", "avx2"] {
+            assert!(report.contains(name), "{report}");
+        }
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with("portable") && l.contains(" runs "))
+        );
+        assert_eq!(Kernel::best(), *Kernel::available().last().unwrap());
+        assert_eq!(Isa::best(), *Isa::available().last().unwrap());
+        println!("{report}");
+    }
+}
