@@ -4,7 +4,7 @@
 //! message instead: an abort cannot be caught, a panic can, and a mismatch here is a bug in the
 //! model code, not bad user input (inputs are validated before a graph is built).
 //!
-//! Our own fused ops (`crate::kernels`) are built on the hooks at the end: [`Graph::custom`]
+//! Our own fused ops (the `kernels` room) are built on the hooks at the end: [`Graph::custom`]
 //! for a node running a [`Body`], [`Graph::shared`] for a node that several ops read.
 
 use super::custom::{self, Body, Out};
@@ -319,8 +319,8 @@ impl<'g> Graph<'g> {
 
     /// `w^T x` over `ne0`: `w` [k, m], `x` [k, n, ...] -> [m, n, ...]. With `w` a torch Linear
     /// weight ([out, in] in torch = ne [in, out]) this is `x @ W^T`.
-    /// ggml's own kernel for every shape and type; `crate::kernels::FusedOps::matmul` picks a
-    /// faster one where it can.
+    /// ggml's own kernel for every shape and type; `FusedOps::matmul` (the `kernels` room)
+    /// picks a faster one where it can.
     pub fn mul_mat(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
         check_mul_mat(w, x);
         // SAFETY: shapes checked.
@@ -669,7 +669,7 @@ impl<'g> Graph<'g> {
         self.wrap(t, "conv2d_dw")
     }
 
-    // ---- hooks for our own ops (`crate::kernels`) ----------------------------------------
+    // ---- hooks for our own ops (the `kernels` room) -------------------------------------
 
     /// A weight of any layout as a custom op's source (only its kernel reads a packed one).
     pub(crate) fn weight_source(&mut self, w: &Weight) -> Tensor<'g> {

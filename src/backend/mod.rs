@@ -7,9 +7,9 @@
 //!   inputs, runs it and reads back the output and any captures.
 //! - [`Graph`] / [`Tensor`]: shape-checked graph building over ggml's built-in ops. A mismatch is
 //!   a bug in the caller and panics with a message (a Rust panic unwinds; a `GGML_ASSERT` would
-//!   abort the process). Our fused CPU ops (`crate::kernels`) build on its [`custom`] hooks.
+//!   abort the process). Our fused CPU ops (the `kernels` room) build on its [`custom`] hooks.
 //! - [`DType`] and [`Weight`]: element types, and weights living in backend buffers (a GGUF's
-//!   mapping, made by `crate::gguf`, or [`HostWeights`] computed at load).
+//!   mapping, made by the `gguf` room, or [`HostWeights`] computed at load).
 
 pub(crate) mod custom;
 mod dtype;

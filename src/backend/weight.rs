@@ -1,5 +1,5 @@
 //! Weights living in backend buffers: the zero-copy mapping of a GGUF's tensor data (made by
-//! the file reader, `crate::gguf`) and weights computed on the host at load, realised once.
+//! the file reader, the `gguf` room) and weights computed on the host at load, realised once.
 
 use super::{DType, MAX_NAME};
 use crate::layout::{self, Layout};
