@@ -4,6 +4,7 @@
 //! `cargo run --release --example attention_throughput [THREADS]` (default 2).
 
 use parakeet::backend::Backend;
+use parakeet::kernels::FusedOps;
 use std::time::Instant;
 
 fn main() {

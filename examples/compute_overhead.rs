@@ -6,8 +6,8 @@
 //!
 //! Run: `cargo run --release --example compute_overhead [N]` (N defaults to 2000).
 
-use parakeet::backend::gguf::HostWeights;
-use parakeet::backend::{self, Backend};
+use parakeet::backend::{self, Backend, HostWeights};
+use parakeet::kernels::FusedOps;
 use std::time::Instant;
 
 const WARMUP: usize = 100;

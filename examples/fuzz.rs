@@ -132,7 +132,7 @@ fn seeds(target: &str, work: &Path) -> Vec<Seed> {
                 convert::convert(&fixtures().join(format!("{m}.nemo")), &out, OutType::Q8_0)
                     .expect("converting a fixture");
                 let bytes = std::fs::read(&out).expect("reading a fixture");
-                let header = parakeet::backend::gguf_header::check_header(&bytes)
+                let header = parakeet::gguf::header::check_header(&bytes)
                     .expect("fixture GGUF is valid")
                     .data_offset as usize;
                 Seed {
@@ -328,7 +328,7 @@ fn exec(
     match target {
         "gguf" => {
             // Our walk first, as `GgufFile::open` does; only what it accepts reaches ggml.
-            parakeet::backend::gguf_header::check_header(input)?;
+            parakeet::gguf::header::check_header(input)?;
             std::fs::write(file, input)?;
             parakeet::model::Model::load(file)?;
         }

@@ -5,7 +5,8 @@
 //! `cargo run --release --example gemm_stream [THREADS=2] [LAYERS=24] [N=138]`
 
 use parakeet::backend::Backend;
-use parakeet::backend::gguf::HostWeights;
+use parakeet::backend::HostWeights;
+use parakeet::kernels::FusedOps;
 use std::time::Instant;
 fn main() {
     let threads: usize = std::env::args()

@@ -5,8 +5,9 @@
 //! `cargo run --release --example gemm_throughput [THREADS]` (default 2).
 
 use parakeet::backend::Backend;
-use parakeet::backend::gguf::HostWeights;
-use parakeet::backend::sgemm::Isa;
+use parakeet::backend::HostWeights;
+use parakeet::kernels::FusedOps;
+use parakeet::kernels::cpu::Isa;
 use std::time::Instant;
 
 fn main() {

@@ -6,11 +6,12 @@
 //! kernel), q4_0 (ggml). Prints the median of several runs, in ms and GMAC/s. Then every int8
 //! kernel this CPU runs (AVX2, AVX-512 VNNI, portable) on its own, outside a graph.
 
-use parakeet::backend::gguf::GgufFile;
-use parakeet::backend::gguf::quantize_rows;
-use parakeet::backend::gguf_writer::GgufWriter;
-use parakeet::backend::qgemm::{self, Kernel, Layout, Q8_0X8_KEY};
-use parakeet::backend::{Backend, DType};
+use parakeet::backend::{Backend, DType, quantize_rows};
+use parakeet::gguf::{GgufFile, GgufWriter};
+use parakeet::kernels::FusedOps;
+use parakeet::kernels::cpu::Kernel;
+use parakeet::kernels::qgemm;
+use parakeet::layout::{self, Layout};
 use std::time::Instant;
 
 const TYPES: [(&str, DType, Layout); 4] = [
@@ -34,18 +35,13 @@ fn main() {
     let path = dir.path().join("w.gguf");
     let shapes = [(1024usize, 4096usize), (4096, 1024), (1024, 1024)];
     let mut w = GgufWriter::new();
-    let mut repacked = Vec::new();
     for (k, m) in shapes {
         for (ty, dtype, layout) in TYPES {
             let name = format!("{ty}.{k}x{m}");
             w.add_tensor_with_layout(&name, &[k, m], dtype, layout)
                 .unwrap();
-            if layout == Layout::Q8_0x8 {
-                repacked.push(name);
-            }
         }
     }
-    w.set_str_array(Q8_0X8_KEY, &repacked).unwrap();
     w.write(&path, |i| {
         let (k, m) = shapes[i / TYPES.len()];
         Ok((0..k * m)
@@ -100,7 +96,7 @@ fn kernels(threads: &[usize], shapes: &[(usize, usize)]) {
                 .map(|j| (((j * 7919) % 2003) as f32 - 1001.0) * 1e-4)
                 .collect();
             let plain = quantize_rows(&w, k, DType::Q8_0).unwrap();
-            let packed = qgemm::repack_q8_0x8(&plain, k, m);
+            let packed = layout::repack_q8_0x8(&plain, k, m);
             let n = 138;
             let x: Vec<f32> = (0..k * n)
                 .map(|i| ((i % 89) as f32 - 44.0) * 1e-2)

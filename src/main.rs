@@ -3,10 +3,10 @@
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
-use parakeet::backend::gguf::Layout;
-use parakeet::backend::sgemm::Isa;
 use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::encoder::{Attention, AttentionChoice};
+use parakeet::kernels::cpu::Isa;
+use parakeet::layout::Layout;
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
 use parakeet::session::{DecoderChoice, Session};

@@ -4,9 +4,10 @@
 //! of PyTorch's).
 
 use crate::audio::TARGET_RATE;
-use crate::backend::DType;
-use crate::backend::gguf::{GgufFile, HostWeights, Weight};
+use crate::backend::{DType, HostWeights, Weight};
 use crate::encoder::Attention;
+use crate::gguf::GgufFile;
+use crate::layout::{self, Elem, Layout, Role};
 use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -713,8 +714,9 @@ impl Loader<'_> {
         for (conv, side, cin) in [("0", 3, 1), ("3", 1, c), ("6", 1, c)] {
             let name = format!("encoder.pre_encode.conv.{conv}.weight");
             let w = self.file.weight(&name, &[side, side, cin, c], F32)?;
-            if c.is_multiple_of(crate::backend::sgemm::PANEL) {
-                host.push_panel16(&panel16_name(conv), c, side * side * cin, &w.to_host_f32());
+            let k = side * side * cin;
+            if layout::choose(Role::Gemm, Elem::F32, &[k, c], Layout::ALL) == Layout::Panel16 {
+                host.push_panel16(&panel16_name(conv), c, k, &w.to_host_f32());
             }
         }
         host.realize()

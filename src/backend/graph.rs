@@ -1,15 +1,19 @@
-//! Safe graph building over a metadata-only ggml context.
+//! Safe graph building over a metadata-only ggml context: ggml's built-in ops.
 //!
 //! Every op checks what ggml would `GGML_ASSERT` (shapes, contiguity) and panics with a readable
 //! message instead: an abort cannot be caught, a panic can, and a mismatch here is a bug in the
 //! model code, not bad user input (inputs are validated before a graph is built).
+//!
+//! Our own fused ops (the `kernels` room) are built on the hooks at the end: [`Graph::custom`]
+//! for a node running a [`Body`], [`Graph::shared`] for a node that several ops read.
 
-use super::gguf::{Layout, Weight};
-use super::qgemm;
-use super::sgemm::{self, Dims, Isa, PANEL};
-use super::{Capture, DType, MAX_NAME, vmath};
+use super::custom::{self, Body, Out};
+use super::weight::Weight;
+use super::{Capture, DType, MAX_NAME};
+use crate::layout::Layout;
 use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;
+use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::marker::PhantomData;
@@ -85,456 +89,38 @@ pub struct Graph<'g> {
     max_nodes: usize,
     inputs: Vec<(NonNull<sys::ggml_tensor>, HostData)>,
     captures: Vec<(String, NonNull<sys::ggml_tensor>)>,
-    /// Int8-quantized activations by the tensor they quantize: linears reading the same input
-    /// (q, k and v) share one quantization.
-    quantized: HashMap<(usize, bool), Tensor<'g>>,
-    /// Activations packed for the f32 panel GEMM, by the tensor they pack (shared likewise).
-    packed: HashMap<(usize, bool), Tensor<'g>>,
-    /// One [`sgemm::GemmNode`] (panel counter, fused ReLU) per GEMM node, f32 and int8, alive
-    /// until the graph has run (boxed: the nodes hold their addresses, which a growing Vec
-    /// would move).
-    #[allow(clippy::vec_box)]
-    queues: Vec<Box<sgemm::GemmNode>>,
+    /// Nodes that several ops read, by what they compute ([`Graph::shared`]): linears reading
+    /// the same input (q, k and v) share one quantization or packing of it.
+    shared: HashMap<SharedKey, Tensor<'g>>,
+    /// The [`Body`] of every custom node, alive until the graph has run (boxed: ggml holds
+    /// their addresses, which a growing Vec would move).
+    bodies: Vec<Box<dyn Any>>,
     _graph: PhantomData<fn(&'g ()) -> &'g ()>,
 }
 
-pub(super) fn check(cond: bool, msg: impl FnOnce() -> String) {
+/// What a shared node computes: its kind, the tensor it reads, and a flag of the kind's.
+pub(crate) type SharedKey = (&'static str, usize, bool);
+
+/// Panics with a graph shape error unless `cond` (a bug in the caller, see the module doc).
+pub(crate) fn check(cond: bool, msg: impl FnOnce() -> String) {
     if !cond {
         panic!("graph shape error: {}", msg());
     }
 }
 
-/// Below this many multiply-adds ggml's own kernel is as fast (and the decoder's matrix-vector
-/// products stay on it).
-const PACKED_GEMM_MIN_MACS: usize = 1 << 20;
-
-/// Plain f32 matrix products (the encoder's linears) go to the `gemm` crate's packed kernels,
-/// about twice ggml's f32 tinyBLAS throughput on this hardware (`examples/gemm_throughput.rs`);
-/// quantized weights, batched products and small products stay on `ggml_mul_mat`.
-fn use_packed_gemm(w: Tensor<'_>, x: Tensor<'_>) -> bool {
+/// What a matrix product `w^T x` needs of its operands, whichever kernel computes it.
+pub(crate) fn check_mul_mat(w: Tensor<'_>, x: Tensor<'_>) {
     let (ws, xs) = (w.shape(), x.shape());
-    w.dtype() == Some(DType::F32)
-        && x.dtype() == Some(DType::F32)
-        && w.is_contiguous()
-        && x.is_contiguous()
-        && ws[2] == 1
-        && ws[3] == 1
-        && xs[2] == 1
-        && xs[3] == 1
-        && ws[0] * ws[1] * xs[1] >= PACKED_GEMM_MIN_MACS
-        && std::env::var_os("PARAKEET_GGML_MATMUL").is_none()
-}
-
-/// ggml custom-op body: `dst[m, n] = w[k, m]^T x[k, n]`, rows of `dst` split over the backend's
-/// threads, each running the single-threaded packed GEMM on its rows.
-unsafe extern "C" fn packed_gemm_f32(
-    dst: *mut sys::ggml_tensor,
-    ith: std::os::raw::c_int,
-    nth: std::os::raw::c_int,
-    _: *mut std::os::raw::c_void,
-) {
-    // SAFETY: ggml calls this with the tensor built in `matmul`: src[0] = w [k, m] and
-    // src[1] = x [k, n], both contiguous f32 and allocated, dst [m, n] contiguous f32.
-    unsafe {
-        let d = &*dst;
-        let (w, x) = (&*d.src[0], &*d.src[1]);
-        let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, x.ne[1] as usize);
-        // Whole 16-row register tiles per thread.
-        let tiles = super::thread_share(m.div_ceil(16), ith as usize, nth as usize);
-        let (i0, i1) = (tiles.start * 16, (tiles.end * 16).min(m));
-        if i0 >= i1 {
-            return;
-        }
-        gemm::gemm(
-            i1 - i0,
-            n,
-            k,
-            (d.data as *mut f32).add(i0),
-            m as isize, // dst column stride (one time step)
-            1,
-            false,
-            (w.data as *const f32).add(i0 * k),
-            1, // lhs = w^T: [i, p] at i * k + p
-            k as isize,
-            x.data as *const f32,
-            k as isize, // rhs = x: [p, j] at j * k + p
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
-/// ggml custom-op body: `x` (src 0, f32 `[k, n...]`, contiguous) packed for the panel GEMM
-/// into `dst` (`n * k` values), the blocks split over the backend's threads.
-unsafe extern "C" fn pack_activations_f32(
-    dst: *mut sys::ggml_tensor,
-    ith: std::os::raw::c_int,
-    nth: std::os::raw::c_int,
-    silu: *mut std::os::raw::c_void,
-) {
-    // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = x, dst the
-    // same number of f32 values; each thread writes only its own blocks.
-    unsafe {
-        let d = &*dst;
-        let x = &*d.src[0];
-        let dims = Dims {
-            m: 0,
-            k: x.ne[0] as usize,
-            n: (x.ne[1] * x.ne[2] * x.ne[3]) as usize,
-        };
-        sgemm::pack_activations(
-            Isa::best(),
-            x.data as *const f32,
-            dims,
-            (ith as usize, nth as usize),
-            d.data as *mut f32,
-            !silu.is_null(),
-        );
-    }
-}
-
-/// ggml custom-op body: `dst [m, n] = W x` with `W` panel-packed ([`sgemm`]) and `x` packed by
-/// [`pack_activations_f32`]; the threads take panels from the node's queue (`userdata`, a
-/// [`sgemm::GemmNode`], which also says which sources follow and what the node finishes with).
-unsafe extern "C" fn panel16_gemm_f32(
-    dst: *mut sys::ggml_tensor,
-    _ith: std::os::raw::c_int,
-    nth: std::os::raw::c_int,
-    queue: *mut std::os::raw::c_void,
-) {
-    // SAFETY: ggml calls this with the tensor built in `linear_panel16`: src[0] = W (ne [k, m],
-    // panel-packed f32), src[1] = the packed x (n * k values), then the f32 bias [m] and the
-    // residual (dst's shape) where the node says it has them; dst [m, n...] contiguous f32, all
-    // allocated; `queue` is the node's GemmNode, owned by the graph, its counter zero before
-    // the node runs; a claimed panel range is written (and finished) by its claimer only.
-    unsafe {
-        let d = &*dst;
-        let (w, xp) = (&*d.src[0], &*d.src[1]);
-        let node = &*(queue as *const sgemm::GemmNode);
-        let (bias, residual) = optional_sources(d, node);
-        let dims = Dims {
-            m: w.ne[1] as usize,
-            k: w.ne[0] as usize,
-            n: (d.ne[1] * d.ne[2] * d.ne[3]) as usize,
-        };
-        let queue = sgemm::PanelQueue {
-            next: &node.next,
-            panels: dims.m / PANEL,
-            threads: nth as usize,
-        };
-        // The next range is claimed before this one is computed, so that its first panels'
-        // weights are fetched while this range's last ones compute.
-        let mut claimed = queue.claim();
-        while let Some(panels) = claimed {
-            claimed = queue.claim();
-            sgemm::gemm_panels(
-                Isa::best(),
-                w.data as *const f32,
-                xp.data as *const f32,
-                bias,
-                d.data as *mut f32,
-                dims,
-                panels.clone(),
-                claimed.clone().unwrap_or(0..0),
-                node.relu,
-            );
-            node.finish_panels(
-                d.data as *mut f32,
-                residual,
-                (dims.m, dims.n),
-                (panels, PANEL),
-            );
-        }
-    }
-}
-
-/// What a linear does besides its product, in its own nodes where its weight is packed.
-#[derive(Clone, Copy, Default)]
-struct Fused<'g> {
-    /// SiLU on the input, where it is packed or quantized.
-    silu_input: bool,
-    /// ReLU in the store (f32 panel GEMM only).
-    relu: bool,
-    /// `residual + scale * y` on the output.
-    residual: Option<(Tensor<'g>, f32)>,
-}
-
-/// A GEMM node's sources: its two operands, then the bias and the residual where it has them
-/// (the order [`optional_sources`] reads them in).
-fn gemm_sources(
-    w: *mut sys::ggml_tensor,
-    x: *mut sys::ggml_tensor,
-    bias: Option<&Weight>,
-    residual: Option<Tensor<'_>>,
-) -> Vec<*mut sys::ggml_tensor> {
-    let mut sources = vec![w, x];
-    sources.extend(bias.map(|b| b.raw()));
-    sources.extend(residual.map(|r| r.raw()));
-    sources
-}
-
-/// A GEMM node's bias and residual data (null where it has none): the sources after its two
-/// operands, in that order, as its [`sgemm::GemmNode`] says.
-///
-/// # Safety
-/// `d` is a GEMM node built with `node` as its userdata, its sources allocated.
-pub(super) unsafe fn optional_sources(
-    d: &sys::ggml_tensor,
-    node: &sgemm::GemmNode,
-) -> (*const f32, *const f32) {
-    let source = |i: usize| {
-        // SAFETY: the node has this source (per the GemmNode), allocated.
-        unsafe { (*d.src[i]).data as *const f32 }
-    };
-    let bias = if node.bias {
-        source(2)
-    } else {
-        std::ptr::null()
-    };
-    let residual = if node.residual.is_some() {
-        source(2 + node.bias as usize)
-    } else {
-        std::ptr::null()
-    };
-    (bias, residual)
-}
-
-/// ggml custom-op body of [`Graph::lstm_pointwise`].
-///
-/// # Safety
-/// Called by ggml on the tensor built there: srcs gx, gh, b_ih, b_hh (f32 [4H]) and
-/// c (f32 [H]), dst f32 [H, 2], all contiguous and allocated.
-unsafe extern "C" fn lstm_pointwise_op(
-    dst: *mut sys::ggml_tensor,
-    ith: std::os::raw::c_int,
-    nth: std::os::raw::c_int,
-    _: *mut std::os::raw::c_void,
-) {
-    // SAFETY: per the contract; each thread writes only its own units of h1 and c1.
-    let (src, c, out) = unsafe {
-        let d = &*dst;
-        let h = d.ne[0] as usize;
-        let src = |i: usize| std::slice::from_raw_parts((*d.src[i]).data as *const f32, 4 * h);
-        let c = std::slice::from_raw_parts((*d.src[4]).data as *const f32, h);
-        let mine = super::thread_share(h, ith as usize, nth as usize);
-        let out = d.data as *mut f32;
-        let h1 = std::slice::from_raw_parts_mut(out.add(mine.start), mine.len());
-        let c1 = std::slice::from_raw_parts_mut(out.add(h + mine.start), mine.len());
-        ([src(0), src(1), src(2), src(3)], c, (mine, h1, c1))
-    };
-    let [gx, gh, b_ih, b_hh] = src;
-    let (mine, h1, c1) = out;
-    let h = c.len();
-    // The four gates of up to CHUNK of this thread's units, each gate contiguous on the stack,
-    // so that the sigmoids and tanh run sixteen lanes at a time (libm's expf and tanhf, a call
-    // per value, took ~13 us of a 0.6b decoder step, 10 % of a q8_0 one).
-    const CHUNK: usize = 64;
-    let mut buf = [0f32; 4 * CHUNK];
-    let mut done = 0;
-    while done < mine.len() {
-        let (j0, u) = (mine.start + done, CHUNK.min(mine.len() - done));
-        let gates = &mut buf[..4 * u];
-        for (q, slot) in gates.chunks_exact_mut(u).enumerate() {
-            for (v, j) in slot.iter_mut().zip(q * h + j0..) {
-                *v = (gx[j] + b_ih[j]) + (gh[j] + b_hh[j]);
-            }
-        }
-        let (ifg, o) = gates.split_at_mut(3 * u);
-        let (i_f, g) = ifg.split_at_mut(2 * u);
-        vmath::sigmoid_in_place(i_f);
-        vmath::tanh_in_place(g);
-        vmath::sigmoid_in_place(o);
-        let (i, f) = i_f.split_at(u);
-        let (c1, h1) = (&mut c1[done..done + u], &mut h1[done..done + u]);
-        for k in 0..u {
-            c1[k] = f[k] * c[j0 + k] + i[k] * g[k];
-        }
-        h1.copy_from_slice(c1);
-        vmath::tanh_in_place(h1);
-        for (v, &o) in h1.iter_mut().zip(o.iter()) {
-            *v *= o;
-        }
-        done += u;
-    }
-}
-
-/// ggml custom-op body of [`Graph::conv1d_depthwise_same`]: this thread's time steps.
-///
-/// # Safety
-/// Called by ggml on the tensor built there: src[0] x (f32 [C, T]), src[1] kernel (f32
-/// [K, C]), src[2] null or bias (f32 [C]), dst f32 [C, T]; all contiguous and allocated. A
-/// non-null userdata: SiLU after the bias.
-unsafe extern "C" fn depthwise_conv_op(
-    dst: *mut sys::ggml_tensor,
-    ith: std::os::raw::c_int,
-    nth: std::os::raw::c_int,
-    silu: *mut std::os::raw::c_void,
-) {
-    let silu = !silu.is_null();
-    // SAFETY: per the contract; each thread writes only its own time steps.
-    let (x, kernel, bias, out, (c, t, k), mine) = unsafe {
-        let d = &*dst;
-        let (c, t, k) = (
-            d.ne[0] as usize,
-            d.ne[1] as usize,
-            (*d.src[1]).ne[0] as usize,
-        );
-        let mine = super::thread_share(t, ith as usize, nth as usize);
-        let x = std::slice::from_raw_parts((*d.src[0]).data as *const f32, c * t);
-        let kernel = std::slice::from_raw_parts((*d.src[1]).data as *const f32, k * c);
-        let bias = (!d.src[2].is_null())
-            .then(|| std::slice::from_raw_parts((*d.src[2]).data as *const f32, c));
-        let out = std::slice::from_raw_parts_mut(
-            (d.data as *mut f32).add(mine.start * c),
-            mine.len() * c,
-        );
-        (x, kernel, bias, out, (c, t, k), mine)
-    };
-    if mine.is_empty() {
-        return;
-    }
-    // Tap-major kernel ([K][C]) so that the channel loop below runs over contiguous memory.
-    let mut taps = vec![0f32; k * c];
-    for (ch, w) in kernel.chunks_exact(k).enumerate() {
-        for (j, &v) in w.iter().enumerate() {
-            taps[j * c + ch] = v;
-        }
-    }
-    let half = k / 2;
-    for (ti, row) in mine.zip(out.chunks_exact_mut(c)) {
-        row.fill(0.0);
-        for (j, tap) in taps.chunks_exact(c).enumerate() {
-            // Input step ti + j - half; outside the clip it is the zero padding.
-            let Some(src) = (ti + j).checked_sub(half).filter(|&s| s < t) else {
-                continue;
-            };
-            for ((o, &xv), &w) in row.iter_mut().zip(&x[src * c..][..c]).zip(tap) {
-                *o += xv * w;
-            }
-        }
-        if let Some(b) = bias {
-            for (o, &bv) in row.iter_mut().zip(b) {
-                *o += bv;
-            }
-        }
-        if silu {
-            super::vmath::silu_in_place(row);
-        }
-    }
-}
-
-/// ggml custom-op body of [`Graph::layer_norm`]: this thread's rows.
-///
-/// # Safety
-/// Called by ggml on the tensor built there: src[0] x `[d, rows...]` (contiguous f32), src[1]
-/// the weight and src[2] the bias `[d]`, dst f32 of x's shape, all allocated; `eps` in the
-/// userdata pointer's bits.
-unsafe extern "C" fn layer_norm_op(
-    dst: *mut sys::ggml_tensor,
-    ith: std::os::raw::c_int,
-    nth: std::os::raw::c_int,
-    eps: *mut std::os::raw::c_void,
-) {
-    let eps = f32::from_bits(eps as usize as u32);
-    // SAFETY: per the contract; each thread writes only its own rows.
-    let (x, w, b, out, d) = unsafe {
-        let t = &*dst;
-        let d = t.ne[0] as usize;
-        let rows = (t.ne[1] * t.ne[2] * t.ne[3]) as usize;
-        let mine = super::thread_share(rows, ith as usize, nth as usize);
-        let src =
-            |i: usize, n: usize| std::slice::from_raw_parts((*t.src[i]).data as *const f32, n);
-        let x = std::slice::from_raw_parts(
-            ((*t.src[0]).data as *const f32).add(mine.start * d),
-            mine.len() * d,
-        );
-        let out = std::slice::from_raw_parts_mut(
-            (t.data as *mut f32).add(mine.start * d),
-            mine.len() * d,
-        );
-        (x, src(1, d), src(2, d), out, d)
-    };
-    if d == 0 {
-        return;
-    }
-    for (row, y) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        layer_norm_row(row, w, b, eps, y);
-    }
-}
-
-/// One row of a LayerNorm in one pass over memory (ggml's `norm`, `mul` and `add` made three):
-/// mean and variance as ggml's `norm` forms them (the sums in f64, the mean and the variance
-/// rounded to f32, `scale = 1 / sqrt(var + eps)`), then `((x - mean) * scale) * w + b` in f32,
-/// the operations of the three nodes in their order. The sums keep eight partial sums (so that
-/// they vectorise), which can move the variance by an ulp against ggml's.
-fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
-    let n = x.len();
-    let sum = sum_f64(x, |v| v as f64);
-    let mean = (sum as f32) / n as f32;
-    let var = sum_f64(x, |v| {
-        let d = v - mean;
-        (d * d) as f64
-    }) / n as f64;
-    let scale = 1.0 / ((var as f32) + eps).sqrt();
-    for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
-        *y = ((x - mean) * scale) * w + b;
-    }
-}
-
-/// `sum(f(x))` in eight partial sums (lane `i % 8` takes `x[i]`), so that it vectorises.
-fn sum_f64(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
-    let mut acc = [0f64; 8];
-    let chunks = x.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a += f(v);
-        }
-    }
-    for (a, &v) in acc.iter_mut().zip(rest) {
-        *a += f(v);
-    }
-    acc.iter().sum()
-}
-
-/// ggml custom-op body of [`Graph::glu`]: this thread's time steps.
-///
-/// # Safety
-/// Called by ggml on the tensor built there: src[0] f32 [2D, T], dst f32 [D, T]; both
-/// contiguous and allocated.
-unsafe extern "C" fn glu_op(
-    dst: *mut sys::ggml_tensor,
-    ith: std::os::raw::c_int,
-    nth: std::os::raw::c_int,
-    _: *mut std::os::raw::c_void,
-) {
-    // SAFETY: per the contract; each thread writes only its own time steps.
-    let (y, out, dd) = unsafe {
-        let d = &*dst;
-        let (dd, t) = (d.ne[0] as usize, d.ne[1] as usize);
-        let mine = super::thread_share(t, ith as usize, nth as usize);
-        let y = std::slice::from_raw_parts(
-            ((*d.src[0]).data as *const f32).add(mine.start * 2 * dd),
-            mine.len() * 2 * dd,
-        );
-        let out = std::slice::from_raw_parts_mut(
-            (d.data as *mut f32).add(mine.start * dd),
-            mine.len() * dd,
-        );
-        (y, out, dd)
-    };
-    if dd == 0 {
-        return;
-    }
-    for (row, o) in y.chunks_exact(2 * dd).zip(out.chunks_exact_mut(dd)) {
-        let (a, gate) = row.split_at(dd);
-        super::vmath::glu(a, gate, o);
-    }
+    check(ws[0] == xs[0], || {
+        format!("matmul: inner dims {ws:?} x {xs:?}")
+    });
+    check(xs[2] % ws[2] == 0 && xs[3] % ws[3] == 0, || {
+        format!("matmul: batch dims {ws:?} x {xs:?}")
+    });
+    // SAFETY: ggml_is_transposed reads metadata only.
+    check(!unsafe { sys::ggml_is_transposed(w.raw()) }, || {
+        "matmul: transposed left operand".into()
+    });
 }
 
 fn can_repeat(small: [usize; 4], big: [usize; 4]) -> bool {
@@ -561,30 +147,10 @@ impl<'g> Graph<'g> {
             max_nodes,
             inputs: Vec::new(),
             captures: Vec::new(),
-            quantized: HashMap::new(),
-            packed: HashMap::new(),
-            queues: Vec::new(),
+            shared: HashMap::new(),
+            bodies: Vec::new(),
             _graph: PhantomData,
         })
-    }
-
-    /// A fresh [`sgemm::GemmNode`] for one GEMM node (its `userdata`), alive as long as this
-    /// graph (so through its compute); boxed, so the address stays put.
-    fn gemm_node(
-        &mut self,
-        relu: bool,
-        bias: bool,
-        residual: Option<f32>,
-    ) -> *mut std::ffi::c_void {
-        let node = Box::new(sgemm::GemmNode {
-            relu,
-            bias,
-            residual,
-            ..Default::default()
-        });
-        let ptr = &*node as *const sgemm::GemmNode as *mut std::ffi::c_void;
-        self.queues.push(node);
-        ptr
     }
 
     pub(super) fn ctx(&self) -> *mut sys::ggml_context {
@@ -753,282 +319,13 @@ impl<'g> Graph<'g> {
 
     /// `w^T x` over `ne0`: `w` [k, m], `x` [k, n, ...] -> [m, n, ...]. With `w` a torch Linear
     /// weight ([out, in] in torch = ne [in, out]) this is `x @ W^T`.
-    pub fn matmul(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
-        let (ws, xs) = (w.shape(), x.shape());
-        check(ws[0] == xs[0], || {
-            format!("matmul: inner dims {ws:?} x {xs:?}")
-        });
-        check(xs[2] % ws[2] == 0 && xs[3] % ws[3] == 0, || {
-            format!("matmul: batch dims {ws:?} x {xs:?}")
-        });
-        // SAFETY: ggml_is_transposed reads metadata only.
-        check(!unsafe { sys::ggml_is_transposed(w.raw()) }, || {
-            "matmul: transposed left operand".into()
-        });
-        if use_packed_gemm(w, x) {
-            let mut args = [w.raw(), x.raw()];
-            // SAFETY: an [m, n] f32 result whose srcs are w and x (kept alive and ordered by the
-            // graph); the callback only reads them and writes its own rows of the result.
-            let p = unsafe {
-                sys::ggml_custom_4d(
-                    self.ctx(),
-                    sys::GGML_TYPE_F32,
-                    ws[1] as i64,
-                    xs[1] as i64,
-                    1,
-                    1,
-                    args.as_mut_ptr(),
-                    2,
-                    Some(packed_gemm_f32),
-                    -1, // every thread of the backend
-                    std::ptr::null_mut(),
-                )
-            };
-            return self.wrap(p, "matmul (packed gemm)");
-        }
+    /// ggml's own kernel for every shape and type; `FusedOps::matmul` (the `kernels` room)
+    /// picks a faster one where it can.
+    pub fn mul_mat(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
+        check_mul_mat(w, x);
         // SAFETY: shapes checked.
         let p = unsafe { sys::ggml_mul_mat(self.ctx(), w.raw(), x.raw()) };
         self.wrap(p, "matmul")
-    }
-
-    /// `relu(x @ W^T + b)`: with a panel-packed weight the bias and the ReLU are applied in
-    /// the GEMM's store (the same values as [`linear`](Self::linear) then [`relu`](Self::relu)).
-    pub fn linear_relu(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
-        if w.layout() == Layout::Panel16 {
-            let relu = Fused {
-                relu: true,
-                ..Fused::default()
-            };
-            return self.linear_panel16(x, w, b, relu);
-        }
-        let y = self.linear(x, w, b);
-        self.relu(y)
-    }
-
-    /// A torch `Linear`: `x @ W^T + b` over `x` [in, n, ...], weight [in, out].
-    pub fn linear(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
-        self.linear_fused(x, w, b, Fused::default())
-    }
-
-    /// `residual + scale * (x @ W^T + b)`, a residual connection around a block that ends in a
-    /// linear; with a packed weight done in the GEMM node, on each range of rows as soon as it
-    /// is computed (the same values as [`scale`](Self::scale) and [`add`](Self::add) nodes).
-    pub fn linear_residual(
-        &mut self,
-        x: Tensor<'g>,
-        w: &Weight,
-        b: Option<&Weight>,
-        residual: Tensor<'g>,
-        scale: f32,
-    ) -> Tensor<'g> {
-        let fused = Fused {
-            residual: Some((residual, scale)),
-            ..Fused::default()
-        };
-        self.linear_fused(x, w, b, fused)
-    }
-
-    /// `silu(x) @ W^T + b`, plus `residual * scale` if given: with a packed weight the SiLU is
-    /// applied where the input is packed or quantized for the GEMM (no pass of its own), within
-    /// 3e-7 of f64 (`vmath`).
-    pub fn silu_linear(
-        &mut self,
-        x: Tensor<'g>,
-        w: &Weight,
-        b: Option<&Weight>,
-        residual: Option<(Tensor<'g>, f32)>,
-    ) -> Tensor<'g> {
-        let fused = Fused {
-            silu_input: true,
-            residual,
-            ..Fused::default()
-        };
-        self.linear_fused(x, w, b, fused)
-    }
-
-    /// [`linear`](Self::linear) with `fused` done in its nodes where the weight is packed and
-    /// the residual (if any) is a contiguous f32 of the output's 2-D shape; as separate nodes
-    /// otherwise.
-    fn linear_fused(
-        &mut self,
-        x: Tensor<'g>,
-        w: &Weight,
-        b: Option<&Weight>,
-        fused: Fused<'g>,
-    ) -> Tensor<'g> {
-        let m = w.shape()[1];
-        let fusable = fused.residual.is_none_or(|(r, _)| {
-            let [_, n, c, d] = x.shape();
-            r.shape() == [m, n, 1, 1]
-                && c * d == 1
-                && r.is_contiguous()
-                && r.dtype() == Some(DType::F32)
-        });
-        match w.layout() {
-            Layout::Q8_0x8 if fusable => return self.linear_q8_0x8(x, w, b, fused),
-            Layout::Panel16 if fusable => return self.linear_panel16(x, w, b, fused),
-            Layout::Q8_0x8 | Layout::Panel16 => {
-                // Separate nodes around the packed product.
-                let x = if fused.silu_input { self.silu(x) } else { x };
-                let y = self.linear_fused(x, w, b, Fused::default());
-                return self.add_scaled_residual(y, fused.residual);
-            }
-            Layout::Plain => {}
-        }
-        let x = if fused.silu_input { self.silu(x) } else { x };
-        let w = self.weight(w);
-        let y = self.matmul(w, x);
-        let y = match b {
-            Some(b) => {
-                let b = self.weight(b);
-                self.add(y, b)
-            }
-            None => y,
-        };
-        self.add_scaled_residual(y, fused.residual)
-    }
-
-    /// `r + scale * y` as `scale` and `add` nodes (`y` alone without a residual).
-    fn add_scaled_residual(
-        &mut self,
-        y: Tensor<'g>,
-        residual: Option<(Tensor<'g>, f32)>,
-    ) -> Tensor<'g> {
-        match residual {
-            Some((r, scale)) => {
-                let y = if scale == 1.0 {
-                    y
-                } else {
-                    self.scale(y, scale)
-                };
-                self.add(r, y)
-            }
-            None => y,
-        }
-    }
-
-    /// `x @ W^T (+ b)` with `W` panel-packed: the packed-weight GEMM as a custom op, the bias
-    /// added in its store.
-    fn linear_panel16(
-        &mut self,
-        x: Tensor<'g>,
-        w: &Weight,
-        b: Option<&Weight>,
-        fused: Fused<'g>,
-    ) -> Tensor<'g> {
-        let [k, m, ..] = w.shape();
-        check(x.ne(0) == k && x.dtype() == Some(DType::F32), || {
-            format!("linear {}: {:?} x {:?}", w.name(), w.shape(), x.shape())
-        });
-        if let Some(b) = b {
-            check(
-                b.shape() == [m, 1, 1, 1] && b.dtype() == DType::F32 && b.layout() == Layout::Plain,
-                || format!("linear {}: bias {:?}", w.name(), b.shape()),
-            );
-        }
-        let x = if x.is_contiguous() { x } else { self.cont(x) };
-        let xs = x.shape();
-        let key = (x.raw() as usize, fused.silu_input);
-        let xp = match self.packed.get(&key) {
-            Some(&xp) => xp,
-            None => {
-                let mut src = [x.raw()];
-                // SAFETY: an f32 result of x's size whose source is the contiguous f32 x; the
-                // callback writes its own blocks of it.
-                let p = unsafe {
-                    sys::ggml_custom_4d(
-                        self.ctx(),
-                        sys::GGML_TYPE_F32,
-                        (xs[0] * xs[1] * xs[2] * xs[3]) as i64,
-                        1,
-                        1,
-                        1,
-                        src.as_mut_ptr(),
-                        1,
-                        Some(pack_activations_f32),
-                        -1, // every thread of the backend
-                        super::flag(fused.silu_input),
-                    )
-                };
-                let xp = self.wrap(p, "pack activations (panel16 gemm)");
-                self.packed.insert(key, xp);
-                xp
-            }
-        };
-        let queue_ptr = self.gemm_node(fused.relu, b.is_some(), fused.residual.map(|r| r.1));
-        let mut args = gemm_sources(w.raw(), xp.raw(), b, fused.residual.map(|r| r.0));
-        // SAFETY: an [m, n...] f32 result whose srcs are W (packed [k, m]), the packed x, the
-        // optional bias and residual (the caller checked its shape), kept alive and ordered by
-        // the graph; the queue outlives the compute (owned by this graph); each thread writes
-        // only the panels it claims.
-        let p = unsafe {
-            sys::ggml_custom_4d(
-                self.ctx(),
-                sys::GGML_TYPE_F32,
-                m as i64,
-                xs[1] as i64,
-                xs[2] as i64,
-                xs[3] as i64,
-                args.as_mut_ptr(),
-                args.len() as std::os::raw::c_int,
-                Some(panel16_gemm_f32),
-                -1, // every thread of the backend
-                queue_ptr,
-            )
-        };
-        self.wrap(p, "linear (panel16 gemm)")
-    }
-
-    /// [`linear`](Self::linear) on a `q8_0x8` weight: the input quantized by one custom op
-    /// (shared by every linear reading it), then our int8 kernel as another, the bias added in
-    /// its store.
-    fn linear_q8_0x8(
-        &mut self,
-        x: Tensor<'g>,
-        w: &Weight,
-        b: Option<&Weight>,
-        fused: Fused<'g>,
-    ) -> Tensor<'g> {
-        let [k, m, ..] = w.shape();
-        let xs = x.shape();
-        check(xs[0] == k && x.dtype() == Some(DType::F32), || {
-            format!("linear {}: input {xs:?} for weight [{k}, {m}]", w.name())
-        });
-        if let Some(b) = b {
-            check(b.shape() == [m, 1, 1, 1] && b.dtype() == DType::F32, || {
-                format!("linear {}: bias {:?}", w.name(), b.shape())
-            });
-        }
-        let n = xs[1] * xs[2] * xs[3];
-        let key = (x.raw() as usize, fused.silu_input);
-        let xq = match self.quantized.get(&key) {
-            Some(&xq) => xq,
-            None => {
-                let xc = if x.is_contiguous() { x } else { self.cont(x) };
-                let x2 = self.reshape(xc, &[k, n]);
-                // SAFETY: x2 is a contiguous f32 [k, n] of this context, k % 32 == 0 (the
-                // weight's rows are whole q8_0 blocks).
-                let p = unsafe { qgemm::quantize_node(self.ctx(), x2.raw(), fused.silu_input) };
-                let xq = self.wrap(p, "quantize (q8_0)");
-                self.quantized.insert(key, xq);
-                xq
-            }
-        };
-        check(!fused.relu, || {
-            format!("linear {}: no fused ReLU on int8", w.name())
-        });
-        let queue = self.gemm_node(false, b.is_some(), fused.residual.map(|r| r.1));
-        let mut args = gemm_sources(w.raw(), xq.raw(), b, fused.residual.map(|r| r.0));
-        // SAFETY: a q8_0x8 weight [k, m], the quantized [k, n] input, the optional f32 bias [m]
-        // and residual [m, n] (all checked above or by the caller), as `linear_node` requires;
-        // the queue's GemmNode says which of the optional ones are there.
-        let p = unsafe { qgemm::linear_node(self.ctx(), &mut args, n, queue) };
-        let y = self.wrap(p, "linear (q8_0x8)");
-        if xs[2] * xs[3] == 1 {
-            y
-        } else {
-            self.reshape(y, &[m, xs[1], xs[2], xs[3]])
-        }
     }
 
     // ---- unary --------------------------------------------------------------------------
@@ -1070,104 +367,6 @@ impl<'g> Graph<'g> {
         // SAFETY: any f32 tensor.
         let p = unsafe { sys::ggml_norm(self.ctx(), a.raw(), eps) };
         self.wrap(p, "norm")
-    }
-
-    /// The pointwise part of one PyTorch LSTM cell step (gate order i, f, g, o) as one node:
-    /// from the gate products `gx = W_ih x` and `gh = W_hh h` ([4H, 1] each), their biases and
-    /// the cell `c` ([H, 1]), `[h1 | c1]` ([H, 2]) with `gates = (gx + b_ih) + (gh + b_hh)`,
-    /// `c1 = σ(f) c + σ(i) tanh(g)`, `h1 = σ(o) tanh(c1)`: one node for what took ten ggml
-    /// nodes (each a barrier of the decoder's per-step graph), σ and tanh from `vmath`'s
-    /// vectorised `e^x` (within 2e-7 of the exact functions).
-    pub fn lstm_pointwise(
-        &mut self,
-        gx: Tensor<'g>,
-        gh: Tensor<'g>,
-        (b_ih, b_hh): (&Weight, &Weight),
-        c: Tensor<'g>,
-    ) -> Tensor<'g> {
-        let h = c.ne(0);
-        let gates = [h * 4, 1, 1, 1];
-        check(
-            c.shape() == [h, 1, 1, 1]
-                && gx.shape() == gates
-                && gh.shape() == gates
-                && b_ih.shape() == gates
-                && b_hh.shape() == gates
-                && [gx, gh, c]
-                    .iter()
-                    .all(|t| t.dtype() == Some(DType::F32) && t.is_contiguous())
-                && [b_ih, b_hh].iter().all(|b| b.dtype() == DType::F32),
-            || {
-                format!(
-                    "lstm_pointwise: gates {:?} {:?}, cell {:?}",
-                    gx.shape(),
-                    gh.shape(),
-                    c.shape()
-                )
-            },
-        );
-        let mut args = [gx.raw(), gh.raw(), b_ih.raw(), b_hh.raw(), c.raw()];
-        // SAFETY: an f32 [H, 2] result whose five srcs are the contiguous f32 tensors checked
-        // above, as `lstm_pointwise_op` requires.
-        let p = unsafe {
-            sys::ggml_custom_4d(
-                self.ctx(),
-                sys::GGML_TYPE_F32,
-                h as i64,
-                2,
-                1,
-                1,
-                args.as_mut_ptr(),
-                args.len() as i32,
-                Some(lstm_pointwise_op),
-                -1, // libm's tanhf is slow enough (~50 us for 640 units) to split
-                std::ptr::null_mut(),
-            )
-        };
-        self.wrap(p, "lstm_pointwise")
-    }
-
-    /// A torch `LayerNorm` over `ne0`.
-    pub fn layer_norm(&mut self, x: Tensor<'g>, w: &Weight, b: &Weight, eps: f32) -> Tensor<'g> {
-        let d = x.ne(0);
-        check(
-            x.dtype() == Some(DType::F32)
-                && [w, b].iter().all(|p| {
-                    p.shape() == [d, 1, 1, 1]
-                        && p.dtype() == DType::F32
-                        && p.layout() == Layout::Plain
-                }),
-            || {
-                format!(
-                    "layer_norm: {:?} with {:?}, {:?}",
-                    x.shape(),
-                    w.shape(),
-                    b.shape()
-                )
-            },
-        );
-        let x = if x.is_contiguous() { x } else { self.cont(x) };
-        let xs = x.shape();
-        let (w, b) = (self.weight(w), self.weight(b));
-        let mut args = [x.raw(), w.raw(), b.raw()];
-        // SAFETY: an f32 result of x's shape over the contiguous f32 x and the [d] weight and
-        // bias, as `layer_norm_op` requires; eps travels in the userdata pointer's bits.
-        let p = unsafe {
-            sys::ggml_custom_4d(
-                self.ctx(),
-                sys::GGML_TYPE_F32,
-                xs[0] as i64,
-                xs[1] as i64,
-                xs[2] as i64,
-                xs[3] as i64,
-                args.as_mut_ptr(),
-                3,
-                Some(layer_norm_op),
-                -1,
-                eps.to_bits() as usize as *mut std::ffi::c_void,
-            )
-        };
-        self.wrap(p, "layer_norm")
     }
 
     /// `softmax(a * scale)` over `ne0`.
@@ -1403,10 +602,9 @@ impl<'g> Graph<'g> {
 
     // ---- convolutions -------------------------------------------------------------------
 
-    /// 2-D convolution in f32, torch semantics, channels-fastest output.
-    /// `kernel` [KW, KH, Cin, Cout] (a torch Conv2d weight), `x` [W, H, Cin, N] ->
-    /// [Cout, W', H', N]. (ggml_conv_2d would round its im2col through f16.)
-    pub fn conv2d(
+    /// im2col for a 2-D convolution in f32: `kernel` [KW, KH, Cin, Cout] (for its shape), `x`
+    /// [W, H, Cin, N] -> [KW*KH*Cin, W', H', N]. (ggml_conv_2d would round it through f16.)
+    pub fn im2col(
         &mut self,
         kernel: Tensor<'g>,
         x: Tensor<'g>,
@@ -1437,12 +635,7 @@ impl<'g> Graph<'g> {
                 sys::GGML_TYPE_F32,
             )
         };
-        let cols = self.wrap(cols, "im2col");
-        let [k, w, h, n] = cols.shape();
-        let flat = self.reshape(cols, &[k, w * h * n]);
-        let kern = self.reshape(kernel, &[k, kernel.ne(3)]);
-        let y = self.matmul(kern, flat);
-        self.reshape(y, &[kernel.ne(3), w, h, n])
+        self.wrap(cols, "im2col")
     }
 
     /// Depthwise 2-D convolution in f32. `kernel` [KW, KH, 1, C], `x` [W, H, C, N].
@@ -1476,123 +669,50 @@ impl<'g> Graph<'g> {
         self.wrap(t, "conv2d_dw")
     }
 
-    /// Depthwise 1-D convolution over time in f32 ('same' padding, odd kernel), plus an
-    /// optional per-channel bias. `x` [C, T] (channels fastest), `kernel` [K, C], `bias` [C] ->
-    /// [C, T]. One custom op: each thread slides the kernel over its own time steps, all
-    /// channels at once, with the padding implied (no padded or transposed copy of `x`); the
-    /// taps are summed in kernel order from zero, then the bias added, as ggml's `ssm_conv`
-    /// followed by an add would.
-    pub fn conv1d_depthwise_same(
-        &mut self,
-        x: Tensor<'g>,
-        kernel: Tensor<'g>,
-        bias: Option<Tensor<'g>>,
-    ) -> Tensor<'g> {
-        self.conv1d_depthwise(x, kernel, bias, false)
+    // ---- hooks for our own ops (the `kernels` room) -------------------------------------
+
+    /// A weight of any layout as a custom op's source (only its kernel reads a packed one).
+    pub(crate) fn weight_source(&mut self, w: &Weight) -> Tensor<'g> {
+        self.wrap(w.raw(), "weight")
     }
 
-    /// [`conv1d_depthwise_same`](Self::conv1d_depthwise_same) then SiLU on each step as it is
-    /// computed (the conformer conv module's depthwise conv and activation, one pass).
-    pub fn conv1d_depthwise_same_silu(
+    /// A node of `out` elements and shape `ne` over `sources` that runs `body` on every thread
+    /// of the backend, named `what` (profiles).
+    ///
+    /// # Safety
+    /// `body` is sound for the sources as they are: their shapes, types and contiguity are
+    /// what it reads (the builder's checks), and the result is what it writes.
+    pub(crate) unsafe fn custom<B: Body>(
         &mut self,
-        x: Tensor<'g>,
-        kernel: Tensor<'g>,
-        bias: Option<Tensor<'g>>,
+        out: Out,
+        ne: [usize; 4],
+        sources: &[Tensor<'g>],
+        body: B,
+        what: &str,
     ) -> Tensor<'g> {
-        self.conv1d_depthwise(x, kernel, bias, true)
+        let body = Box::new(body);
+        let raw: Vec<_> = sources.iter().map(|t| t.raw()).collect();
+        // SAFETY: the sources are this graph's tensors or weights outliving it; the body is
+        // boxed into the graph, so it stays put and alive through the compute; the rest is
+        // the caller's contract.
+        let p = unsafe { custom::node(self.ctx(), out, ne, &raw, &*body) };
+        self.bodies.push(body);
+        self.wrap(p, what)
     }
 
-    fn conv1d_depthwise(
+    /// The node `key` names if this graph has it, else the one `build` makes (remembered under
+    /// `key`): one quantization of an input for every linear that reads it, say.
+    pub(crate) fn shared(
         &mut self,
-        x: Tensor<'g>,
-        kernel: Tensor<'g>,
-        bias: Option<Tensor<'g>>,
-        silu: bool,
+        key: SharedKey,
+        build: impl FnOnce(&mut Graph<'g>) -> Tensor<'g>,
     ) -> Tensor<'g> {
-        let (k, c, t) = (kernel.ne(0), x.ne(0), x.ne(1));
-        check(
-            kernel.shape() == [k, c, 1, 1]
-                && k % 2 == 1
-                && x.shape() == [c, t, 1, 1]
-                && bias.is_none_or(|b| b.shape() == [c, 1, 1, 1])
-                && [Some(x), Some(kernel), bias]
-                    .iter()
-                    .flatten()
-                    .all(|t| t.dtype() == Some(DType::F32)),
-            || {
-                format!(
-                    "conv1d_dw: kernel {:?} for input {:?}",
-                    kernel.shape(),
-                    x.shape()
-                )
-            },
-        );
-        let x = if x.is_contiguous() { x } else { self.cont(x) };
-        let kernel = if kernel.is_contiguous() {
-            kernel
-        } else {
-            self.cont(kernel)
-        };
-        let mut args = [
-            x.raw(),
-            kernel.raw(),
-            bias.map_or(std::ptr::null_mut(), |b| b.raw()),
-        ];
-        // SAFETY: an f32 [C, T] result over the contiguous f32 srcs checked above (the bias,
-        // when given, a contiguous [C] weight or node), as `depthwise_conv_op` requires.
-        let p = unsafe {
-            sys::ggml_custom_4d(
-                self.ctx(),
-                sys::GGML_TYPE_F32,
-                c as i64,
-                t as i64,
-                1,
-                1,
-                args.as_mut_ptr(),
-                if bias.is_some() { 3 } else { 2 },
-                Some(depthwise_conv_op),
-                -1,
-                super::flag(silu),
-            )
-        };
-        self.wrap(
-            p,
-            if silu {
-                "conv1d_dw + silu"
-            } else {
-                "conv1d_dw"
-            },
-        )
-    }
-
-    /// Gated linear unit over `ne0`: `y` [2D, T] -> `y[..D] * sigmoid(y[D..])` [D, T], as one
-    /// pass, the sigmoid from our vectorised `e^x` (within 3e-7 of f64; libm's `expf` kept the
-    /// loop scalar).
-    pub fn glu(&mut self, y: Tensor<'g>) -> Tensor<'g> {
-        let (d2, t) = (y.ne(0), y.ne(1));
-        check(
-            d2 % 2 == 0 && y.shape() == [d2, t, 1, 1] && y.dtype() == Some(DType::F32),
-            || format!("glu: input {:?}", y.shape()),
-        );
-        let y = if y.is_contiguous() { y } else { self.cont(y) };
-        let mut args = [y.raw()];
-        // SAFETY: an f32 [D, T] result over a contiguous f32 [2D, T], as `glu_op` requires.
-        let p = unsafe {
-            sys::ggml_custom_4d(
-                self.ctx(),
-                sys::GGML_TYPE_F32,
-                (d2 / 2) as i64,
-                t as i64,
-                1,
-                1,
-                args.as_mut_ptr(),
-                1,
-                Some(glu_op),
-                -1,
-                std::ptr::null_mut(),
-            )
-        };
-        self.wrap(p, "glu")
+        if let Some(&t) = self.shared.get(&key) {
+            return t;
+        }
+        let t = build(self);
+        self.shared.insert(key, t);
+        t
     }
 
     // ---- finishing ----------------------------------------------------------------------

@@ -1,85 +1,29 @@
-//! The only room where ggml's FFI is used. Everything else in the crate sees a safe API:
+//! The ggml runtime: the room where ggml's graph API is used. Everything else in the crate sees
+//! a safe API:
 //!
-//! - [`Backend`]: ONE ggml CPU backend and ONE graph allocator (gallocr) for the whole process.
-//!   [`Backend::compute`] builds a graph in a metadata-only context, allocates it with the
-//!   persistent gallocr, writes the registered host inputs, runs it and reads back the output and
-//!   any captures.
-//! - [`Graph`] / [`Tensor`]: shape-checked graph-building ops. A mismatch is a bug in the caller
-//!   and panics with a message (a Rust panic unwinds; a `GGML_ASSERT` would abort the process).
-//! - [`gguf`]: GGUF reading (metadata + weights realised once into a backend buffer).
+//! - [`Backend`]: a ggml CPU backend (from ggml's device registry) and its graph allocator
+//!   (gallocr); one per transcription worker. [`Backend::compute`] builds a graph in a
+//!   metadata-only context, allocates it with the persistent gallocr, writes the registered host
+//!   inputs, runs it and reads back the output and any captures.
+//! - [`Graph`] / [`Tensor`]: shape-checked graph building over ggml's built-in ops. A mismatch is
+//!   a bug in the caller and panics with a message (a Rust panic unwinds; a `GGML_ASSERT` would
+//!   abort the process). Our fused CPU ops (the `kernels` room) build on its [`custom`] hooks.
+//! - [`DType`] and [`Weight`]: element types, and weights living in backend buffers (a GGUF's
+//!   mapping, made by the `gguf` room, or [`HostWeights`] computed at load).
 
-mod attention;
-pub mod gguf;
-pub mod gguf_header;
-pub mod gguf_writer;
-mod graph;
-mod pagecache;
-pub mod qgemm;
-pub mod sgemm;
-mod stem;
-mod vmath;
+pub(crate) mod custom;
+mod dtype;
+pub(crate) mod graph;
+pub(crate) mod weight;
 
+pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
+pub use weight::{HostWeights, Weight};
 
 use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
-
-/// Element types the rest of the crate needs to name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    F16,
-    Q8_0,
-    Q4_0,
-    I32,
-}
-
-impl DType {
-    pub(crate) fn to_ggml(self) -> sys::ggml_type {
-        match self {
-            DType::F32 => sys::GGML_TYPE_F32,
-            DType::F16 => sys::GGML_TYPE_F16,
-            DType::Q8_0 => sys::GGML_TYPE_Q8_0,
-            DType::Q4_0 => sys::GGML_TYPE_Q4_0,
-            DType::I32 => sys::GGML_TYPE_I32,
-        }
-    }
-
-    pub(crate) fn from_ggml(t: sys::ggml_type) -> Option<DType> {
-        match t {
-            sys::GGML_TYPE_F32 => Some(DType::F32),
-            sys::GGML_TYPE_F16 => Some(DType::F16),
-            sys::GGML_TYPE_Q8_0 => Some(DType::Q8_0),
-            sys::GGML_TYPE_Q4_0 => Some(DType::Q4_0),
-            sys::GGML_TYPE_I32 => Some(DType::I32),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::Q8_0 => "q8_0",
-            DType::Q4_0 => "q4_0",
-            DType::I32 => "i32",
-        }
-    }
-
-    /// Bytes of a row of `n` elements (n must be a multiple of the block size for q8_0).
-    pub fn row_bytes(self, n: usize) -> usize {
-        // SAFETY: pure function of its arguments.
-        unsafe { sys::ggml_row_size(self.to_ggml(), n as i64) }
-    }
-
-    /// Elements per quantization block (1 for plain types).
-    pub fn block_size(self) -> usize {
-        // SAFETY: pure function of its argument.
-        unsafe { sys::ggml_blck_size(self.to_ggml()) as usize }
-    }
-}
 
 /// Counters behind `--profile`.
 #[derive(Clone, Debug, Default)]
@@ -265,9 +209,8 @@ unsafe fn computed_nodes(gf: *mut sys::ggml_cgraph) -> usize {
 
 /// Asks the kernel for transparent huge pages over `[base, base + len)` (the 2 MiB-aligned
 /// part), before its first touch: fewer page faults for the compute buffer (fresh memory, ~70
-/// MiB for an 11 s clip on the 0.6b). A C test here first-touched 72 MiB in ~11 ms with huge
-/// pages against ~36 ms with 4 KiB pages; in the encoder itself no change was measurable (the
-/// kernel's zeroing dominates). A hint: where THP is off or unsupported, pages stay small.
+/// MiB for an 11 s clip on the 0.6b; docs/BENCHMARKS.md has the measurements). A hint: where
+/// THP is off or unsupported, pages stay small.
 fn advise_huge_pages(base: usize, len: usize) {
     #[cfg(target_os = "linux")]
     {
@@ -295,11 +238,15 @@ const GRAPH_NODES: usize = 16 * 1024;
 const WEIGHT_LEAFS: usize = 4096;
 
 impl Backend {
-    /// A CPU backend running `n_threads` threads (0 -> 1).
+    /// A CPU backend running `n_threads` threads (0 -> 1), from ggml's device registry.
     pub fn cpu(n_threads: usize) -> Result<Backend> {
-        // SAFETY: plain constructors; null results are checked.
+        // SAFETY: registry lookups and plain constructors; null results are checked.
         unsafe {
-            let backend = sys::ggml_backend_cpu_init();
+            let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
+            if dev.is_null() {
+                bail!("ggml: no CPU device in the backend registry");
+            }
+            let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
             if backend.is_null() {
                 bail!("ggml: could not initialise the CPU backend");
             }
@@ -568,47 +515,6 @@ pub fn silence_ggml_logs() {
     }
     // SAFETY: installs a static callback.
     unsafe { sys::ggml_log_set(Some(quiet), std::ptr::null_mut()) };
-}
-
-/// The contiguous share of `units` work items (rows, panels) that thread `ith` of `nth` takes in
-/// a custom op.
-pub(crate) fn thread_share(units: usize, ith: usize, nth: usize) -> std::ops::Range<usize> {
-    let chunk = units.div_ceil(nth.max(1));
-    let start = (ith * chunk).min(units);
-    start..(start + chunk).min(units)
-}
-
-/// Deterministic values in [-1, 1) for the op tests (a 64-bit LCG's high bits).
-#[cfg(test)]
-pub(crate) struct TestValues(u64);
-
-#[cfg(test)]
-impl TestValues {
-    pub(crate) fn new(seed: u64) -> TestValues {
-        TestValues(seed)
-    }
-
-    pub(crate) fn take(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                self.0 = self
-                    .0
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-}
-
-/// A yes/no for a custom op, carried in its `userdata` pointer: non-null (never dereferenced)
-/// for yes.
-pub(crate) fn flag(yes: bool) -> *mut std::os::raw::c_void {
-    if yes {
-        std::ptr::NonNull::<std::os::raw::c_void>::dangling().as_ptr()
-    } else {
-        std::ptr::null_mut()
-    }
 }
 
 /// ggml's tensor names hold at most 63 bytes.

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde_yaml::Value;
 
-use crate::backend::gguf_writer::GgufWriter;
+use crate::gguf::GgufWriter;
 use crate::model::ModelType;
 
 /// Tensor name -> shape (torch order).

@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 
 use crate::backend::DType;
-use crate::backend::gguf::PANEL16_KEY;
-use crate::backend::gguf_writer::GgufWriter;
-use crate::backend::qgemm::{self, Layout};
-use crate::backend::sgemm::{PANEL, pack_panels};
+use crate::gguf::GgufWriter;
+use crate::layout::{self, Layout, Role};
 use crate::model::ModelType;
 
 pub use hparams::{Encoder, Hparams, Preprocessor, Transducer};
@@ -129,8 +127,9 @@ pub fn convert_with_progress(
     convert_impl(nemo, out, ty, true, progress)
 }
 
-/// [`convert`] keeping every tensor in ggml's own layout (no `q8_0x8` repacking): the files
-/// written before that layout existed, which must keep loading and working.
+/// [`convert`] without the `q8_0x8` layout (q8_0 matrices in ggml's own order; f32 ones are
+/// still panel-packed): the files written before that layout existed, which must keep loading
+/// and working.
 pub fn convert_ggml_layout(nemo: &Path, out: &Path, ty: OutType) -> Result<ConvertReport> {
     convert_impl(nemo, out, ty, false, |_, _| {})
 }
@@ -180,21 +179,20 @@ fn convert_impl(
         bytes: 0,
         elapsed: Duration::ZERO,
     };
-    let mut packed = Vec::new();
-    let mut repacked = Vec::new();
+    let allowed: &[Layout] = match repack {
+        true => Layout::ALL,
+        false => &[Layout::Plain, Layout::Panel16],
+    };
     for t in archive.tensors() {
         let ne = ggml_shape(&t.name, t.shape())?;
         let dtype = storage_type(&t.name, &ne, ty);
-        if dtype == DType::F32 && is_panel_packed(&t.name, &ne) {
-            packed.push(t.name.clone());
-        }
-        let layout = match repack {
-            true => storage_layout(&t.name, &ne, dtype),
-            false => Layout::Plain,
-        };
+        let layout = layout::choose(tensor_role(&t.name), dtype.elem(), &ne, allowed);
+        // The writer packs the tensor and lists it under the layout's key.
         w.add_tensor_with_layout(&t.name, &ne, dtype, layout)?;
-        if layout == Layout::Q8_0x8 {
-            repacked.push(t.name.clone());
+        match layout {
+            Layout::Panel16 => report.panel16_tensors += 1,
+            Layout::Q8_0x8 => report.repacked_tensors += 1,
+            Layout::Plain => {}
         }
         report.params += ne.iter().product::<usize>();
         match dtype {
@@ -204,26 +202,10 @@ fn convert_impl(
             _ => report.f32_tensors += 1,
         }
     }
-    if !packed.is_empty() {
-        w.set_str_array(PANEL16_KEY, &packed)?;
-    }
-    report.panel16_tensors = packed.len();
-    report.repacked_tensors = repacked.len();
-    if !repacked.is_empty() {
-        w.set_str_array(qgemm::Q8_0X8_KEY, &repacked)?;
-    }
     let total = archive.tensors().len();
     report.bytes = w
         .write(out, |i| {
-            let t = &archive.tensors()[i];
-            let mut data = archive.load(t);
-            if let Ok(d) = &mut data
-                && packed.contains(&t.name)
-            {
-                // ggml [k, m] is torch [m, k]: m rows of k.
-                let ne = ggml_shape(&t.name, t.shape())?;
-                *d = pack_panels(d, ne[1], ne[0]);
-            }
+            let data = archive.load(&archive.tensors()[i]);
             progress(i + 1, total);
             data
         })
@@ -273,32 +255,26 @@ pub fn storage_type(name: &str, ne: &[usize], ty: OutType) -> DType {
     }
 }
 
-/// The encoder's f32 linears (those the encoder graph multiplies by every frame) are stored
-/// panel-packed for its GEMM (docs/GGUF.md); the decoder's matrix-vector weights stay plain.
-fn is_panel_packed(name: &str, ne: &[usize]) -> bool {
-    let encoder_linear = (name.starts_with("encoder.layers.")
-        && !name.starts_with("decoder.")
-        && is_matmul_weight(name))
-        || name == "encoder.pre_encode.out.weight"
-        || name == "joint.enc.weight";
-    encoder_linear && ne.len() == 2 && ne[1].is_multiple_of(PANEL) && ne[0] > 0
+/// What a tensor is multiplied by, for [`layout::choose`]: the matrices the encoder graph
+/// multiplies by every frame (its linears, the subsampling's output projection, the joint's
+/// encoder projection) are GEMMs; the decoder's LSTM and the joint's prediction projection,
+/// multiplied by one step at a time, matrix-vector products; the rest (the joint's output
+/// layer, vocabulary + durations rows, stays on ggml) other.
+fn tensor_role(name: &str) -> Role {
+    if !is_matmul_weight(name) {
+        Role::Other
+    } else if name.starts_with("encoder.") || name == "joint.enc.weight" {
+        Role::Gemm
+    } else if name.starts_with("decoder.prediction.dec_rnn.lstm.") || name == "joint.pred.weight" {
+        Role::MatVec
+    } else {
+        Role::Other
+    }
 }
 
-/// The layout of a tensor stored as `dtype`: every q8_0 matrix our int8 kernel multiplies (the
-/// encoder's linears, the joint's encoder projection, the decoder's LSTM and `joint.pred`) goes
-/// to its `q8_0x8` panels when the shape allows; the kernel's matrix-vector products run at
-/// about 1.7x ggml's q8_0 ones. Other shapes (`joint.joint_net.2`: vocabulary + durations rows)
-/// stay on ggml.
+/// The layout a `--type` conversion stores a tensor in ([`layout::choose`] for its role).
 pub fn storage_layout(name: &str, ne: &[usize], dtype: DType) -> Layout {
-    let ours = name.starts_with("encoder.")
-        || name.starts_with("decoder.prediction.dec_rnn.lstm.")
-        || name == "joint.enc.weight"
-        || name == "joint.pred.weight";
-    if dtype == DType::Q8_0 && ours && qgemm::can_repack(ne) {
-        Layout::Q8_0x8
-    } else {
-        Layout::Plain
-    }
+    layout::choose(tensor_role(name), dtype.elem(), ne, Layout::ALL)
 }
 
 /// The large matmul weights that `--type f16|q8_0|q4_0` converts.

@@ -10,6 +10,7 @@
 
 use super::hypothesis::{Hypothesis, LstmState};
 use crate::backend::{Backend, CaptureId, Graph, Tensor};
+use crate::kernels::FusedOps;
 use crate::model::{Joint, LstmLayer, Model, PredictionNetwork};
 use anyhow::{Result, bail};
 

@@ -7,8 +7,9 @@
 //! Layout: ggml tensors here are `[d, T]` (`ne0` = channels, fastest), i.e. torch's `[T, d]`.
 
 use crate::audio::mel::Features;
-use crate::backend::gguf::Layout;
 use crate::backend::{Backend, Graph, Tensor};
+use crate::kernels::FusedOps;
+use crate::layout::Layout;
 use crate::model::{
     ConformerLayer, ConvModule, EncoderParams, FeedForward, LayerNorm, Model, PreEncode,
     RelPositionAttention,

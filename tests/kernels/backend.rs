@@ -7,8 +7,8 @@
 //! show up as ~1e-3.
 
 use crate::common::{Lcg, rel_err_f64 as rel_err};
-use parakeet::backend::gguf::HostWeights;
-use parakeet::backend::{self, Backend};
+use parakeet::backend::{self, Backend, HostWeights};
+use parakeet::kernels::FusedOps;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// Worst relative error (‖ours − ref‖ / ‖ref‖) allowed for matmul/softmax/LayerNorm in f32.

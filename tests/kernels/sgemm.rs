@@ -1,4 +1,4 @@
-//! The panel-packed f32 GEMM (`backend::sgemm`) against a plain f64 reference: every kernel this
+//! The panel-packed f32 GEMM (`kernels::sgemm`) against a plain f64 reference: every kernel this
 //! CPU runs (portable, AVX2+FMA, AVX-512F), odd shapes (inner and column counts that are not
 //! multiples of any tile or block, one column), and through the graph on 1-3 threads.
 //!
@@ -6,11 +6,12 @@
 //! index or a lost tile shows up as O(1)).
 
 use crate::common::{Lcg, rel_err_f64 as rel_err};
-use parakeet::backend::gguf::{HostWeights, Layout};
-use parakeet::backend::sgemm::{
-    Dims, Isa, gemm_packed, gemm_packed_bias_relu, pack_panels, unpack_panels,
-};
+use parakeet::backend::HostWeights;
 use parakeet::backend::{self, Backend};
+use parakeet::kernels::FusedOps;
+use parakeet::kernels::cpu::Isa;
+use parakeet::kernels::sgemm::{Dims, gemm_packed, gemm_packed_bias_relu};
+use parakeet::layout::{Layout, pack_panels, unpack_panels};
 
 const REL_TOL: f64 = 1e-6;
 
@@ -157,7 +158,7 @@ fn packed_and_plain(
     rng: &mut Lcg,
     m: usize,
     k: usize,
-) -> std::collections::HashMap<String, parakeet::backend::gguf::Weight> {
+) -> std::collections::HashMap<String, parakeet::backend::Weight> {
     let (w, b) = (rng.vec(m * k), rng.vec(m));
     let mut hw = HostWeights::new();
     hw.push_panel16("packed.weight", m, k, &w);
@@ -261,7 +262,7 @@ fn graph_silu_linear_matches_silu_then_linear() {
 /// start on a pair and shrink towards the end; one thread gets everything in one claim.
 #[test]
 fn panel_queue_covers_every_panel_once() {
-    use parakeet::backend::sgemm::PanelQueue;
+    use parakeet::kernels::panel::PanelQueue;
     use std::sync::atomic::AtomicUsize;
     for threads in 1..=4 {
         for panels in [1, 2, 7, 64, 256, 257] {

@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use parakeet::backend::DType;
-use parakeet::backend::gguf::{GgufFile, MetaValue};
-use parakeet::backend::qgemm::{Layout, Q8_0X8_KEY};
 use parakeet::convert::{
     self, NemoArchive, NemoModel, NemoTensor, OutType, ggml_shape, read_nemo, storage_layout,
     storage_type,
 };
+use parakeet::gguf::{GgufFile, MetaValue};
+use parakeet::layout::{Layout, Q8_0X8_KEY};
 use serde_yaml::Value;
 
 const MODELS: [&str; 4] = ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt", "tiny_ctc"];
@@ -115,10 +115,7 @@ fn check_tensors(model: &str, ty: OutType, nemo: &NemoModel, g: &GgufFile) {
             .weight(&t.name, &ne, &[want_type])
             .unwrap_or_else(|e| panic!("{model} {ty:?}: {e:#}"));
         let layout = storage_layout(&t.name, &ne, want_type);
-        if want_type != DType::F32 {
-            // (f32 matrices have their own panel16 layout, checked elsewhere.)
-            assert_eq!(w.layout(), layout, "{model} {ty:?} {}", t.name);
-        }
+        assert_eq!(w.layout(), layout, "{model} {ty:?} {}", t.name);
         if layout == Layout::Q8_0x8 {
             // The values of ggml's q8_0, reordered: the read-back undoes the order.
             assert!(

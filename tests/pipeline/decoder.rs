@@ -8,6 +8,7 @@ use parakeet::convert::OutType;
 use parakeet::decoder::ctc::log_softmax_rows;
 use parakeet::decoder::greedy::Step;
 use parakeet::decoder::nets::{JointInput, Nets, PredictInput};
+use parakeet::kernels::FusedOps;
 use parakeet::session::{DecoderChoice, Session};
 use serde_json::Value;
 

@@ -2,9 +2,8 @@
 //! and the problem, or handled right, never an abort, a hang or a silently lost result.
 
 use crate::common::*;
-use parakeet::backend::gguf::{GgufFile, MetaValue};
-use parakeet::backend::gguf_writer::GgufWriter;
 use parakeet::convert::OutType;
+use parakeet::gguf::{GgufFile, GgufWriter, MetaValue};
 use parakeet::model::Model;
 use parakeet::output::{self, Format};
 use std::io::{Read, Write};
@@ -191,7 +190,7 @@ fn the_rewritten_model_still_loads() {
 fn gguf_defects_name_the_field_and_offset() {
     let good = std::fs::read(tdt()).unwrap();
     let dir = scratch("defects");
-    let header = parakeet::backend::gguf_header::check_header(&good).unwrap();
+    let header = parakeet::gguf::header::check_header(&good).unwrap();
     let write = |name: &str, bytes: &[u8]| {
         let p = dir.join(name);
         std::fs::write(&p, bytes).unwrap();

@@ -3,10 +3,9 @@
 
 use crate::common::*;
 use parakeet::backend::DType;
-use parakeet::backend::gguf::{GgufFile, Layout, MetaValue};
-use parakeet::backend::gguf_writer::GgufWriter;
-use parakeet::backend::sgemm::pack_panels;
 use parakeet::convert::OutType;
+use parakeet::gguf::{GgufFile, GgufWriter, MetaValue};
+use parakeet::layout::{Layout, pack_panels};
 use parakeet::model::{Model, ModelType};
 use std::path::{Path, PathBuf};
 

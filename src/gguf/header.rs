@@ -243,7 +243,7 @@ fn scalar_size(ty: u32) -> Option<u64> {
 
 /// (name, block size, bytes per block) of a tensor type the runtime reads.
 fn tensor_type(ty: u32) -> Option<(&'static str, u64, u64)> {
-    let t = super::DType::from_ggml(ty as _)?;
+    let t = crate::backend::DType::from_ggml(ty as _)?;
     let block = t.block_size();
     Some((t.name(), block as u64, t.row_bytes(block) as u64))
 }

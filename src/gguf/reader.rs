@@ -2,11 +2,12 @@
 //!
 //! The file is memory-mapped and the CPU backend wraps the mapping as its buffer, so the weights
 //! are never copied (the kernel pages them in at load, with 2 MiB pages where it can:
-//! `backend::pagecache`). Every tensor's extent is checked against the file size before any
+//! [`super::pagecache`]). Every tensor's extent is checked against the file size before any
 //! tensor is touched, so a truncated file is an error, not a segfault.
 
-use super::qgemm;
-use super::{DType, MAX_NAME};
+use crate::backend::DType;
+use crate::backend::weight::{Weight, WeightBuffers};
+use crate::layout::{Layout, PANEL16_KEY, Q8_0X8_KEY};
 use anyhow::{Context, Result, anyhow, bail};
 use llama_cpp_sys_2 as sys;
 use memmap2::Mmap;
@@ -15,199 +16,6 @@ use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
-
-/// Owns the ggml objects behind a set of weights; freed when the last [`Weight`] goes.
-struct WeightBuffers {
-    ctx: NonNull<sys::ggml_context>,
-    buffer: sys::ggml_backend_buffer_t,
-    // Keeps the mapping alive under a zero-copy buffer.
-    _map: Option<Mmap>,
-    // The mapped file, for page-cache hints (`backend::pagecache`).
-    file: Option<std::fs::File>,
-}
-
-// Weights are read-only after load; the handles are only freed in Drop.
-unsafe impl Send for WeightBuffers {}
-unsafe impl Sync for WeightBuffers {}
-
-impl Drop for WeightBuffers {
-    fn drop(&mut self) {
-        // SAFETY: created once in this module, freed once here (buffer before its mapping).
-        unsafe {
-            if !self.buffer.is_null() {
-                sys::ggml_backend_buffer_free(self.buffer);
-            }
-            sys::ggml_free(self.ctx.as_ptr());
-        }
-    }
-}
-
-/// A weight tensor living in a backend buffer. Cheap to clone; keeps its buffer alive.
-#[derive(Clone)]
-pub struct Weight {
-    ptr: NonNull<sys::ggml_tensor>,
-    name: Arc<str>,
-    layout: Layout,
-    _owner: Arc<WeightBuffers>,
-}
-
-/// How a weight's elements are ordered in its buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// ggml's own order (`ne0` fastest); every ggml op can read it.
-    Plain,
-    /// An f32 matrix packed in 16-row panels for the encoder's GEMM ([`super::sgemm`]); only
-    /// `Graph::linear` reads it.
-    Panel16,
-    /// q8_0 blocks repacked into 8-row panels for the int8 kernel ([`super::qgemm`]); only
-    /// `Graph::linear` reads it.
-    Q8_0x8,
-}
-
-/// GGUF key listing the tensors stored in the [`Layout::Panel16`] order.
-pub const PANEL16_KEY: &str = "parakeet.layout.panel16";
-
-impl Layout {
-    pub fn name(self) -> &'static str {
-        match self {
-            Layout::Plain => "plain",
-            Layout::Panel16 => "panel16",
-            Layout::Q8_0x8 => "q8_0x8",
-        }
-    }
-}
-
-// See WeightBuffers.
-unsafe impl Send for Weight {}
-unsafe impl Sync for Weight {}
-
-impl std::fmt::Debug for Weight {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Weight({}, {:?}, {:?}, {})",
-            self.name,
-            self.shape(),
-            self.dtype(),
-            self.layout.name()
-        )
-    }
-}
-
-impl Weight {
-    pub(crate) fn raw(&self) -> *mut sys::ggml_tensor {
-        self.ptr.as_ptr()
-    }
-
-    fn t(&self) -> &sys::ggml_tensor {
-        // SAFETY: kept alive by _owner.
-        unsafe { self.ptr.as_ref() }
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-
-    /// Shape in ggml order (`ne0` fastest), trailing 1s included.
-    pub fn shape(&self) -> [usize; 4] {
-        self.t().ne.map(|n| n as usize)
-    }
-
-    pub fn dtype(&self) -> DType {
-        DType::from_ggml(self.t().type_).expect("weights are validated on load")
-    }
-
-    pub fn elements(&self) -> usize {
-        self.shape().iter().product()
-    }
-
-    pub fn bytes(&self) -> usize {
-        // SAFETY: metadata only.
-        unsafe { sys::ggml_nbytes(self.raw()) }
-    }
-
-    /// The weight's values as f32 on the host (dequantised), ggml order. For load-time
-    /// precomputation (folding BatchNorm, say), never per graph.
-    pub fn to_host_f32(&self) -> Vec<f32> {
-        let n = self.elements();
-        if self.layout == Layout::Panel16 {
-            let [k, m, ..] = self.shape();
-            let plain = Weight {
-                layout: Layout::Plain,
-                ..self.clone()
-            };
-            return super::sgemm::unpack_panels(&plain.to_host_f32(), m, k);
-        }
-        let mut raw = vec![0u8; self.bytes()];
-        // SAFETY: the tensor is allocated; raw has exactly its size.
-        unsafe { sys::ggml_backend_tensor_get(self.raw(), raw.as_mut_ptr().cast(), 0, raw.len()) };
-        if self.layout == Layout::Q8_0x8 {
-            let [k, m, ..] = self.shape();
-            raw = qgemm::unpack_q8_0x8(&raw, k, m);
-        }
-        match self.dtype() {
-            DType::F32 => raw
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            DType::I32 => raw
-                .chunks_exact(4)
-                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32)
-                .collect(),
-            ty => {
-                let mut out = vec![0f32; n];
-                // SAFETY: type traits are static; to_float converts n elements of `ty`.
-                unsafe {
-                    let traits = sys::ggml_get_type_traits(ty.to_ggml());
-                    let to_float = (*traits).to_float.expect("ggml type without to_float");
-                    to_float(raw.as_ptr().cast(), out.as_mut_ptr(), n as i64);
-                }
-                out
-            }
-        }
-    }
-}
-
-/// Converts elements to a type's bytes with ggml's own routines (f16 rounding, q8_0 blocks).
-/// `n_per_row` must be a multiple of the type's block size.
-pub fn quantize_rows(data: &[f32], n_per_row: usize, ty: DType) -> Result<Vec<u8>> {
-    if n_per_row == 0
-        || !data.len().is_multiple_of(n_per_row)
-        || !n_per_row.is_multiple_of(ty.block_size())
-    {
-        bail!(
-            "cannot store {} values in rows of {n_per_row} as {}",
-            data.len(),
-            ty.name()
-        );
-    }
-    let rows = data.len() / n_per_row;
-    match ty {
-        DType::F32 => Ok(data.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::I32 => bail!("i32 is not a weight storage type"),
-        _ => {
-            let mut out = vec![0u8; ty.row_bytes(n_per_row) * rows];
-            // SAFETY: out holds rows * row_size bytes; data holds rows * n_per_row floats.
-            let written = unsafe {
-                sys::ggml_quantize_chunk(
-                    ty.to_ggml(),
-                    data.as_ptr(),
-                    out.as_mut_ptr().cast(),
-                    0,
-                    rows as i64,
-                    n_per_row as i64,
-                    std::ptr::null(),
-                )
-            };
-            debug_assert_eq!(written, out.len());
-            Ok(out)
-        }
-    }
-}
 
 /// A metadata value, as far as the runtime needs them.
 #[derive(Clone, Debug, PartialEq)]
@@ -256,7 +64,7 @@ impl GgufFile {
         super::pagecache::advise_huge(&map);
         // Our own walk first: it names the defective field and its offset, where ggml's
         // reader only fails.
-        let header = super::gguf_header::check_header(&map)
+        let header = super::header::check_header(&map)
             .map_err(|e| anyhow!("{shown}: malformed GGUF: {e}"))?;
         // With no tensors there is no data section to wrap (and its start need not be aligned).
         if header.n_tensors == 0 {
@@ -283,12 +91,7 @@ impl GgufFile {
         let guard = GgufGuard(gguf);
         let ctx = NonNull::new(meta_ctx).expect("checked above");
         // From here `owner` frees the ggml context on every path.
-        let mut owner = WeightBuffers {
-            ctx,
-            buffer: std::ptr::null_mut(),
-            _map: None,
-            file: None,
-        };
+        let mut owner = WeightBuffers::new(ctx);
         let meta = read_metadata(guard.0);
         // SAFETY: gguf is live.
         let data_offset = unsafe { sys::gguf_get_data_offset(guard.0) };
@@ -343,7 +146,7 @@ impl GgufFile {
             if buffer.is_null() {
                 bail!("{shown}: could not wrap the weights in a backend buffer");
             }
-            owner.buffer = buffer;
+            owner.set_buffer(buffer);
             sys::ggml_backend_buffer_set_usage(buffer, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
             for (name, t, start) in &infos {
                 let addr = map.as_ptr().add(*start) as *mut std::ffi::c_void;
@@ -359,8 +162,7 @@ impl GgufFile {
                 }
             }
         }
-        owner._map = Some(map);
-        owner.file = Some(file);
+        owner.hold(map, file);
         let owner = Arc::new(owner);
         let order: Vec<String> = infos.iter().map(|(n, _, _)| n.clone()).collect();
         let packed = panel16_names(&meta, path)?;
@@ -372,12 +174,7 @@ impl GgufFile {
                 } else {
                     Layout::Plain
                 };
-                let w = Weight {
-                    ptr: t,
-                    name: name.as_str().into(),
-                    layout,
-                    _owner: owner.clone(),
-                };
+                let w = Weight::new(t, &name, layout, owner.clone());
                 (name, w)
             })
             .collect();
@@ -385,8 +182,7 @@ impl GgufFile {
             let w = weights.get(name).ok_or_else(|| {
                 anyhow!("{shown}: {PANEL16_KEY} names '{name}', which is not a tensor")
             })?;
-            let [_, m, a, b] = w.shape();
-            if w.dtype() != DType::F32 || !m.is_multiple_of(super::sgemm::PANEL) || a * b != 1 {
+            if !Layout::Panel16.fits(w.dtype().elem(), &trim(w.shape())) {
                 bail!(
                     "{shown}: tensor '{name}' is listed as panel-packed but is {} {:?} \
                      (needs a 2-D f32 matrix with a multiple of 16 rows)",
@@ -407,12 +203,10 @@ impl GgufFile {
     /// Maps every page of the weights now (the file into the page cache and our page tables),
     /// so that the first utterance does not fault them in one by one (about 6 % of the first
     /// f32 0.6b transcription, moved into the model load), with 2 MiB pages where the kernel
-    /// can give them (`backend::pagecache`: 2.5x the 1-thread 0.6b encoder on a VM). A hint
+    /// can give them ([`super::pagecache`]: 2.5x the 1-thread 0.6b encoder on a VM). A hint
     /// only: errors are ignored, and the pages then come in on first use.
     pub fn populate(&self) {
-        if let Some(owner) = self.weights.values().next().map(|w| &w._owner)
-            && let (Some(map), Some(file)) = (&owner._map, &owner.file)
-        {
+        if let Some((map, file)) = self.weights.values().next().and_then(|w| w.mapping()) {
             super::pagecache::populate(map, file);
         }
     }
@@ -546,7 +340,7 @@ fn panel16_names(
     }
 }
 
-/// Flags the tensors that [`qgemm::Q8_0X8_KEY`] lists as stored in the `q8_0x8` layout, after
+/// Flags the tensors that [`Q8_0X8_KEY`] lists as stored in the `q8_0x8` layout, after
 /// checking that each exists and is a q8_0 matrix that layout can hold.
 fn mark_repacked(
     path: &Path,
@@ -554,29 +348,29 @@ fn mark_repacked(
     weights: &mut HashMap<String, Weight>,
 ) -> Result<()> {
     let shown = path.display();
-    let names = match meta.get(qgemm::Q8_0X8_KEY) {
+    let names = match meta.get(Q8_0X8_KEY) {
         None => return Ok(()),
         Some(MetaValue::StrArray(v)) => v,
         Some(v) => bail!(
             "{shown}: metadata key '{}' should be a string array, found {v:?}",
-            qgemm::Q8_0X8_KEY
+            Q8_0X8_KEY
         ),
     };
     for name in names {
         let Some(w) = weights.get_mut(name) else {
             bail!(
                 "{shown}: '{}' lists tensor '{name}', which is missing",
-                qgemm::Q8_0X8_KEY
+                Q8_0X8_KEY
             );
         };
-        if w.dtype() != DType::Q8_0 || !qgemm::can_repack(&trim(w.shape())) {
+        if !Layout::Q8_0x8.fits(w.dtype().elem(), &trim(w.shape())) {
             bail!(
                 "{shown}: tensor '{name}' cannot be in the q8_0x8 layout: it is {} {:?} (q8_0 [k, m] with k % 32 == 0 and m % 8 == 0 needed)",
                 w.dtype().name(),
                 trim(w.shape())
             );
         }
-        w.layout = Layout::Q8_0x8;
+        w.set_layout(Layout::Q8_0x8);
     }
     Ok(())
 }
@@ -663,112 +457,6 @@ unsafe fn read_array(gguf: *mut sys::gguf_context, i: i64) -> MetaValue {
             sys::GGUF_TYPE_INT8 => ints!(i8),
             sys::GGUF_TYPE_UINT8 => ints!(u8),
             _ => MetaValue::Other("array"),
-        }
-    }
-}
-
-/// Weights computed on the host at load time (e.g. BatchNorm folded into a conv), realised once
-/// into their own backend buffer.
-#[derive(Default)]
-pub struct HostWeights {
-    pending: Vec<(String, Vec<usize>, Vec<f32>)>,
-    panel16: std::collections::HashSet<String>,
-}
-
-impl HostWeights {
-    pub fn new() -> HostWeights {
-        HostWeights::default()
-    }
-
-    /// Queue an f32 tensor (`shape` in ggml order).
-    pub fn push(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
-        assert_eq!(
-            shape.iter().product::<usize>(),
-            data.len(),
-            "{name}: shape/data mismatch"
-        );
-        assert!(
-            (1..=4).contains(&shape.len()),
-            "{name}: rank {}",
-            shape.len()
-        );
-        self.pending.push((name.to_string(), shape.to_vec(), data));
-    }
-
-    /// Queue a torch Linear weight `w [m][k]` (row-major), stored panel-packed as the
-    /// converter stores the encoder's linears. `m` must be a multiple of 16.
-    pub fn push_panel16(&mut self, name: &str, m: usize, k: usize, w: &[f32]) {
-        let packed = super::sgemm::pack_panels(w, m, k);
-        self.push(name, &[k, m], packed);
-        self.panel16.insert(name.to_string());
-    }
-
-    /// Allocate one CPU buffer for everything queued and upload it.
-    pub fn realize(self) -> Result<HashMap<String, Weight>> {
-        if self.pending.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let n = self.pending.len();
-        // SAFETY: metadata-only context sized for n tensors; one buffer allocated for all of
-        // them; each upload writes exactly the tensor's byte size.
-        unsafe {
-            let ctx = sys::ggml_init(sys::ggml_init_params {
-                mem_size: sys::ggml_tensor_overhead() * (n + 1),
-                mem_buffer: std::ptr::null_mut(),
-                no_alloc: true,
-            });
-            let ctx = NonNull::new(ctx).ok_or_else(|| anyhow!("ggml: cannot create a context"))?;
-            let mut owner = WeightBuffers {
-                ctx,
-                buffer: std::ptr::null_mut(),
-                _map: None,
-                file: None,
-            };
-            let mut tensors = Vec::with_capacity(n);
-            for (name, shape, _) in &self.pending {
-                let ne: Vec<i64> = shape.iter().map(|&v| v as i64).collect();
-                let t = sys::ggml_new_tensor(
-                    ctx.as_ptr(),
-                    sys::GGML_TYPE_F32,
-                    ne.len() as i32,
-                    ne.as_ptr(),
-                );
-                let t = NonNull::new(t).ok_or_else(|| anyhow!("ggml: cannot create {name}"))?;
-                let short: String = name.chars().take(MAX_NAME).collect();
-                let c = CString::new(short).unwrap_or_default();
-                sys::ggml_set_name(t.as_ptr(), c.as_ptr());
-                tensors.push(t);
-            }
-            let buft = sys::ggml_backend_cpu_buffer_type();
-            let buffer = sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), buft);
-            if buffer.is_null() {
-                bail!("ggml: cannot allocate {n} derived weights");
-            }
-            owner.buffer = buffer;
-            sys::ggml_backend_buffer_set_usage(buffer, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-            for (t, (_, _, data)) in tensors.iter().zip(&self.pending) {
-                sys::ggml_backend_tensor_set(t.as_ptr(), data.as_ptr().cast(), 0, data.len() * 4);
-            }
-            let owner = Arc::new(owner);
-            Ok(self
-                .pending
-                .into_iter()
-                .zip(tensors)
-                .map(|((name, _, _), t)| {
-                    let layout = if self.panel16.contains(&name) {
-                        Layout::Panel16
-                    } else {
-                        Layout::Plain
-                    };
-                    let w = Weight {
-                        ptr: t,
-                        name: name.as_str().into(),
-                        layout,
-                        _owner: owner.clone(),
-                    };
-                    (name, w)
-                })
-                .collect())
         }
     }
 }

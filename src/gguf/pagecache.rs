@@ -1,9 +1,8 @@
 //! The weights' pages: a model's weights stream from memory once per utterance (2.3 GB for the
 //! 0.6b in f32), and through 4 KiB pages every 4 KiB costs a TLB miss and a page walk, which in
-//! a virtual machine (nested paging) is itself a chain of memory reads. Measured on the 2-core
-//! VM (docs/BENCHMARKS.md, session 8): reading the mapped 0.6b GGUF ran at 1.3-2.9 GB/s through
-//! 4 KiB pages and at 12-13 GB/s through 2 MiB pages; the 1-thread 0.6b f32 encoder took
-//! 3.9-5.7 s against 1.5-1.6 s.
+//! a virtual machine (nested paging) is itself a chain of memory reads: 2 MiB pages read the
+//! mapping several times faster there (docs/BENCHMARKS.md, "Measurements behind code
+//! comments").
 //!
 //! Linux maps a file with 2 MiB pages when its page cache holds 2 MiB folios (ext4 since 6.16,
 //! xfs, ...) and the mapping is 2 MiB-aligned; the page cache creates such folios when a

@@ -2,7 +2,7 @@
 //! streams ("panel16", docs/GGUF.md): the encoder's linears `y = x W^T` run here as two ggml
 //! custom ops, one packing the (small) activations once for every thread and every linear that
 //! reads them (`pack_activations`), one computing the panels that each thread claims from a
-//! [`PanelQueue`].
+//! [`PanelQueue`](super::panel::PanelQueue).
 //!
 //! A torch Linear weight `W [m, k]` (ggml `ne [k, m]`, `m % 16 == 0`) is stored as `m / 16`
 //! panels; panel `p` holds, for each input index `kk`, the 16 weights of output channels
@@ -13,8 +13,10 @@
 //! The kernel is chosen at run time: AVX-512F, AVX2+FMA, or portable Rust that the compiler
 //! vectorises for whatever target it builds (aarch64 included).
 
-/// Output channels per panel.
-pub const PANEL: usize = 16;
+use super::cpu::Isa;
+use super::panel::GemmNode;
+use crate::backend::custom::{Body, CustomOp};
+use crate::layout::PANEL16_ROWS as PANEL;
 
 /// Inner-dimension block: a 16 x KC panel slice (16 KiB) stays in L1 while it is reused for
 /// every column tile of the block.
@@ -22,95 +24,8 @@ const KC: usize = 256;
 /// Column block: KC x NC activations (192 KiB) stay in L2 while every panel streams past them.
 const NC: usize = 192;
 
-/// Pack a row-major torch weight `w [m][k]` into panels. `m` must be a multiple of [`PANEL`].
-pub fn pack_panels(w: &[f32], m: usize, k: usize) -> Vec<f32> {
-    assert!(
-        m.is_multiple_of(PANEL) && w.len() == m * k,
-        "pack_panels {m} x {k}"
-    );
-    let mut out = vec![0f32; m * k];
-    for p in 0..m / PANEL {
-        for r in 0..PANEL {
-            let row = &w[(p * PANEL + r) * k..][..k];
-            for (kk, &v) in row.iter().enumerate() {
-                out[(p * k + kk) * PANEL + r] = v;
-            }
-        }
-    }
-    out
-}
-
-/// The inverse of [`pack_panels`].
-pub fn unpack_panels(packed: &[f32], m: usize, k: usize) -> Vec<f32> {
-    assert!(
-        m.is_multiple_of(PANEL) && packed.len() == m * k,
-        "unpack_panels {m} x {k}"
-    );
-    let mut out = vec![0f32; m * k];
-    for p in 0..m / PANEL {
-        for kk in 0..k {
-            for r in 0..PANEL {
-                out[(p * PANEL + r) * k + kk] = packed[(p * k + kk) * PANEL + r];
-            }
-        }
-    }
-    out
-}
-
-/// The instruction sets a kernel can use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
+/// What the panel kernels need of an instruction set.
 impl Isa {
-    /// The best kernel this CPU runs.
-    pub fn best() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
-    }
-
-    /// Every kernel this CPU can run (for tests).
-    pub fn available() -> Vec<Isa> {
-        let mut v = vec![Isa::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                v.push(Isa::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                v.push(Isa::Avx512);
-            }
-        }
-        v
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Portable => "portable",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => "avx2+fma",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => "avx512f",
-        }
-    }
-
     /// Whether the kernel has a 32-row tile over two neighbouring panels.
     fn pairs(self) -> bool {
         #[cfg(target_arch = "x86_64")]
@@ -274,119 +189,6 @@ pub(crate) unsafe fn gemm_panels(
 /// ggml's relu, `v > 0 ? v : 0` (-0 and NaN give +0).
 fn relu_f32(v: f32) -> f32 {
     if v > 0.0 { v } else { 0.0 }
-}
-
-/// What a GEMM node of the graph carries in its `userdata`: its [`PanelQueue`] counter, which
-/// optional sources it has, and what follows the product (and bias) in the node itself.
-#[derive(Default)]
-pub struct GemmNode {
-    pub next: std::sync::atomic::AtomicUsize,
-    /// A ReLU in the store (f32 panel GEMM only).
-    pub relu: bool,
-    /// Whether the node has a bias source (the first after its two operands).
-    pub bias: bool,
-    /// `residual + scale * v` on each claimed range once it is computed, the residual being
-    /// the node's last source (the output's shape): the values of a `scale` node and an `add`
-    /// node after it, without another pass over the output. (A SiLU done the same way, after
-    /// each feed-forward's first linear, measured no faster than ggml's own `silu` node: its
-    /// exponentials, not the pass over memory, are what it costs.)
-    pub residual: Option<f32>,
-}
-
-impl GemmNode {
-    /// What the node does after the product on the panels `panels` (of `panel` rows each) a
-    /// thread has just computed: `y = residual + scale * y` over their rows of every column of
-    /// `y` (`n` columns of `m` values), where the node has a residual.
-    ///
-    /// # Safety
-    /// `y` holds `n * m` values and this thread owns these rows; `residual` (the node's
-    /// residual source, null without one) holds `n * m` values.
-    pub(crate) unsafe fn finish_panels(
-        &self,
-        y: *mut f32,
-        residual: *const f32,
-        (m, n): (usize, usize),
-        (panels, panel): (std::ops::Range<usize>, usize),
-    ) {
-        if let Some(scale) = self.residual {
-            let rows = panels.start * panel..panels.end * panel;
-            // SAFETY: per the contract.
-            unsafe { add_residual_rows(scale, y, residual, (m, n), rows) };
-        }
-    }
-}
-
-/// `y = residual + scale * y` over rows `rows` of every column of `y` (`n` columns of `m`
-/// values), see [`GemmNode::residual`].
-///
-/// # Safety
-/// `y` and `residual` hold `n * m` values and this thread owns `y`'s rows `rows`.
-unsafe fn add_residual_rows(
-    scale: f32,
-    y: *mut f32,
-    residual: *const f32,
-    (m, n): (usize, usize),
-    rows: std::ops::Range<usize>,
-) {
-    assert!(rows.end <= m && !residual.is_null());
-    for j in 0..n {
-        // SAFETY: column j's rows `rows` are within y and residual (another tensor, only
-        // read); this thread owns them in y.
-        let (out, r) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(y.add(j * m + rows.start), rows.len()),
-                std::slice::from_raw_parts(residual.add(j * m + rows.start), rows.len()),
-            )
-        };
-        if scale == 1.0 {
-            for (v, &r) in out.iter_mut().zip(r) {
-                *v += r;
-            }
-        } else {
-            for (v, &r) in out.iter_mut().zip(r) {
-                *v = r + *v * scale;
-            }
-        }
-    }
-}
-
-/// Hands out a product's panels to the threads computing it: guided, each claim a fraction of
-/// what is left (big ranges first, for the activations' reuse in cache; single pairs at the
-/// end), so that no thread waits long for another at the node's end (the random per-node
-/// imbalance of a static split cost ~10 % of the 0.6b encoder at 2 threads). One thread
-/// takes everything at once.
-pub struct PanelQueue<'a> {
-    /// Panels handed out so far (zero before the first claim).
-    pub next: &'a std::sync::atomic::AtomicUsize,
-    pub panels: usize,
-    pub threads: usize,
-}
-
-impl PanelQueue<'_> {
-    /// The next range of panels (starting on a pair), or `None` when all are taken.
-    pub fn claim(&self) -> Option<std::ops::Range<usize>> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let mut cur = self.next.load(Relaxed);
-        loop {
-            if cur >= self.panels {
-                return None;
-            }
-            let left = self.panels - cur;
-            let share = if self.threads <= 1 {
-                left
-            } else {
-                (left / (2 * self.threads)).next_multiple_of(2).max(2)
-            };
-            let take = share.min(left);
-            match self
-                .next
-                .compare_exchange_weak(cur, cur + take, Relaxed, Relaxed)
-            {
-                Ok(_) => return Some(cur..cur + take),
-                Err(now) => cur = now,
-            }
-        }
-    }
 }
 
 /// One (column block, inner block) of the product for `panels`: every pair (or single) panel
@@ -813,6 +615,77 @@ unsafe fn pair_avx512<const NR: usize>(t: Tile, next: usize) {
             _mm512_storeu_ps(out, l);
             _mm512_storeu_ps(out1, h);
         }
+    }
+}
+
+/// The node packing a linear's f32 input `x` (source 0, `[k, n...]`, contiguous) for the
+/// panel GEMM into its result (`n * k` values), the blocks split over the threads; with
+/// `silu`, what it packs is `silu(x)`.
+pub(crate) struct PackActivations {
+    pub silu: bool,
+}
+
+impl Body for PackActivations {
+    fn run(&self, op: &CustomOp<'_>) {
+        let x = op.src_f32(0);
+        let [k, n1, n2, n3] = op.src_shape(0);
+        let dims = Dims {
+            m: 0,
+            k,
+            n: n1 * n2 * n3,
+        };
+        // SAFETY: the result holds x's values; each thread writes only its own blocks.
+        unsafe {
+            pack_activations(
+                Isa::best(),
+                x.as_ptr(),
+                dims,
+                (op.ith(), op.nth()),
+                op.dst_ptr(),
+                self.silu,
+            )
+        };
+    }
+}
+
+/// The node `y [m, n...] = W x` with `W` panel-packed (source 0, `[k, m]`) and `x` packed by
+/// [`PackActivations`] (source 1), then the bias and residual its [`GemmNode`] lists; the
+/// threads take panels from the node's queue.
+pub(crate) struct Panel16Gemm {
+    pub node: GemmNode,
+}
+
+impl Body for Panel16Gemm {
+    fn run(&self, op: &CustomOp<'_>) {
+        let [k, m, ..] = op.src_shape(0);
+        let [_, n1, n2, n3] = op.shape();
+        let dims = Dims {
+            m,
+            k,
+            n: n1 * n2 * n3,
+        };
+        let (w, xp) = (op.src_f32(0).as_ptr(), op.src_f32(1).as_ptr());
+        let bias = self.node.bias(op);
+        // The next range is claimed before this one is computed, so that its first panels'
+        // weights are fetched while this range's last ones compute.
+        self.node
+            .drive(op, (m, dims.n), PANEL, true, |panels, next| {
+                // SAFETY: the sources are as the builder checked; this thread owns the claimed
+                // panels' rows.
+                unsafe {
+                    gemm_panels(
+                        Isa::best(),
+                        w,
+                        xp,
+                        bias,
+                        op.dst_ptr(),
+                        dims,
+                        panels,
+                        next,
+                        self.node.relu,
+                    )
+                }
+            });
     }
 }
 

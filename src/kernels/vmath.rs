@@ -3,6 +3,9 @@
 //! order (no fused multiply-adds), so both give the same bits. libm's `expf` is a call per
 //! value, which kept those loops scalar.
 
+#[cfg(target_arch = "x86_64")]
+use super::cpu::avx512;
+
 /// `e^x` for `x <= 0`: `2^n * e^r` with `r = x - n ln 2` in `[-ln2/2, ln2/2]` (Cody-Waite
 /// split) and a degree-7 Taylor polynomial; within 2e-7 relative, and exactly 0 below -87.3
 /// (where f32 underflows anyway). `n` is rounded by adding 1.5 * 2^23, which leaves it in the
@@ -126,11 +129,6 @@ pub fn glu(a: &[f32], gate: &[f32], out: &mut [f32]) {
     for ((o, &a), &g) in out.iter_mut().zip(a).zip(gate) {
         *o = a * sigmoid(g);
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
 }
 
 /// The loops above, sixteen lanes at a time; each returns how many leading values it did

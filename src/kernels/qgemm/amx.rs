@@ -4,8 +4,8 @@
 //! holds 4 consecutive quants of each of the panel's 8 rows, so the block's 8 groups are a
 //! tile of 8 rows x 32 bytes (stride 32). The activations are the first operand as the
 //! quantizer lays them out for this kernel: 16 steps x the block's 32 quants, 512 contiguous
-//! bytes (`super::quants_at`), signed as for the AVX2 kernel. One `tdpbssd` then gives the
-//! 16 x 8 integer sums of a block for a panel; two panels' sums are stored side by side, so
+//! bytes (`super::quantize::quants_at`), signed as for the AVX2 kernel. One `tdpbssd` then gives
+//! the 16 x 8 integer sums of a block for a panel; two panels' sums are stored side by side, so
 //! each step's 16 rows are one register that the block's weight and activation scales multiply
 //! into the f32 accumulators. The per-block scaling, on the vector units, and the tile
 //! multiplies, on the AMX unit, run side by side. (Measured: a `tdpbssd` costs ~19 cycles
@@ -64,36 +64,6 @@ impl TileConfig {
     }
 }
 
-/// Whether this CPU has AMX-INT8 and the OS lets this process use the tile registers (on
-/// Linux the tile data state must be requested once per process). Found once.
-pub(super) fn usable() -> bool {
-    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *USABLE.get_or_init(|| {
-        let leaf7 = __cpuid_count(7, 0);
-        let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
-        tile && int8 && is_x86_feature_detected!("avx512f") && request_tile_data()
-    })
-}
-
-#[cfg(target_os = "linux")]
-fn request_tile_data() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with this request only changes the process's permitted xsave state.
-    unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn request_tile_data() -> bool {
-    false
-}
-
 /// The integer sums of two blocks' tiles (even, odd), two panels side by side: step `t`'s 16
 /// rows at `t * 16`.
 #[repr(C, align(64))]
@@ -102,9 +72,9 @@ struct Sums([i32; 2 * ROWS * 2 * PANEL]);
 /// Panels `p0..p1` of the whole `q8_0x8` matrix `w`, every step (as `vnni::panels`).
 ///
 /// # Safety
-/// [`usable`] is true; the activations were quantized signed, in tiles, and padded to
-/// [`STEP_PAD`] steps; the extents checked by `gemm_panels`; `out` holds `n` steps of `m` rows
-/// (step stride `m`) and the rows of these panels are ours.
+/// The CPU runs `Kernel::Amx` (`crate::kernels::cpu`); the activations were quantized signed,
+/// in tiles, and padded to [`STEP_PAD`] steps; the extents checked by `gemm_panels`; `out`
+/// holds `n` steps of `m` rows (step stride `m`) and the rows of these panels are ours.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn panels(

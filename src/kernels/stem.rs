@@ -11,78 +11,72 @@
 //! depthwise kernel does (FMAs over the taps inside the image, rows then columns), then the
 //! bias.
 
-use super::gguf::{Layout, Weight};
-use super::graph::check;
-use super::sgemm::PANEL;
-use super::{DType, Graph, Tensor};
-use llama_cpp_sys_2 as sys;
-use std::os::raw::{c_int, c_void};
+#[cfg(target_arch = "x86_64")]
+use super::cpu::avx512;
+use crate::backend::custom::{Body, CustomOp, Out};
+use crate::backend::graph::check;
+use crate::backend::{DType, Graph, Tensor, Weight};
+use crate::layout::{Layout, PANEL16_ROWS as PANEL};
 
 /// Taps of a 3 x 3 kernel.
 const TAPS: usize = 9;
 
-impl<'g> Graph<'g> {
-    /// conv.0 + ReLU + depthwise conv.2 + bias over the feature image `x` ([W, H]: mels by
-    /// frames) -> `[C, W2, H2]` (channels fastest), `W2 = out(out(W))` with
-    /// `out(n) = (n - 1) / 2 + 1`. `conv0` is panel-packed (`[9, C]` as a linear), `conv2` the
-    /// channels-fastest depthwise kernel (`[C, 1, 3, 3]` in ggml order).
-    pub fn conv_stem(
-        &mut self,
-        x: Tensor<'g>,
-        (conv0, bias0): (&Weight, &Weight),
-        (conv2, bias2): (&Weight, &Weight),
-    ) -> Tensor<'g> {
-        let [w, h, one, one2] = x.shape();
-        let c = conv0.shape()[1];
-        check(
-            conv0.layout() == Layout::Panel16
-                && conv0.dtype() == DType::F32
-                && conv0.shape() == [TAPS, c, 1, 1]
-                && c.is_multiple_of(PANEL)
-                && conv2.shape() == [c, 1, 3, 3]
-                && conv2.layout() == Layout::Plain
-                && [bias0, bias2].iter().all(|b| {
-                    b.shape() == [c, 1, 1, 1]
-                        && b.dtype() == DType::F32
-                        && b.layout() == Layout::Plain
-                })
-                && conv2.dtype() == DType::F32
-                && one * one2 == 1
-                && w > 0
-                && h > 0
-                && x.dtype() == Some(DType::F32),
-            || {
-                format!(
-                    "conv_stem: x {:?}, conv.0 {:?} ({:?}), conv.2 {:?}",
-                    x.shape(),
-                    conv0.shape(),
-                    conv0.layout(),
-                    conv2.shape()
-                )
-            },
-        );
-        let x = if x.is_contiguous() { x } else { self.cont(x) };
-        let (w2, h2) = (half(half(w)), half(half(h)));
-        let mut args = [x.raw(), conv0.raw(), bias0.raw(), conv2.raw(), bias2.raw()];
-        // SAFETY: a [C, W2, H2] f32 result whose sources are the contiguous f32 image and the
-        // four f32 weights checked above (kept alive and ordered by the graph); the callback
-        // reads them and each thread writes its own rows of the result.
-        let t = unsafe {
-            sys::ggml_custom_4d(
-                self.ctx(),
-                sys::GGML_TYPE_F32,
-                c as i64,
-                w2 as i64,
-                h2 as i64,
-                1,
-                args.as_mut_ptr(),
-                args.len() as c_int,
-                Some(conv_stem_op),
-                -1, // every thread of the backend
-                std::ptr::null_mut(),
+/// conv.0 + ReLU + depthwise conv.2 + bias over the feature image `x` ([W, H]: mels by
+/// frames) -> `[C, W2, H2]` (channels fastest), `W2 = out(out(W))` with
+/// `out(n) = (n - 1) / 2 + 1`. `conv0` is panel-packed (`[9, C]` as a linear), `conv2` the
+/// channels-fastest depthwise kernel (`[C, 1, 3, 3]` in ggml order).
+pub fn conv_stem<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    (conv0, bias0): (&Weight, &Weight),
+    (conv2, bias2): (&Weight, &Weight),
+) -> Tensor<'g> {
+    let [w, h, one, one2] = x.shape();
+    let c = conv0.shape()[1];
+    check(
+        conv0.layout() == Layout::Panel16
+            && conv0.dtype() == DType::F32
+            && conv0.shape() == [TAPS, c, 1, 1]
+            && c.is_multiple_of(PANEL)
+            && conv2.shape() == [c, 1, 3, 3]
+            && conv2.layout() == Layout::Plain
+            && [bias0, bias2].iter().all(|b| {
+                b.shape() == [c, 1, 1, 1] && b.dtype() == DType::F32 && b.layout() == Layout::Plain
+            })
+            && conv2.dtype() == DType::F32
+            && one * one2 == 1
+            && w > 0
+            && h > 0
+            && x.dtype() == Some(DType::F32),
+        || {
+            format!(
+                "conv_stem: x {:?}, conv.0 {:?} ({:?}), conv.2 {:?}",
+                x.shape(),
+                conv0.shape(),
+                conv0.layout(),
+                conv2.shape()
             )
-        };
-        self.wrap(t, "conv stem (conv.0 + conv.2)")
+        },
+    );
+    let x = if x.is_contiguous() { x } else { g.cont(x) };
+    let (w2, h2) = (half(half(w)), half(half(h)));
+    let sources = [
+        x,
+        g.weight_source(conv0),
+        g.weight_source(bias0),
+        g.weight_source(conv2),
+        g.weight_source(bias2),
+    ];
+    // SAFETY: a [C, W2, H2] f32 result over the contiguous f32 image and the four f32 weights
+    // checked above, as ConvStem reads them; each thread writes its own rows of the result.
+    unsafe {
+        g.custom(
+            Out::F32,
+            [c, w2, h2, 1],
+            &sources,
+            ConvStem,
+            "conv stem (conv.0 + conv.2)",
+        )
     }
 }
 
@@ -210,11 +204,6 @@ fn conv0_point(taps: &[f32; TAPS], k0: &[f32], b0: &[f32], out: &mut [f32]) {
             out[r] = if v > 0.0 { v } else { 0.0 };
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
 }
 
 /// The two inner loops in 512-bit registers (the compiler's own vectorisation of the portable
@@ -357,45 +346,31 @@ mod avx512 {
     }
 }
 
-/// ggml custom-op body of [`Graph::conv_stem`]: this thread's share of the output rows.
-unsafe extern "C" fn conv_stem_op(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    _: *mut c_void,
-) {
-    // SAFETY: ggml calls this with the tensor built by `Graph::conv_stem`: src[0] the
-    // contiguous f32 image [w, h], src[1] the packed conv.0 [9, C], src[2] and src[4] f32 [C]
-    // biases, src[3] the f32 depthwise kernel [C, 1, 3, 3]; dst the f32 [C, w2, h2], all
-    // allocated; each thread writes only its own output rows.
-    unsafe {
-        let d = &*dst;
-        let src = |i: usize| &*d.src[i];
-        let slice = |i: usize, n: usize| std::slice::from_raw_parts(src(i).data as *const f32, n);
-        let (w, h, c) = (
-            src(0).ne[0] as usize,
-            src(0).ne[1] as usize,
-            d.ne[0] as usize,
-        );
+/// The node of [`conv_stem`]: source 0 the contiguous f32 image [w, h], source 1 the packed
+/// conv.0 [9, C], sources 2 and 4 f32 [C] biases, source 3 the f32 depthwise kernel
+/// [C, 1, 3, 3]; the result f32 [C, w2, h2]; each thread computes its own output rows.
+struct ConvStem;
+
+impl Body for ConvStem {
+    fn run(&self, op: &CustomOp<'_>) {
+        let [w, h, ..] = op.src_shape(0);
+        let [c, w2, h2, _] = op.shape();
         let stem = Stem {
-            x: slice(0, w * h),
+            x: op.src_f32(0),
             w,
             h,
             c,
-            k0: slice(1, TAPS * c),
-            b0: slice(2, c),
-            k2: slice(3, TAPS * c),
-            b2: slice(4, c),
+            k0: op.src_f32(1),
+            b0: op.src_f32(2),
+            k2: op.src_f32(3),
+            b2: op.src_f32(4),
         };
-        let (w2, h2) = (d.ne[1] as usize, d.ne[2] as usize);
-        let mine = super::thread_share(h2, ith as usize, nth as usize);
+        let mine = op.share(h2);
         if mine.is_empty() {
             return;
         }
-        let out = std::slice::from_raw_parts_mut(
-            (d.data as *mut f32).add(mine.start * w2 * c),
-            mine.len() * w2 * c,
-        );
+        // SAFETY: this thread's output rows, written by no other thread.
+        let out = unsafe { op.dst_mut::<f32>(mine.start * w2 * c..mine.end * w2 * c) };
         run(&stem, mine, out);
     }
 }
@@ -470,7 +445,7 @@ mod tests {
 
     #[test]
     fn sliding_rows_match_the_definition_in_any_split() {
-        let mut rng = crate::backend::TestValues::new(7);
+        let mut rng = crate::kernels::TestValues::new(7);
         let mut rnd = |n: usize| rng.take(n);
         // Odd and even sizes, a single row, a single column; channel counts that fill the
         // SIMD kernels' groups of eight vectors, and leave some over.
@@ -507,7 +482,7 @@ mod tests {
             for parts in [2, 3] {
                 let mut split = vec![0f32; h2 * row];
                 for part in 0..parts {
-                    let rows = crate::backend::thread_share(h2, part, parts);
+                    let rows = crate::backend::custom::thread_share(h2, part, parts);
                     let out = &mut split[rows.start * row..rows.end * row];
                     run(&s, rows, out);
                 }

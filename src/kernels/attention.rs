@@ -12,135 +12,102 @@
 //! Keys outside the utterance get exactly zero weight, as NeMo's `-inf` / `-10000` masks give
 //! after an f32 softmax.
 
+#[cfg(target_arch = "x86_64")]
+use super::cpu::avx512;
 use super::vmath::exp_in_place;
-use super::{DType, Graph, Tensor};
-use llama_cpp_sys_2 as sys;
-use std::os::raw::{c_int, c_void};
+use crate::backend::custom::{Body, CustomOp, Out};
+use crate::backend::{DType, Graph, Tensor};
 
-impl<'g> Graph<'g> {
-    /// Fused rel-pos multi-head attention over the window `[left, right]` around each query.
-    /// `q`, `k`, `v`: `[d_k, h, T]` (a linear's `[d, T]` output reshaped); `p`: the projected
-    /// positional rows `[d_k, h, left + right + 1]`, row `j - i + left` for key `j` of query
-    /// `i`; `bias_u`, `bias_v`: `[d_k, h]`. Returns `[d_k, h, T]` (before `linear_out`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn rel_pos_attention(
-        &mut self,
-        q: Tensor<'g>,
-        k: Tensor<'g>,
-        v: Tensor<'g>,
-        p: Tensor<'g>,
-        bias_u: Tensor<'g>,
-        bias_v: Tensor<'g>,
-        left: usize,
-        right: usize,
-    ) -> Tensor<'g> {
-        let [dk, h, t, one] = q.shape();
-        let ok = one == 1
-            && t > 0
-            && k.shape() == q.shape()
-            && v.shape() == q.shape()
-            && p.shape() == [dk, h, left + right + 1, 1]
-            && bias_u.shape() == [dk, h, 1, 1]
-            && bias_v.shape() == [dk, h, 1, 1]
-            && left < 1 << 31
-            && right < 1 << 31;
+/// Fused rel-pos multi-head attention over the window `[left, right]` around each query.
+/// `q`, `k`, `v`: `[d_k, h, T]` (a linear's `[d, T]` output reshaped); `p`: the projected
+/// positional rows `[d_k, h, left + right + 1]`, row `j - i + left` for key `j` of query `i`;
+/// `bias_u`, `bias_v`: `[d_k, h]`. Returns `[d_k, h, T]` (before `linear_out`).
+#[allow(clippy::too_many_arguments)]
+pub fn rel_pos_attention<'g>(
+    g: &mut Graph<'g>,
+    q: Tensor<'g>,
+    k: Tensor<'g>,
+    v: Tensor<'g>,
+    p: Tensor<'g>,
+    bias_u: Tensor<'g>,
+    bias_v: Tensor<'g>,
+    left: usize,
+    right: usize,
+) -> Tensor<'g> {
+    let [dk, h, t, one] = q.shape();
+    let ok = one == 1
+        && t > 0
+        && k.shape() == q.shape()
+        && v.shape() == q.shape()
+        && p.shape() == [dk, h, left + right + 1, 1]
+        && bias_u.shape() == [dk, h, 1, 1]
+        && bias_v.shape() == [dk, h, 1, 1];
+    assert!(
+        ok,
+        "graph shape error: rel_pos_attention q {:?} k {:?} v {:?} p {:?} u {:?} v {:?} \
+         window [{left}, {right}]",
+        q.shape(),
+        k.shape(),
+        v.shape(),
+        p.shape(),
+        bias_u.shape(),
+        bias_v.shape()
+    );
+    let sources = [q, k, v, p, bias_u, bias_v].map(|x| {
+        let x = if x.is_contiguous() { x } else { g.cont(x) };
         assert!(
-            ok,
-            "graph shape error: rel_pos_attention q {:?} k {:?} v {:?} p {:?} u {:?} v {:?} \
-             window [{left}, {right}]",
-            q.shape(),
-            k.shape(),
-            v.shape(),
-            p.shape(),
-            bias_u.shape(),
-            bias_v.shape()
+            x.dtype() == Some(DType::F32),
+            "graph shape error: rel_pos_attention needs f32 operands"
         );
-        let mut args = [q, k, v, p, bias_u, bias_v].map(|x| {
-            let x = if x.is_contiguous() { x } else { self.cont(x) };
-            assert!(
-                x.dtype() == Some(DType::F32),
-                "graph shape error: rel_pos_attention needs f32 operands"
-            );
-            x.raw()
-        });
-        // SAFETY: a [d_k, h, T] f32 result whose sources are the six contiguous f32 operands
-        // checked above (kept alive and ordered by the graph); the callback reads them and
-        // writes disjoint rows of the result.
-        let r = unsafe {
-            sys::ggml_custom_4d(
-                self.ctx(),
-                sys::GGML_TYPE_F32,
-                dk as i64,
-                h as i64,
-                t as i64,
-                1,
-                args.as_mut_ptr(),
-                args.len() as c_int,
-                Some(rel_pos_attention_f32),
-                -1, // every thread of the backend
-                pack_window(left, right),
-            )
-        };
-        self.wrap(r, "rel_pos_attention")
+        x
+    });
+    // SAFETY: a [d_k, h, T] f32 result over the six contiguous f32 operands checked above, as
+    // RelPosAttention reads them; each task writes its own rows of the result.
+    unsafe {
+        g.custom(
+            Out::F32,
+            [dk, h, t, 1],
+            &sources,
+            RelPosAttention { left, right },
+            "rel_pos_attention",
+        )
     }
 }
 
 /// Queries handled together by one task (keeps a block of keys hot in cache).
 const QUERY_BLOCK: usize = 32;
 
-/// The window travels in the op's `userdata` pointer as a plain integer (no allocation whose
-/// lifetime would have to outlive the graph): `left` in the high half, `right` in the low.
-pub(super) fn pack_window(left: usize, right: usize) -> *mut c_void {
-    debug_assert!(left < 1 << 31 && right < 1 << 31);
-    ((left << 32) | right) as *mut c_void
+/// The node of [`rel_pos_attention`]. Sources: `q`, `k`, `v` `[d_k, h, T]`, `p`
+/// `[d_k, h, left + right + 1]`, `pos_bias_u`, `pos_bias_v` `[d_k, h]`, all contiguous f32; the
+/// result `[d_k, h, T]`. Tasks are (head, block of queries) pairs dealt round-robin over the
+/// threads.
+struct RelPosAttention {
+    left: usize,
+    right: usize,
 }
 
-fn unpack_window(p: *mut c_void) -> (usize, usize) {
-    let v = p as usize;
-    (v >> 32, v & 0xffff_ffff)
-}
-
-/// ggml custom-op body. Sources: `q`, `k`, `v` `[d_k, h, T]`, `p` `[d_k, h, left + right + 1]`,
-/// `pos_bias_u`, `pos_bias_v` `[d_k, h]`, all contiguous f32; `dst` `[d_k, h, T]`.
-/// Tasks are (head, block of queries) pairs dealt round-robin over the threads.
-pub(super) unsafe extern "C" fn rel_pos_attention_f32(
-    dst: *mut sys::ggml_tensor,
-    ith: c_int,
-    nth: c_int,
-    userdata: *mut c_void,
-) {
-    // SAFETY: ggml calls this with the tensor built by `Graph::rel_pos_attention`, which checked
-    // the shapes, types and contiguity listed above; every source is allocated and computed,
-    // and each task writes only its own (head, query block) rows of `dst`.
-    unsafe {
-        let d = &*dst;
-        let src = |i: usize| &*d.src[i];
-        let (dk, h, t) = (
-            src(0).ne[0] as usize,
-            src(0).ne[1] as usize,
-            src(0).ne[2] as usize,
-        );
-        let (left, right) = unpack_window(userdata);
-        let rows = src(3).ne[2] as usize;
-        let slice = |i: usize, n: usize| std::slice::from_raw_parts(src(i).data as *const f32, n);
+impl Body for RelPosAttention {
+    fn run(&self, op: &CustomOp<'_>) {
+        let [dk, h, t, _] = op.src_shape(0);
         let ops = Operands {
             h,
             dk,
             t,
-            left,
-            right,
-            q: slice(0, dk * h * t),
-            k: slice(1, dk * h * t),
-            v: slice(2, dk * h * t),
-            p: slice(3, dk * h * rows),
-            bu: slice(4, dk * h),
-            bv: slice(5, dk * h),
+            left: self.left,
+            right: self.right,
+            q: op.src_f32(0),
+            k: op.src_f32(1),
+            v: op.src_f32(2),
+            p: op.src_f32(3),
+            bu: op.src_f32(4),
+            bv: op.src_f32(5),
         };
-        let out = std::slice::from_raw_parts_mut(d.data as *mut f32, dk * h * t);
-        let (nth, blocks) = (nth as usize, t.div_ceil(QUERY_BLOCK));
+        // SAFETY: each task writes only its own (head, query block) rows of the result.
+        let out = unsafe { op.dst_mut::<f32>(0..dk * h * t) };
+        let (nth, blocks) = (op.nth(), t.div_ceil(QUERY_BLOCK));
         let chunks = chunks_per_head(h, nth, blocks);
         let mut scratch = Scratch::default();
-        for task in (ith as usize..h * chunks).step_by(nth) {
+        for task in (op.ith()..h * chunks).step_by(nth) {
             let (head, chunk) = (task / chunks, task % chunks);
             let block_range = chunk * blocks / chunks..(chunk + 1) * blocks / chunks;
             attend_chunk(&ops, head, block_range, &mut scratch, out);
@@ -160,7 +127,7 @@ fn chunks_per_head(h: usize, threads: usize, blocks: usize) -> usize {
     chunks.clamp(1, blocks.max(1))
 }
 
-/// The op's operands (see [`rel_pos_attention_f32`]).
+/// The op's operands (see [`RelPosAttention`]).
 struct Operands<'a> {
     h: usize,
     dk: usize,
@@ -494,8 +461,7 @@ fn transpose_rows(
 /// Transposes `rows` (<= 16) rows of 16 floats, `ldx` apart from `x`, into 16 rows of `rows`
 /// floats, `ldo` apart from `out` (output row `i` holds element `i` of every input row): one
 /// load per input row, a 16 x 16 transpose in registers (missing rows zero), and one store
-/// per output row masked by `mask` (the low `rows` bits). (Packing the panel GEMM's
-/// activations this way measured no faster than its gathers: that copy is memory-bound.)
+/// per output row masked by `mask` (the low `rows` bits).
 ///
 /// # Safety
 /// AVX-512F; rows `0..rows` hold 16 readable values each; every output row has room for
@@ -554,13 +520,6 @@ unsafe fn transpose16(
             _mm512_mask_storeu_ps(out.add((8 + i) * ldo), mask, hi);
         }
     }
-}
-
-/// Whether the 512-bit versions of the products can run (the compiler's own vectorisation
-/// of the portable loops keeps to 256-bit registers on these CPUs, half the FMA width).
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
 }
 
 /// The register tiles of a `rows` x `cols` product (`cols` a multiple of [`LANES`]): up to 4
@@ -840,7 +799,7 @@ mod tests {
 
     #[test]
     fn blocks_match_a_per_query_reference_for_full_and_local_windows() {
-        let mut rng = crate::backend::TestValues::new(1);
+        let mut rng = crate::kernels::TestValues::new(1);
         let mut rnd = |n: usize| rng.take(n);
         for &(dk, h, t, left, right) in &[
             (8, 2, 5, 4, 4),
@@ -912,12 +871,5 @@ mod tests {
         assert_eq!(chunks_per_head(8, 3, 5), 2);
         assert_eq!(chunks_per_head(8, 16, 5), 5);
         assert_eq!(chunks_per_head(8, 3, 0), 1);
-    }
-
-    #[test]
-    fn window_round_trips() {
-        for (l, r) in [(0, 0), (16, 16), (128, 4), (70_000, 70_000)] {
-            assert_eq!(unpack_window(pack_window(l, r)), (l, r));
-        }
     }
 }

@@ -5,9 +5,8 @@
 //! source. So a converter holds at most one tensor beyond what it already has, never a second
 //! copy of the model. The file appears under its final name only once complete.
 
-use super::gguf::quantize_rows;
-use super::qgemm::{self, Layout};
-use super::{DType, MAX_NAME};
+use crate::backend::{DType, MAX_NAME, quantize_rows};
+use crate::layout::{self, Layout, PANEL16_KEY, Q8_0X8_KEY};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use llama_cpp_sys_2 as sys;
 use std::collections::HashSet;
@@ -133,8 +132,9 @@ impl GgufWriter {
         self.add_tensor_with_layout(name, ne, ty, Layout::Plain)
     }
 
-    /// [`add_tensor`](Self::add_tensor), its bytes arranged in `layout` (the caller records which
-    /// tensors use it in the metadata; see [`qgemm::Q8_0X8_KEY`]).
+    /// [`add_tensor`](Self::add_tensor), its bytes arranged in `layout` (chosen by
+    /// [`layout::choose`]): [`write`](Self::write) packs them and lists the tensor under the
+    /// layout's key ([`PANEL16_KEY`], [`Q8_0X8_KEY`]).
     pub fn add_tensor_with_layout(
         &mut self,
         name: &str,
@@ -144,7 +144,7 @@ impl GgufWriter {
     ) -> Result<()> {
         validate_tensor(name, ne, ty)?;
         ensure!(
-            layout == Layout::Plain || (ty == DType::Q8_0 && qgemm::can_repack(ne)),
+            layout.fits(ty.elem(), ne),
             "tensor {name}: {} {ne:?} cannot be stored in the {} layout",
             ty.name(),
             layout.name()
@@ -191,10 +191,11 @@ impl GgufWriter {
     /// next is requested. The file is written next to `path` and renamed over it at the end, so
     /// `path` is never left half-written. Returns the file size.
     pub fn write(
-        self,
+        mut self,
         path: &Path,
         mut source: impl FnMut(usize) -> Result<Vec<f32>>,
     ) -> Result<u64> {
+        self.list_layouts()?;
         let partial = PartialFile::create(path)?;
         let mut out = BufWriter::with_capacity(1 << 20, &partial.file);
         let meta = self.meta_bytes();
@@ -230,6 +231,23 @@ impl GgufWriter {
         out.flush()?;
         drop(out);
         partial.commit().map(|()| pos)
+    }
+
+    /// The metadata keys naming the tensors stored in each packed layout, in declaration order
+    /// (none for a layout no tensor uses).
+    fn list_layouts(&mut self) -> Result<()> {
+        for (layout, key) in [(Layout::Panel16, PANEL16_KEY), (Layout::Q8_0x8, Q8_0X8_KEY)] {
+            let names: Vec<String> = self
+                .tensors
+                .iter()
+                .filter(|t| t.layout == layout)
+                .map(|t| t.name.clone())
+                .collect();
+            if !names.is_empty() {
+                self.set_str_array(key, &names)?;
+            }
+        }
+        Ok(())
     }
 
     /// Header, metadata and tensor infos, padded to the data alignment.
@@ -285,11 +303,15 @@ fn encode(t: &PlannedTensor, data: Vec<f32>) -> Result<Vec<u8>> {
         data.len(),
         t.ne
     );
+    // ggml [k, m] is torch [m, k]: m rows of k.
+    let data = match t.layout {
+        Layout::Panel16 => layout::pack_panels(&data, t.ne[1], t.ne[0]),
+        Layout::Plain | Layout::Q8_0x8 => data,
+    };
     let bytes =
         quantize_rows(&data, t.ne[0], t.ty).with_context(|| format!("tensor {}", t.name))?;
     Ok(match t.layout {
-        Layout::Q8_0x8 => qgemm::repack_q8_0x8(&bytes, t.ne[0], t.ne[1]),
-        // Panel16 data arrives already packed from the converter.
+        Layout::Q8_0x8 => layout::repack_q8_0x8(&bytes, t.ne[0], t.ne[1]),
         Layout::Plain | Layout::Panel16 => bytes,
     })
 }
@@ -386,7 +408,7 @@ impl Drop for PartialFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::gguf::{GgufFile, MetaValue};
+    use crate::gguf::{GgufFile, MetaValue};
 
     fn tmp_dir(tag: &str) -> PathBuf {
         let dir =

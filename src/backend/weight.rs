@@ -1,0 +1,296 @@
+//! Weights living in backend buffers: the zero-copy mapping of a GGUF's tensor data (made by
+//! the file reader, the `gguf` room) and weights computed on the host at load, realised once.
+
+use super::{DType, MAX_NAME};
+use crate::layout::{self, Layout};
+use anyhow::{Result, anyhow, bail};
+use llama_cpp_sys_2 as sys;
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Owns the ggml objects behind a set of weights; freed when the last [`Weight`] goes.
+pub(crate) struct WeightBuffers {
+    ctx: NonNull<sys::ggml_context>,
+    buffer: sys::ggml_backend_buffer_t,
+    // Keeps the mapping alive under a zero-copy buffer.
+    _map: Option<Mmap>,
+    // The mapped file, for page-cache hints (`gguf::pagecache`).
+    file: Option<std::fs::File>,
+}
+
+impl WeightBuffers {
+    /// Takes ownership of `ctx`, a context of tensor descriptions (freed on every path from
+    /// here); the buffer and the mapping come later ([`WeightBuffers::hold`]).
+    pub(crate) fn new(ctx: NonNull<sys::ggml_context>) -> WeightBuffers {
+        WeightBuffers {
+            ctx,
+            buffer: std::ptr::null_mut(),
+            _map: None,
+            file: None,
+        }
+    }
+
+    /// The buffer the context's tensors were placed in (freed with these buffers).
+    pub(crate) fn set_buffer(&mut self, buffer: sys::ggml_backend_buffer_t) {
+        self.buffer = buffer;
+    }
+
+    /// Keeps the mapping under a zero-copy buffer alive, and its file for page-cache hints.
+    pub(crate) fn hold(&mut self, map: Mmap, file: std::fs::File) {
+        self._map = Some(map);
+        self.file = Some(file);
+    }
+}
+
+// Weights are read-only after load; the handles are only freed in Drop.
+unsafe impl Send for WeightBuffers {}
+unsafe impl Sync for WeightBuffers {}
+
+impl Drop for WeightBuffers {
+    fn drop(&mut self) {
+        // SAFETY: created once in this module, freed once here (buffer before its mapping).
+        unsafe {
+            if !self.buffer.is_null() {
+                sys::ggml_backend_buffer_free(self.buffer);
+            }
+            sys::ggml_free(self.ctx.as_ptr());
+        }
+    }
+}
+
+/// A weight tensor living in a backend buffer. Cheap to clone; keeps its buffer alive.
+#[derive(Clone)]
+pub struct Weight {
+    ptr: NonNull<sys::ggml_tensor>,
+    name: Arc<str>,
+    layout: Layout,
+    _owner: Arc<WeightBuffers>,
+}
+
+// See WeightBuffers.
+unsafe impl Send for Weight {}
+unsafe impl Sync for Weight {}
+
+impl std::fmt::Debug for Weight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Weight({}, {:?}, {:?}, {})",
+            self.name,
+            self.shape(),
+            self.dtype(),
+            self.layout.name()
+        )
+    }
+}
+
+impl Weight {
+    /// A weight over tensor `ptr` of `owner`'s context, stored in `layout`.
+    pub(crate) fn new(
+        ptr: NonNull<sys::ggml_tensor>,
+        name: &str,
+        layout: Layout,
+        owner: Arc<WeightBuffers>,
+    ) -> Weight {
+        Weight {
+            ptr,
+            name: name.into(),
+            layout,
+            _owner: owner,
+        }
+    }
+
+    /// The same tensor, read as stored in `layout` (the file reader, once it has checked that
+    /// the tensor fits it).
+    pub(crate) fn set_layout(&mut self, layout: Layout) {
+        self.layout = layout;
+    }
+
+    /// The file mapping this weight lives in, and its file (none for host-made weights).
+    pub(crate) fn mapping(&self) -> Option<(&Mmap, &std::fs::File)> {
+        match (&self._owner._map, &self._owner.file) {
+            (Some(map), Some(file)) => Some((map, file)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
+    fn t(&self) -> &sys::ggml_tensor {
+        // SAFETY: kept alive by _owner.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Shape in ggml order (`ne0` fastest), trailing 1s included.
+    pub fn shape(&self) -> [usize; 4] {
+        self.t().ne.map(|n| n as usize)
+    }
+
+    pub fn dtype(&self) -> DType {
+        DType::from_ggml(self.t().type_).expect("weights are validated on load")
+    }
+
+    pub fn elements(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    pub fn bytes(&self) -> usize {
+        // SAFETY: metadata only.
+        unsafe { sys::ggml_nbytes(self.raw()) }
+    }
+
+    /// The weight's values as f32 on the host (dequantised), ggml order. For load-time
+    /// precomputation (folding BatchNorm, say), never per graph.
+    pub fn to_host_f32(&self) -> Vec<f32> {
+        let n = self.elements();
+        if self.layout == Layout::Panel16 {
+            let [k, m, ..] = self.shape();
+            let plain = Weight {
+                layout: Layout::Plain,
+                ..self.clone()
+            };
+            return layout::unpack_panels(&plain.to_host_f32(), m, k);
+        }
+        let mut raw = vec![0u8; self.bytes()];
+        // SAFETY: the tensor is allocated; raw has exactly its size.
+        unsafe { sys::ggml_backend_tensor_get(self.raw(), raw.as_mut_ptr().cast(), 0, raw.len()) };
+        if self.layout == Layout::Q8_0x8 {
+            let [k, m, ..] = self.shape();
+            raw = layout::unpack_q8_0x8(&raw, k, m);
+        }
+        match self.dtype() {
+            DType::F32 => raw
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            DType::I32 => raw
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32)
+                .collect(),
+            ty => {
+                let mut out = vec![0f32; n];
+                // SAFETY: type traits are static; to_float converts n elements of `ty`.
+                unsafe {
+                    let traits = sys::ggml_get_type_traits(ty.to_ggml());
+                    let to_float = (*traits).to_float.expect("ggml type without to_float");
+                    to_float(raw.as_ptr().cast(), out.as_mut_ptr(), n as i64);
+                }
+                out
+            }
+        }
+    }
+}
+
+/// Weights computed on the host at load time (e.g. BatchNorm folded into a conv), realised once
+/// into their own backend buffer.
+#[derive(Default)]
+pub struct HostWeights {
+    pending: Vec<(String, Vec<usize>, Vec<f32>)>,
+    panel16: std::collections::HashSet<String>,
+}
+
+impl HostWeights {
+    pub fn new() -> HostWeights {
+        HostWeights::default()
+    }
+
+    /// Queue an f32 tensor (`shape` in ggml order).
+    pub fn push(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "{name}: shape/data mismatch"
+        );
+        assert!(
+            (1..=4).contains(&shape.len()),
+            "{name}: rank {}",
+            shape.len()
+        );
+        self.pending.push((name.to_string(), shape.to_vec(), data));
+    }
+
+    /// Queue a torch Linear weight `w [m][k]` (row-major), stored panel-packed as the
+    /// converter stores the encoder's linears. `m` must be a multiple of 16.
+    pub fn push_panel16(&mut self, name: &str, m: usize, k: usize, w: &[f32]) {
+        let packed = layout::pack_panels(w, m, k);
+        self.push(name, &[k, m], packed);
+        self.panel16.insert(name.to_string());
+    }
+
+    /// Allocate one CPU buffer for everything queued and upload it.
+    pub fn realize(self) -> Result<HashMap<String, Weight>> {
+        if self.pending.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let n = self.pending.len();
+        // SAFETY: metadata-only context sized for n tensors; one buffer allocated for all of
+        // them; each upload writes exactly the tensor's byte size.
+        unsafe {
+            let ctx = sys::ggml_init(sys::ggml_init_params {
+                mem_size: sys::ggml_tensor_overhead() * (n + 1),
+                mem_buffer: std::ptr::null_mut(),
+                no_alloc: true,
+            });
+            let ctx = NonNull::new(ctx).ok_or_else(|| anyhow!("ggml: cannot create a context"))?;
+            let mut owner = WeightBuffers::new(ctx);
+            let mut tensors = Vec::with_capacity(n);
+            for (name, shape, _) in &self.pending {
+                let ne: Vec<i64> = shape.iter().map(|&v| v as i64).collect();
+                let t = sys::ggml_new_tensor(
+                    ctx.as_ptr(),
+                    sys::GGML_TYPE_F32,
+                    ne.len() as i32,
+                    ne.as_ptr(),
+                );
+                let t = NonNull::new(t).ok_or_else(|| anyhow!("ggml: cannot create {name}"))?;
+                let short: String = name.chars().take(MAX_NAME).collect();
+                let c = CString::new(short).unwrap_or_default();
+                sys::ggml_set_name(t.as_ptr(), c.as_ptr());
+                tensors.push(t);
+            }
+            let buft = sys::ggml_backend_cpu_buffer_type();
+            let buffer = sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), buft);
+            if buffer.is_null() {
+                bail!("ggml: cannot allocate {n} derived weights");
+            }
+            owner.buffer = buffer;
+            sys::ggml_backend_buffer_set_usage(buffer, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+            for (t, (_, _, data)) in tensors.iter().zip(&self.pending) {
+                sys::ggml_backend_tensor_set(t.as_ptr(), data.as_ptr().cast(), 0, data.len() * 4);
+            }
+            let owner = Arc::new(owner);
+            Ok(self
+                .pending
+                .into_iter()
+                .zip(tensors)
+                .map(|((name, _, _), t)| {
+                    let layout = if self.panel16.contains(&name) {
+                        Layout::Panel16
+                    } else {
+                        Layout::Plain
+                    };
+                    let w = Weight {
+                        ptr: t,
+                        name: name.as_str().into(),
+                        layout,
+                        _owner: owner.clone(),
+                    };
+                    (name, w)
+                })
+                .collect())
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Depthwise 1-D convolution over time as one node (the conformer conv module).
+
+use crate::backend::custom::{Body, CustomOp, Out};
+use crate::backend::graph::check;
+use crate::backend::{DType, Graph, Tensor};
+
+/// Depthwise 1-D convolution over time in f32 ('same' padding, odd kernel), plus an optional
+/// per-channel bias, then SiLU on each step as it is computed with `silu` (the conformer conv
+/// module's depthwise conv and activation, one pass). `x` [C, T] (channels fastest), `kernel`
+/// [K, C], `bias` [C] -> [C, T]. Each thread slides the kernel over its own time steps, all
+/// channels at once, with the padding implied (no padded or transposed copy of `x`); the taps
+/// are summed in kernel order from zero, then the bias added, as ggml's `ssm_conv` followed by
+/// an add would.
+pub fn conv1d_depthwise<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    kernel: Tensor<'g>,
+    bias: Option<Tensor<'g>>,
+    silu: bool,
+) -> Tensor<'g> {
+    let (k, c, t) = (kernel.ne(0), x.ne(0), x.ne(1));
+    check(
+        kernel.shape() == [k, c, 1, 1]
+            && k % 2 == 1
+            && x.shape() == [c, t, 1, 1]
+            && bias.is_none_or(|b| b.shape() == [c, 1, 1, 1])
+            && [Some(x), Some(kernel), bias]
+                .iter()
+                .flatten()
+                .all(|t| t.dtype() == Some(DType::F32)),
+        || {
+            format!(
+                "conv1d_dw: kernel {:?} for input {:?}",
+                kernel.shape(),
+                x.shape()
+            )
+        },
+    );
+    let x = if x.is_contiguous() { x } else { g.cont(x) };
+    let kernel = if kernel.is_contiguous() {
+        kernel
+    } else {
+        g.cont(kernel)
+    };
+    let mut sources = vec![x, kernel];
+    sources.extend(bias);
+    let what = if silu {
+        "conv1d_dw + silu"
+    } else {
+        "conv1d_dw"
+    };
+    // SAFETY: an f32 [C, T] result over the contiguous f32 sources checked above (the bias,
+    // when given, a contiguous [C] weight or node), as DepthwiseConv reads them.
+    unsafe {
+        g.custom(
+            Out::F32,
+            [c, t, 1, 1],
+            &sources,
+            DepthwiseConv { silu },
+            what,
+        )
+    }
+}
+
+/// The node of [`conv1d_depthwise`]: source 0 x (f32 [C, T]), source 1 the kernel (f32
+/// [K, C]), an optional source 2 the bias (f32 [C]), the result f32 [C, T]; each thread
+/// computes its own time steps.
+struct DepthwiseConv {
+    /// SiLU after the bias.
+    silu: bool,
+}
+
+impl Body for DepthwiseConv {
+    fn run(&self, op: &CustomOp<'_>) {
+        let [c, t, ..] = op.shape();
+        let k = op.src_shape(1)[0];
+        let mine = op.share(t);
+        let (x, kernel) = (op.src_f32(0), op.src_f32(1));
+        let bias = op.has_src(2).then(|| op.src_f32(2));
+        // SAFETY: this thread's time steps, written by no other thread.
+        let out = unsafe { op.dst_mut::<f32>(mine.start * c..mine.end * c) };
+        if mine.is_empty() {
+            return;
+        }
+        // Tap-major kernel ([K][C]) so that the channel loop below runs over contiguous memory.
+        let mut taps = vec![0f32; k * c];
+        for (ch, w) in kernel.chunks_exact(k).enumerate() {
+            for (j, &v) in w.iter().enumerate() {
+                taps[j * c + ch] = v;
+            }
+        }
+        let half = k / 2;
+        for (ti, row) in mine.zip(out.chunks_exact_mut(c)) {
+            row.fill(0.0);
+            for (j, tap) in taps.chunks_exact(c).enumerate() {
+                // Input step ti + j - half; outside the clip it is the zero padding.
+                let Some(src) = (ti + j).checked_sub(half).filter(|&s| s < t) else {
+                    continue;
+                };
+                for ((o, &xv), &w) in row.iter_mut().zip(&x[src * c..][..c]).zip(tap) {
+                    *o += xv * w;
+                }
+            }
+            if let Some(b) = bias {
+                for (o, &bv) in row.iter_mut().zip(b) {
+                    *o += bv;
+                }
+            }
+            if self.silu {
+                super::vmath::silu_in_place(row);
+            }
+        }
+    }
+}

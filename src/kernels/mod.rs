@@ -1,0 +1,265 @@
+//! Our fused CPU ops: each op's graph builder (shape checks, sources) and its kernel body
+//! ([`crate::backend::custom::Body`]) together, built on the ggml runtime's custom-op hooks.
+//!
+//! Callers build them with [`FusedOps`] on a [`Graph`]: `use crate::kernels::FusedOps;`.
+//! Which GEMM multiplies a weight is decided by its layout ([`crate::layout::choose`]) and
+//! dispatched in [`linear`]; [`cpu`] is the one place that asks what this CPU can run.
+
+mod attention;
+pub mod cpu;
+mod depthwise;
+mod glu;
+mod linear;
+mod lstm;
+mod norm;
+pub mod panel;
+pub mod qgemm;
+pub mod sgemm;
+mod stem;
+mod vmath;
+
+use crate::backend::{Graph, Tensor, Weight};
+use linear::Fused;
+
+/// The fused ops, as methods of the graph being built.
+pub trait FusedOps<'g> {
+    /// `w^T x` over `ne0`: `w` [k, m], `x` [k, n, ...] -> [m, n, ...]. With `w` a torch Linear
+    /// weight ([out, in] in torch = ne [in, out]) this is `x @ W^T`; large plain f32 products
+    /// run on the `gemm` crate, the rest on ggml's `mul_mat`.
+    fn matmul(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g>;
+
+    /// 2-D convolution in f32, torch semantics, channels-fastest output: `kernel`
+    /// [KW, KH, Cin, Cout] (a torch Conv2d weight), `x` [W, H, Cin, N] -> [Cout, W', H', N].
+    fn conv2d(
+        &mut self,
+        kernel: Tensor<'g>,
+        x: Tensor<'g>,
+        stride: usize,
+        pad: usize,
+    ) -> Tensor<'g>;
+
+    /// A torch `Linear`: `x @ W^T + b` over `x` [in, n, ...], weight [in, out], on the GEMM
+    /// its layout calls for.
+    fn linear(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g>;
+
+    /// `relu(x @ W^T + b)`: with a panel-packed weight the bias and the ReLU are applied in
+    /// the GEMM's store (the same values as a linear, then a ReLU node).
+    fn linear_relu(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g>;
+
+    /// `residual + scale * (x @ W^T + b)`, a residual connection around a block that ends in a
+    /// linear; with a packed weight done in the GEMM node, on each range of rows as soon as it
+    /// is computed (the same values as `scale` and `add` nodes).
+    fn linear_residual(
+        &mut self,
+        x: Tensor<'g>,
+        w: &Weight,
+        b: Option<&Weight>,
+        residual: Tensor<'g>,
+        scale: f32,
+    ) -> Tensor<'g>;
+
+    /// `silu(x) @ W^T + b`, plus `residual * scale` if given: with a packed weight the SiLU is
+    /// applied where the input is packed or quantized for the GEMM (no pass of its own), within
+    /// 3e-7 of f64 (`vmath`).
+    fn silu_linear(
+        &mut self,
+        x: Tensor<'g>,
+        w: &Weight,
+        b: Option<&Weight>,
+        residual: Option<(Tensor<'g>, f32)>,
+    ) -> Tensor<'g>;
+
+    /// A torch `LayerNorm` over `ne0`, one pass per row.
+    fn layer_norm(&mut self, x: Tensor<'g>, w: &Weight, b: &Weight, eps: f32) -> Tensor<'g>;
+
+    /// The pointwise part of one PyTorch LSTM cell step: `[h1 | c1]` ([H, 2]) from the gate
+    /// products, their biases and the cell (see [`lstm::lstm_pointwise`]).
+    fn lstm_pointwise(
+        &mut self,
+        gx: Tensor<'g>,
+        gh: Tensor<'g>,
+        biases: (&Weight, &Weight),
+        c: Tensor<'g>,
+    ) -> Tensor<'g>;
+
+    /// Depthwise 1-D convolution over time ('same' padding, odd kernel) plus an optional
+    /// per-channel bias: `x` [C, T], `kernel` [K, C], `bias` [C] -> [C, T].
+    fn conv1d_depthwise_same(
+        &mut self,
+        x: Tensor<'g>,
+        kernel: Tensor<'g>,
+        bias: Option<Tensor<'g>>,
+    ) -> Tensor<'g>;
+
+    /// [`conv1d_depthwise_same`](Self::conv1d_depthwise_same) then SiLU on each step as it is
+    /// computed.
+    fn conv1d_depthwise_same_silu(
+        &mut self,
+        x: Tensor<'g>,
+        kernel: Tensor<'g>,
+        bias: Option<Tensor<'g>>,
+    ) -> Tensor<'g>;
+
+    /// Gated linear unit over `ne0`: `y` [2D, T] -> `y[..D] * sigmoid(y[D..])` [D, T].
+    fn glu(&mut self, y: Tensor<'g>) -> Tensor<'g>;
+
+    /// The subsampling's conv.0 + ReLU + depthwise conv.2 + bias as one node (see
+    /// [`stem::conv_stem`]).
+    fn conv_stem(
+        &mut self,
+        x: Tensor<'g>,
+        conv0: (&Weight, &Weight),
+        conv2: (&Weight, &Weight),
+    ) -> Tensor<'g>;
+
+    /// Rel-pos multi-head attention over the window `[left, right]` around each query (see
+    /// [`attention::rel_pos_attention`]).
+    #[allow(clippy::too_many_arguments)]
+    fn rel_pos_attention(
+        &mut self,
+        q: Tensor<'g>,
+        k: Tensor<'g>,
+        v: Tensor<'g>,
+        p: Tensor<'g>,
+        bias_u: Tensor<'g>,
+        bias_v: Tensor<'g>,
+        left: usize,
+        right: usize,
+    ) -> Tensor<'g>;
+}
+
+impl<'g> FusedOps<'g> for Graph<'g> {
+    fn matmul(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
+        linear::matmul(self, w, x)
+    }
+
+    fn conv2d(
+        &mut self,
+        kernel: Tensor<'g>,
+        x: Tensor<'g>,
+        stride: usize,
+        pad: usize,
+    ) -> Tensor<'g> {
+        linear::conv2d(self, kernel, x, stride, pad)
+    }
+
+    fn linear(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
+        linear::linear(self, x, w, b, Fused::default())
+    }
+
+    fn linear_relu(&mut self, x: Tensor<'g>, w: &Weight, b: Option<&Weight>) -> Tensor<'g> {
+        linear::linear_relu(self, x, w, b)
+    }
+
+    fn linear_residual(
+        &mut self,
+        x: Tensor<'g>,
+        w: &Weight,
+        b: Option<&Weight>,
+        residual: Tensor<'g>,
+        scale: f32,
+    ) -> Tensor<'g> {
+        let fused = Fused {
+            residual: Some((residual, scale)),
+            ..Fused::default()
+        };
+        linear::linear(self, x, w, b, fused)
+    }
+
+    fn silu_linear(
+        &mut self,
+        x: Tensor<'g>,
+        w: &Weight,
+        b: Option<&Weight>,
+        residual: Option<(Tensor<'g>, f32)>,
+    ) -> Tensor<'g> {
+        let fused = Fused {
+            silu_input: true,
+            residual,
+            ..Fused::default()
+        };
+        linear::linear(self, x, w, b, fused)
+    }
+
+    fn layer_norm(&mut self, x: Tensor<'g>, w: &Weight, b: &Weight, eps: f32) -> Tensor<'g> {
+        norm::layer_norm(self, x, w, b, eps)
+    }
+
+    fn lstm_pointwise(
+        &mut self,
+        gx: Tensor<'g>,
+        gh: Tensor<'g>,
+        biases: (&Weight, &Weight),
+        c: Tensor<'g>,
+    ) -> Tensor<'g> {
+        lstm::lstm_pointwise(self, gx, gh, biases, c)
+    }
+
+    fn conv1d_depthwise_same(
+        &mut self,
+        x: Tensor<'g>,
+        kernel: Tensor<'g>,
+        bias: Option<Tensor<'g>>,
+    ) -> Tensor<'g> {
+        depthwise::conv1d_depthwise(self, x, kernel, bias, false)
+    }
+
+    fn conv1d_depthwise_same_silu(
+        &mut self,
+        x: Tensor<'g>,
+        kernel: Tensor<'g>,
+        bias: Option<Tensor<'g>>,
+    ) -> Tensor<'g> {
+        depthwise::conv1d_depthwise(self, x, kernel, bias, true)
+    }
+
+    fn glu(&mut self, y: Tensor<'g>) -> Tensor<'g> {
+        glu::glu(self, y)
+    }
+
+    fn conv_stem(
+        &mut self,
+        x: Tensor<'g>,
+        conv0: (&Weight, &Weight),
+        conv2: (&Weight, &Weight),
+    ) -> Tensor<'g> {
+        stem::conv_stem(self, x, conv0, conv2)
+    }
+
+    fn rel_pos_attention(
+        &mut self,
+        q: Tensor<'g>,
+        k: Tensor<'g>,
+        v: Tensor<'g>,
+        p: Tensor<'g>,
+        bias_u: Tensor<'g>,
+        bias_v: Tensor<'g>,
+        left: usize,
+        right: usize,
+    ) -> Tensor<'g> {
+        attention::rel_pos_attention(self, q, k, v, p, bias_u, bias_v, left, right)
+    }
+}
+
+/// Deterministic values in [-1, 1) for the op tests (a 64-bit LCG's high bits).
+#[cfg(test)]
+pub(crate) struct TestValues(u64);
+
+#[cfg(test)]
+impl TestValues {
+    pub(crate) fn new(seed: u64) -> TestValues {
+        TestValues(seed)
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 = self
+                    .0
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+}
