@@ -4,7 +4,7 @@
 //! from them, and each tensor is then read, converted and written before the next is loaded, so
 //! peak memory is about one tensor, whatever the model size.
 
-mod hparams;
+mod config;
 mod nemo;
 mod pickle;
 
@@ -21,7 +21,7 @@ use crate::backend::qgemm::{self, Layout};
 use crate::backend::sgemm::{PANEL, pack_panels};
 use crate::model::ModelType;
 
-pub use hparams::{Encoder, Hparams, Preprocessor, Transducer};
+pub use config::{Encoder, Hparams, Preprocessor, Transducer};
 pub use nemo::{NemoArchive, NemoModel, NemoTensor, TensorEntry, parse_config, read_nemo};
 
 /// Entry points for the fuzz harness (`examples/fuzz.rs`): the `.nemo` reader's parsers on
