@@ -2,13 +2,14 @@
 //!
 //! Pipeline: [`audio`] (decode, resample, log-mel) -> [`encoder`] (one fused ggml graph) ->
 //! [`decoder`] (TDT / RNN-T / CTC greedy). [`backend`] is the only place that touches ggml's FFI;
-//! [`model`] loads a GGUF written by [`convert`].
+//! [`model`] loads a GGUF written by [`convert`]; [`hparams`] is the metadata schema they share.
 
 pub mod audio;
 pub mod backend;
 pub mod convert;
 pub mod decoder;
 pub mod encoder;
+pub mod hparams;
 pub mod model;
 pub mod model_source;
 pub mod output;

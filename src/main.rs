@@ -6,7 +6,8 @@ use parakeet::audio;
 use parakeet::backend::gguf::Layout;
 use parakeet::backend::sgemm::Isa;
 use parakeet::convert::{OutType, convert_with_progress};
-use parakeet::encoder::{Attention, AttentionChoice};
+use parakeet::encoder::AttentionChoice;
+use parakeet::hparams::Attention;
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
 use parakeet::transcribe::{DecoderChoice, StageTimes, Transcriber, Transcript};
@@ -255,7 +256,7 @@ fn info(model: &Path) -> Result<()> {
         e.n_layers,
         e.d_model,
         e.n_heads,
-        e.ff_dim,
+        e.ff_dim(),
         e.conv_kernel,
         e.subsampling_factor,
         e.subsampling_channels,

@@ -4,9 +4,8 @@
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::Backend;
 use crate::decoder::{Token, TransducerDecoder, Word, ctc_greedy, detokenize, words};
-use crate::encoder::{
-    Attention, AttentionChoice, Encoded, FeatureImage, Outputs, encode, encode_image,
-};
+use crate::encoder::{AttentionChoice, Encoded, FeatureImage, Outputs, encode, encode_image};
+use crate::hparams::Attention;
 use crate::model::Model;
 use anyhow::{Result, bail};
 use std::path::Path;

@@ -19,9 +19,9 @@ use crate::backend::gguf::PANEL16_KEY;
 use crate::backend::gguf_writer::GgufWriter;
 use crate::backend::qgemm::{self, Layout};
 use crate::backend::sgemm::{PANEL, pack_panels};
-use crate::model::ModelType;
+use crate::hparams::{ARCHITECTURE, ModelType, keys};
 
-pub use config::{Encoder, Hparams, Preprocessor, Transducer};
+pub use config::ModelConfig;
 pub use nemo::{NemoArchive, NemoModel, NemoTensor, TensorEntry, parse_config, read_nemo};
 
 /// Entry points for the fuzz harness (`examples/fuzz.rs`): the `.nemo` reader's parsers on
@@ -154,18 +154,21 @@ fn convert_impl(
         .iter()
         .map(|t| (t.name.as_str(), t.shape()))
         .collect();
-    let hp = Hparams::from_config(archive.config(), &shapes, archive.tokenizer_vocab())
+    let config = ModelConfig::from_yaml(archive.config(), &shapes, archive.tokenizer_vocab())
         .with_context(|| format!("{}: unsupported or inconsistent model", nemo.display()))?;
+    let hp = &config.hparams;
 
     let mut w = GgufWriter::new();
     let name = nemo
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    w.set_str("general.architecture", "parakeet")?;
-    w.set_str("general.name", &name)?;
-    w.set_u32("general.file_type", ty.file_type())?;
-    hp.write_metadata(&mut w)?;
+    w.set_str(keys::ARCHITECTURE, ARCHITECTURE)?;
+    w.set_str(keys::NAME, &name)?;
+    w.set_u32(keys::FILE_TYPE, ty.file_type())?;
+    hp.write(&mut w)?;
+    w.set_str(keys::TOKENIZER_MODEL, "sentencepiece")?;
+    w.set_str_array(keys::TOKENS, &config.vocab)?;
 
     let mut report = ConvertReport {
         model_type: hp.model_type,

@@ -109,7 +109,7 @@ pub fn token_span(tok: &Token, frame_seconds: f64) -> (f64, f64) {
 /// Group tokens into words: a word starts at a piece beginning with `▁`; anything else
 /// (continuations, punctuation) attaches to the word before it. A token spans
 /// `[frame, frame + duration]` frames (at least one frame for RNN-T / CTC) of `frame_seconds`
-/// each ([`FrameGeometry`](crate::model::FrameGeometry)).
+/// each ([`FrameGeometry`](crate::hparams::FrameGeometry)).
 pub fn words(vocab: &[String], tokens: &[Token], frame_seconds: f64) -> Vec<Word> {
     let mut out: Vec<Word> = Vec::new();
     for tok in tokens {

@@ -457,7 +457,7 @@ fn yaml_sample_rate_zero_is_named() {
         .collect();
     let mut config = archive.config().clone();
     config["preprocessor"]["sample_rate"] = serde_yaml::Value::from(0);
-    let e = parakeet::convert::Hparams::from_config(&config, &shapes, archive.tokenizer_vocab())
+    let e = parakeet::convert::ModelConfig::from_yaml(&config, &shapes, archive.tokenizer_vocab())
         .unwrap_err()
         .to_string();
     assert!(

@@ -7,7 +7,8 @@ use parakeet::backend::gguf::{GgufFile, Layout, MetaValue};
 use parakeet::backend::gguf_writer::GgufWriter;
 use parakeet::backend::sgemm::pack_panels;
 use parakeet::convert::OutType;
-use parakeet::model::{Model, ModelType};
+use parakeet::hparams::ModelType;
+use parakeet::model::Model;
 use std::path::{Path, PathBuf};
 
 fn scratch(name: &str) -> PathBuf {

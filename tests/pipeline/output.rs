@@ -3,7 +3,7 @@
 
 use aspasia::{SubRipSubtitle, Subtitle, WebVttSubtitle};
 use parakeet::decoder::{Token, Word, detokenize, words};
-use parakeet::encoder::Attention;
+use parakeet::hparams::Attention;
 use parakeet::output::{
     Format, MAX_LINE_CHARS, MAX_LINES, OutputMeta, Segment, check_not_input,
     format_timestamps_line, output_path, render, segments, write_atomic,
