@@ -14,4 +14,5 @@ pub mod model;
 pub mod model_source;
 pub mod output;
 pub mod server;
+pub mod tokenizer;
 pub mod transcribe;

@@ -3,10 +3,11 @@
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::Backend;
-use crate::decoder::{Token, TransducerDecoder, Word, ctc_greedy, detokenize, words};
+use crate::decoder::{TransducerDecoder, ctc_greedy};
 use crate::encoder::{AttentionChoice, Encoded, FeatureImage, Outputs, encode, encode_image};
 use crate::hparams::Attention;
 use crate::model::Model;
+use crate::tokenizer::{Token, Word, detokenize, words};
 use anyhow::{Result, bail};
 use std::path::Path;
 use std::sync::Arc;

@@ -5,10 +5,10 @@
 //! and cached until the next emission, and `joint` (`relu(enc + pred)` -> `joint_net.2`), run
 //! once per step.
 
-use super::Token;
 use super::ctc::argmax;
 use crate::backend::{Backend, Graph, Tensor};
 use crate::model::{Joint, LstmLayer, Model, PredictionNetwork};
+use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 
 /// One decoding step, for traces and tests (NeMo's `decode_trace.json` fields).
