@@ -48,9 +48,21 @@ pub mod keys {
     pub const TDT_DURATIONS: &str = "parakeet.tdt.durations";
     pub const MAX_SYMBOLS: &str = "parakeet.decoding.max_symbols";
 
-    /// The tokenizer's keys: llama.cpp's names.
+    /// The tokenizer's keys: llama.cpp's names where llama.cpp has one, then SentencePiece's
+    /// settings that llama.cpp has no key for (absent in files converted before the tokenizer
+    /// was stored: those can detokenise but not tokenise).
     pub const TOKENIZER_MODEL: &str = "tokenizer.ggml.model";
     pub const TOKENS: &str = "tokenizer.ggml.tokens";
+    pub const SCORES: &str = "tokenizer.ggml.scores";
+    pub const TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
+    pub const TOKENIZER_ALGORITHM: &str = "parakeet.tokenizer.algorithm";
+    pub const NORMALIZER_NAME: &str = "parakeet.tokenizer.normalizer.name";
+    pub const PRECOMPILED_CHARSMAP: &str = "parakeet.tokenizer.normalizer.precompiled_charsmap";
+    pub const ADD_DUMMY_PREFIX: &str = "parakeet.tokenizer.normalizer.add_dummy_prefix";
+    pub const REMOVE_EXTRA_WHITESPACES: &str =
+        "parakeet.tokenizer.normalizer.remove_extra_whitespaces";
+    pub const ESCAPE_WHITESPACES: &str = "parakeet.tokenizer.normalizer.escape_whitespaces";
+    pub const BYTE_FALLBACK: &str = "parakeet.tokenizer.byte_fallback";
 
     /// Every key above, in the order the converter writes them.
     pub const ALL: &[&str] = &[
@@ -87,6 +99,15 @@ pub mod keys {
         MAX_SYMBOLS,
         TOKENIZER_MODEL,
         TOKENS,
+        SCORES,
+        TOKEN_TYPE,
+        TOKENIZER_ALGORITHM,
+        NORMALIZER_NAME,
+        PRECOMPILED_CHARSMAP,
+        ADD_DUMMY_PREFIX,
+        REMOVE_EXTRA_WHITESPACES,
+        ESCAPE_WHITESPACES,
+        BYTE_FALLBACK,
     ];
 }
 
@@ -619,6 +640,7 @@ mod tests {
             .expect("docs/GGUF.md has a Metadata section");
         let mut documented: Vec<&str> = table
             .lines()
+            .skip_while(|l| !l.starts_with('|'))
             .take_while(|l| l.starts_with('|'))
             .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
             .filter(|k| !k.starts_with("parakeet.layout."))

@@ -6,6 +6,7 @@
 use crate::backend::DType;
 use crate::backend::gguf::{GgufFile, HostWeights, Weight};
 use crate::hparams::{EncoderParams, Hparams, keys, subsampled_len};
+use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -152,7 +153,7 @@ pub struct Model {
     pub path: PathBuf,
     pub name: String,
     pub hparams: Hparams,
-    pub vocab: Vec<String>,
+    pub tokenizer: Tokenizer,
     /// `preprocessor.featurizer.window` [win_length] and `.fb` [n_mels][n_fft/2+1], on the host.
     pub window: Vec<f32>,
     pub filterbank: Vec<f32>,
@@ -172,11 +173,13 @@ impl Model {
         let file = GgufFile::open(path)?;
         let shown = path.display().to_string();
         let hparams = Hparams::read(&file)?;
-        let vocab = file.str_array(keys::TOKENS)?;
-        if vocab.len() != hparams.vocab_size {
+        let tokenizer = Tokenizer::read(&file)?;
+        if tokenizer.len() != hparams.vocab_size {
             bail!(
-                "{shown}: tokenizer.ggml.tokens has {} pieces, parakeet.vocab_size says {}",
-                vocab.len(),
+                "{shown}: {} has {} pieces, {} says {}",
+                keys::TOKENS,
+                tokenizer.len(),
+                keys::VOCAB_SIZE,
                 hparams.vocab_size
             );
         }
@@ -226,7 +229,7 @@ impl Model {
             path: path.to_path_buf(),
             name,
             hparams,
-            vocab,
+            tokenizer,
             window,
             filterbank,
             encoder: EncoderWeights { pre_encode, layers },

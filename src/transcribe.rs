@@ -7,7 +7,7 @@ use crate::decoder::{TransducerDecoder, ctc_greedy};
 use crate::encoder::{AttentionChoice, Encoded, FeatureImage, Outputs, encode, encode_image};
 use crate::hparams::Attention;
 use crate::model::Model;
-use crate::tokenizer::{Token, Word, detokenize, words};
+use crate::tokenizer::{Token, Word};
 use anyhow::{Result, bail};
 use std::path::Path;
 use std::sync::Arc;
@@ -283,15 +283,15 @@ impl Transcriber {
     pub fn transcribe(&mut self, samples: Vec<f32>, choice: DecoderChoice) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
         let (tokens, times, attention) = self.transcribe_piece(samples, choice)?;
-        let vocab = &self.model.vocab;
+        let tokenizer = &self.model.tokenizer;
         let frame_seconds = self.model.hparams.geometry().frame_seconds();
         Ok(Transcript {
-            text: detokenize(vocab, tokens.iter().map(|t| t.id)),
+            text: tokenizer.detokenize(tokens.iter().map(|t| t.id)),
             pieces: tokens
                 .iter()
-                .map(|t| vocab.get(t.id).cloned().unwrap_or_default())
+                .map(|t| tokenizer.piece(t.id).unwrap_or_default().to_owned())
                 .collect(),
-            words: words(vocab, &tokens, frame_seconds),
+            words: tokenizer.words(&tokens, frame_seconds),
             tokens,
             audio_seconds,
             frame_seconds,

@@ -10,25 +10,29 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde_yaml::Value;
 
 use crate::hparams::{Attention, EncoderParams, Hparams, ModelType, PreprocessorParams};
+use crate::tokenizer::Tokenizer;
 
 /// Tensor name -> shape (torch order).
 pub type Shapes<'a> = HashMap<&'a str, &'a [usize]>;
 
-/// What the converter takes from `model_config.yaml` (and the archive's tokenizer files).
-#[derive(Clone, Debug, PartialEq)]
+/// What the converter takes from `model_config.yaml` and the archive's tokenizer files.
+#[derive(Clone, Debug)]
 pub struct ModelConfig {
     pub hparams: Hparams,
-    /// SentencePiece pieces in id order; the blank id is `vocab.len()`.
-    pub vocab: Vec<String>,
+    /// The vocabulary (the blank id is its length), with the SentencePiece model when the
+    /// archive has one.
+    pub tokenizer: Tokenizer,
 }
 
 impl ModelConfig {
     /// Reads and validates the config against the checkpoint's `shapes`. `tokenizer_vocab` (a
-    /// SentencePiece `.vocab` file) is used only when the config lists no vocabulary.
+    /// SentencePiece `.vocab` file) is used only when the config lists no vocabulary;
+    /// `tokenizer_model` (the `.model` file) must list the same pieces.
     pub fn from_yaml(
         config: &Value,
         shapes: &Shapes,
         tokenizer_vocab: Option<&str>,
+        tokenizer_model: Option<&[u8]>,
     ) -> Result<Self> {
         let cfg = Cfg(config);
         let t = Tensors(shapes);
@@ -67,7 +71,22 @@ impl ModelConfig {
             },
             max_symbols: max_symbols as usize,
         };
-        Ok(Self { hparams, vocab })
+        let tokenizer = match tokenizer_model {
+            None => Tokenizer::new(vocab),
+            Some(model) => {
+                let tokenizer = Tokenizer::with_sentencepiece(model)
+                    .context("the archive's SentencePiece tokenizer.model")?;
+                ensure!(
+                    tokenizer.pieces() == vocab,
+                    "the archive's tokenizer.model lists other pieces than the config's \
+                     vocabulary ({} pieces vs {})",
+                    tokenizer.len(),
+                    vocab.len()
+                );
+                tokenizer
+            }
+        };
+        Ok(Self { hparams, tokenizer })
     }
 }
 

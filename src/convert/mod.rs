@@ -154,8 +154,13 @@ fn convert_impl(
         .iter()
         .map(|t| (t.name.as_str(), t.shape()))
         .collect();
-    let config = ModelConfig::from_yaml(archive.config(), &shapes, archive.tokenizer_vocab())
-        .with_context(|| format!("{}: unsupported or inconsistent model", nemo.display()))?;
+    let config = ModelConfig::from_yaml(
+        archive.config(),
+        &shapes,
+        archive.tokenizer_vocab(),
+        archive.tokenizer_model(),
+    )
+    .with_context(|| format!("{}: unsupported or inconsistent model", nemo.display()))?;
     let hp = &config.hparams;
 
     let mut w = GgufWriter::new();
@@ -167,8 +172,7 @@ fn convert_impl(
     w.set_str(keys::NAME, &name)?;
     w.set_u32(keys::FILE_TYPE, ty.file_type())?;
     hp.write(&mut w)?;
-    w.set_str(keys::TOKENIZER_MODEL, "sentencepiece")?;
-    w.set_str_array(keys::TOKENS, &config.vocab)?;
+    config.tokenizer.write(&mut w)?;
 
     let mut report = ConvertReport {
         model_type: hp.model_type,

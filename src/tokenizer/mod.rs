@@ -1,5 +1,17 @@
 //! The model's vocabulary: emitted tokens, their text (detokenisation) and words with time
-//! spans.
+//! spans; and text -> ids as NeMo's SentencePiece tokenizer gives them, from the SentencePiece
+//! model the converter stores in the GGUF (docs/GGUF.md, "Tokenizer").
+
+mod normalizer;
+mod sentencepiece;
+
+use anyhow::{Context, Result};
+
+use crate::backend::gguf::GgufFile;
+use crate::backend::gguf_writer::GgufWriter;
+use crate::hparams::keys;
+use normalizer::Normalizer;
+use sentencepiece::{Algorithm, PieceType, SentencePiece, SentencePieceModel};
 
 /// One emitted token.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,6 +133,143 @@ pub fn words(vocab: &[String], tokens: &[Token], frame_seconds: f64) -> Vec<Word
     }
     out.retain(|w| !w.text.is_empty());
     out
+}
+
+/// A model's vocabulary, and (in files converted with it) the SentencePiece model that turns
+/// text into its ids.
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    /// Pieces in id order; the blank id is `pieces.len()`.
+    pieces: Vec<String>,
+    sentencepiece: Option<SentencePiece>,
+}
+
+impl Tokenizer {
+    /// A vocabulary alone: ids -> text only.
+    pub fn new(pieces: Vec<String>) -> Tokenizer {
+        Tokenizer {
+            pieces,
+            sentencepiece: None,
+        }
+    }
+
+    /// The tokenizer a SentencePiece `.model` file describes.
+    pub fn with_sentencepiece(model: &[u8]) -> Result<Tokenizer> {
+        let (pieces, model) = sentencepiece::parse_model(model)?;
+        let sentencepiece = SentencePiece::new(&pieces, model)?;
+        Ok(Tokenizer {
+            pieces,
+            sentencepiece: Some(sentencepiece),
+        })
+    }
+
+    /// The tokenizer of a parakeet GGUF: its pieces, and its SentencePiece model when the file
+    /// has one (files converted before it was stored have the pieces only).
+    pub fn read(f: &GgufFile) -> Result<Tokenizer> {
+        let shown = f.path().display();
+        let pieces = f.str_array(keys::TOKENS)?;
+        if f.get(keys::TOKENIZER_ALGORITHM).is_none() {
+            return Ok(Tokenizer::new(pieces));
+        }
+        let name = f.str(keys::TOKENIZER_ALGORITHM)?;
+        let algorithm = Algorithm::from_name(&name).with_context(|| {
+            format!(
+                "{shown}: {} = {name} is not supported (unigram, bpe)",
+                keys::TOKENIZER_ALGORITHM
+            )
+        })?;
+        let scores = f.f32_array(keys::SCORES)?;
+        let types = f
+            .int_array(keys::TOKEN_TYPE)?
+            .into_iter()
+            .map(|code| {
+                PieceType::from_code(code).with_context(|| {
+                    format!("{shown}: {} holds unknown type {code}", keys::TOKEN_TYPE)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let model = SentencePieceModel {
+            algorithm,
+            scores,
+            types,
+            normalizer: Normalizer {
+                name: f.str(keys::NORMALIZER_NAME)?,
+                charsmap: f.bytes(keys::PRECOMPILED_CHARSMAP)?,
+                add_dummy_prefix: f.bool(keys::ADD_DUMMY_PREFIX)?,
+                remove_extra_whitespaces: f.bool(keys::REMOVE_EXTRA_WHITESPACES)?,
+                escape_whitespaces: f.bool(keys::ESCAPE_WHITESPACES)?,
+            },
+            byte_fallback: f.bool(keys::BYTE_FALLBACK)?,
+        };
+        let sentencepiece = SentencePiece::new(&pieces, model)
+            .with_context(|| format!("{shown}: the tokenizer's SentencePiece model"))?;
+        Ok(Tokenizer {
+            pieces,
+            sentencepiece: Some(sentencepiece),
+        })
+    }
+
+    /// Writes the `tokenizer.ggml.*` and `parakeet.tokenizer.*` keys (docs/GGUF.md).
+    pub fn write(&self, w: &mut GgufWriter) -> Result<()> {
+        w.set_str(keys::TOKENIZER_MODEL, "sentencepiece")?;
+        w.set_str_array(keys::TOKENS, &self.pieces)?;
+        let Some(m) = self.sentencepiece.as_ref().map(SentencePiece::model) else {
+            return Ok(());
+        };
+        w.set_f32_array(keys::SCORES, &m.scores)?;
+        let types: Vec<i32> = m.types.iter().map(|&t| t as i32).collect();
+        w.set_i32_array(keys::TOKEN_TYPE, &types)?;
+        w.set_str(keys::TOKENIZER_ALGORITHM, m.algorithm.name())?;
+        let n = &m.normalizer;
+        w.set_str(keys::NORMALIZER_NAME, &n.name)?;
+        w.set_bytes(keys::PRECOMPILED_CHARSMAP, &n.charsmap)?;
+        w.set_bool(keys::ADD_DUMMY_PREFIX, n.add_dummy_prefix)?;
+        w.set_bool(keys::REMOVE_EXTRA_WHITESPACES, n.remove_extra_whitespaces)?;
+        w.set_bool(keys::ESCAPE_WHITESPACES, n.escape_whitespaces)?;
+        w.set_bool(keys::BYTE_FALLBACK, m.byte_fallback)?;
+        Ok(())
+    }
+
+    /// Number of pieces (the blank id).
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    pub fn pieces(&self) -> &[String] {
+        &self.pieces
+    }
+
+    pub fn piece(&self, id: usize) -> Option<&str> {
+        self.pieces.get(id).map(String::as_str)
+    }
+
+    /// Whether [`encode`](Self::encode) can work (the file has the SentencePiece model).
+    pub fn can_encode(&self) -> bool {
+        self.sentencepiece.is_some()
+    }
+
+    /// See [`detokenize`].
+    pub fn detokenize(&self, ids: impl IntoIterator<Item = usize>) -> String {
+        detokenize(&self.pieces, ids)
+    }
+
+    /// See [`words`].
+    pub fn words(&self, tokens: &[Token], frame_seconds: f64) -> Vec<Word> {
+        words(&self.pieces, tokens, frame_seconds)
+    }
+
+    /// `text` as the model's ids, exactly as NeMo's `text_to_ids` (SentencePiece's encoding).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let sentencepiece = self.sentencepiece.as_ref().context(
+            "this model file has no SentencePiece model, only its vocabulary, so text cannot \
+             be turned into ids; convert the .nemo again with this version",
+        )?;
+        Ok(sentencepiece.encode(text))
+    }
 }
 
 #[cfg(test)]

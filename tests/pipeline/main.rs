@@ -11,3 +11,4 @@ mod local_attention;
 mod convert;
 mod hardening;
 mod output;
+mod tokenizer;
