@@ -340,7 +340,12 @@ fn exec(
                 .iter()
                 .map(|t| (t.name.as_str(), t.shape()))
                 .collect();
-            convert::Hparams::from_config(archive.config(), &shapes, archive.tokenizer_vocab())?;
+            convert::ModelConfig::from_yaml(
+                archive.config(),
+                &shapes,
+                archive.tokenizer_vocab(),
+                archive.tokenizer_model(),
+            )?;
             for t in archive.tensors() {
                 archive.load(t)?;
             }
@@ -359,7 +364,7 @@ fn exec(
                 .iter()
                 .map(|(n, s)| (n.as_str(), s.as_slice()))
                 .collect();
-            convert::Hparams::from_config(&config, &shapes, None)?;
+            convert::ModelConfig::from_yaml(&config, &shapes, None, None)?;
         }
         "wav" | "audio" => {
             let audio = parakeet::audio::decode_bytes(input, name)?;

@@ -1,10 +1,12 @@
 //! parakeet: NVIDIA Parakeet speech recognition (FastConformer + TDT/RNN-T/CTC) on ggml.
 //!
 //! Pipeline: [`audio`] (decode, resample, log-mel) -> [`encoder`] (one fused ggml graph) ->
-//! [`decoder`] (TDT / RNN-T / CTC greedy), run by a [`session`] over a shared [`model`].
+//! [`decoder`] (TDT / RNN-T / CTC greedy) -> [`tokenizer`] (ids -> text and words; text -> ids
+//! as NeMo's SentencePiece tokenizer gives them), run by a [`session`] over a shared [`model`].
 //! [`backend`] is the ggml runtime, [`kernels`] our fused CPU ops on it, [`gguf`] the file format
-//! and [`layout`] the weight layouts below them all; [`model`] loads a GGUF written by
-//! [`convert`]. docs/ARCHITECTURE.md draws the rooms and what may use what.
+//! and [`layout`] the weight layouts below them all; [`hparams`] is the metadata schema that
+//! [`model`] reads and [`convert`] writes. docs/ARCHITECTURE.md draws the rooms and what may use
+//! what.
 
 pub mod audio;
 pub mod backend;
@@ -12,6 +14,7 @@ pub mod convert;
 pub mod decoder;
 pub mod encoder;
 pub mod gguf;
+pub mod hparams;
 pub mod kernels;
 pub mod layout;
 pub mod model;
@@ -19,4 +22,5 @@ pub mod model_source;
 pub mod output;
 pub mod server;
 pub mod session;
+pub mod tokenizer;
 pub mod transcript;

@@ -4,7 +4,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
 use parakeet::convert::{OutType, convert_with_progress};
-use parakeet::encoder::{Attention, AttentionChoice};
+use parakeet::encoder::AttentionChoice;
+use parakeet::hparams::Attention;
 use parakeet::kernels::cpu::Isa;
 use parakeet::layout::Layout;
 use parakeet::model::Model;
@@ -256,7 +257,7 @@ fn info(model: &Path) -> Result<()> {
         e.n_layers,
         e.d_model,
         e.n_heads,
-        e.ff_dim,
+        e.ff_dim(),
         e.conv_kernel,
         e.subsampling_factor,
         e.subsampling_channels,

@@ -3,11 +3,11 @@
 //! stage can be diffed against the checkpoint by name. Shapes below are ggml order (the reverse
 //! of PyTorch's).
 
-use crate::audio::TARGET_RATE;
 use crate::backend::{DType, HostWeights, Weight};
-use crate::encoder::Attention;
 use crate::gguf::GgufFile;
+use crate::hparams::{EncoderParams, Hparams, keys, subsampled_len};
 use crate::layout::{self, Elem, Layout, Role};
+use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,145 +15,6 @@ use std::path::{Path, PathBuf};
 const F32: &[DType] = &[DType::F32];
 /// Large matmul weights may be stored f16, q8_0 or q4_0.
 const MATMUL: &[DType] = &[DType::F32, DType::F16, DType::Q8_0, DType::Q4_0];
-
-/// Which heads the checkpoint has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModelType {
-    Tdt,
-    Rnnt,
-    Ctc,
-    TdtCtc,
-    RnntCtc,
-}
-
-impl ModelType {
-    fn parse(s: &str) -> Option<ModelType> {
-        Some(match s {
-            "tdt" => ModelType::Tdt,
-            "rnnt" => ModelType::Rnnt,
-            "ctc" => ModelType::Ctc,
-            "tdt_ctc" => ModelType::TdtCtc,
-            "rnnt_ctc" => ModelType::RnntCtc,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelType::Tdt => "tdt",
-            ModelType::Rnnt => "rnnt",
-            ModelType::Ctc => "ctc",
-            ModelType::TdtCtc => "tdt_ctc",
-            ModelType::RnntCtc => "rnnt_ctc",
-        }
-    }
-
-    pub fn has_transducer(self) -> bool {
-        self != ModelType::Ctc
-    }
-
-    pub fn has_ctc(self) -> bool {
-        matches!(
-            self,
-            ModelType::Ctc | ModelType::TdtCtc | ModelType::RnntCtc
-        )
-    }
-
-    pub fn is_tdt(self) -> bool {
-        matches!(self, ModelType::Tdt | ModelType::TdtCtc)
-    }
-}
-
-/// Front-end settings (NeMo's `preprocessor`).
-#[derive(Clone, Debug)]
-pub struct PreprocessorParams {
-    pub sample_rate: u32,
-    pub n_mels: usize,
-    pub n_fft: usize,
-    pub win_length: usize,
-    pub hop_length: usize,
-    pub preemph: f32,
-    pub log_zero_guard: f32,
-}
-
-#[derive(Clone, Debug)]
-pub struct EncoderParams {
-    pub feat_in: usize,
-    pub n_layers: usize,
-    pub d_model: usize,
-    pub n_heads: usize,
-    pub ff_dim: usize,
-    pub subsampling_factor: usize,
-    pub subsampling_channels: usize,
-    pub conv_kernel: usize,
-    pub xscaling: bool,
-    /// The attention the checkpoint was configured with (`self_attention_model` and
-    /// `att_context_size`).
-    pub attention: Attention,
-}
-
-#[derive(Clone, Debug)]
-pub struct Hparams {
-    pub model_type: ModelType,
-    pub preprocessor: PreprocessorParams,
-    pub encoder: EncoderParams,
-    /// SentencePiece pieces; the blank id is `vocab_size`.
-    pub vocab_size: usize,
-    pub pred_hidden: usize,
-    pub pred_layers: usize,
-    pub joint_hidden: usize,
-    /// TDT durations (empty for RNN-T / CTC).
-    pub durations: Vec<usize>,
-    pub max_symbols: usize,
-}
-
-impl Hparams {
-    pub fn blank_id(&self) -> usize {
-        self.vocab_size
-    }
-
-    /// The time grid of the features and the encoder, derived from these hyperparameters.
-    pub fn geometry(&self) -> FrameGeometry {
-        FrameGeometry {
-            sample_rate: self.preprocessor.sample_rate as usize,
-            hop_length: self.preprocessor.hop_length,
-            subsampling_factor: self.encoder.subsampling_factor,
-        }
-    }
-}
-
-/// Where feature and encoder frames fall in time: one feature frame per `hop_length` samples,
-/// one encoder frame per `subsampling_factor` feature frames (1280 samples, 0.08 s, for every
-/// Parakeet model). The one place these numbers are derived.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FrameGeometry {
-    pub sample_rate: usize,
-    pub hop_length: usize,
-    pub subsampling_factor: usize,
-}
-
-impl FrameGeometry {
-    /// Samples per encoder frame.
-    pub fn samples_per_frame(&self) -> usize {
-        self.hop_length * self.subsampling_factor
-    }
-
-    /// Seconds per encoder frame.
-    pub fn frame_seconds(&self) -> f64 {
-        self.samples_per_frame() as f64 / self.sample_rate as f64
-    }
-
-    /// Encoder frames for `feature_frames` feature frames: one stride-2 conv per factor of 2.
-    pub fn encoded_len(&self, feature_frames: usize) -> usize {
-        let mut len = feature_frames;
-        let mut factor = self.subsampling_factor;
-        while factor > 1 {
-            len = subsampled_len(len);
-            factor /= 2;
-        }
-        len
-    }
-}
 
 /// A torch `Linear`, or a kernel-1 `Conv1d` (stored squeezed to the same [in, out]).
 #[derive(Clone, Debug)]
@@ -293,7 +154,7 @@ pub struct Model {
     pub path: PathBuf,
     pub name: String,
     pub hparams: Hparams,
-    pub vocab: Vec<String>,
+    pub tokenizer: Tokenizer,
     /// `preprocessor.featurizer.window` [win_length] and `.fb` [n_mels][n_fft/2+1], on the host.
     pub window: Vec<f32>,
     pub filterbank: Vec<f32>,
@@ -312,20 +173,18 @@ impl Model {
     pub fn load(path: &Path) -> Result<Model> {
         let file = GgufFile::open(path)?;
         let shown = path.display().to_string();
-        let arch = file.str("general.architecture")?;
-        if arch != "parakeet" {
-            bail!("{shown}: architecture '{arch}' is not a parakeet model");
-        }
-        let hparams = read_hparams(&file)?;
-        let vocab = file.str_array("tokenizer.ggml.tokens")?;
-        if vocab.len() != hparams.vocab_size {
+        let hparams = Hparams::read(&file)?;
+        let tokenizer = Tokenizer::read(&file)?;
+        if tokenizer.len() != hparams.vocab_size {
             bail!(
-                "{shown}: tokenizer.ggml.tokens has {} pieces, parakeet.vocab_size says {}",
-                vocab.len(),
+                "{shown}: {} has {} pieces, {} says {}",
+                keys::TOKENS,
+                tokenizer.len(),
+                keys::VOCAB_SIZE,
                 hparams.vocab_size
             );
         }
-        let name = file.str("general.name").unwrap_or_else(|_| {
+        let name = file.str(keys::NAME).unwrap_or_else(|_| {
             path.file_stem()
                 .unwrap_or_default()
                 .to_string_lossy()
@@ -371,7 +230,7 @@ impl Model {
             path: path.to_path_buf(),
             name,
             hparams,
-            vocab,
+            tokenizer,
             window,
             filterbank,
             encoder: EncoderWeights { pre_encode, layers },
@@ -430,196 +289,6 @@ fn check_layer_count(file: &GgufFile, n_layers: usize) -> Result<()> {
 
 fn fold_name(layer: usize, what: &str) -> String {
     format!("encoder.layers.{layer}.conv.depthwise_conv.folded_{what}")
-}
-
-/// Bounds on the sizes a GGUF may declare. Real Parakeet models sit far inside them (the
-/// largest, 1.1b, has 42 layers of d_model 1024); they exist so that a corrupt or hostile file
-/// is refused with its key and value before anything is sized from it.
-mod limits {
-    pub const N_MELS: usize = 512;
-    pub const N_FFT: usize = 1 << 16;
-    pub const N_LAYERS: usize = 512;
-    pub const D_MODEL: usize = 16_384;
-    pub const FF_EXPANSION: usize = 16;
-    pub const CHANNELS: usize = 16_384;
-    pub const CONV_KERNEL: usize = 1023;
-    pub const VOCAB: usize = 1 << 20;
-    pub const PRED_LAYERS: usize = 16;
-    pub const DURATIONS: usize = 64;
-    pub const DURATION: i64 = 1_000;
-    pub const MAX_SYMBOLS: usize = 1_000;
-}
-
-fn read_hparams(f: &GgufFile) -> Result<Hparams> {
-    let shown = f.path().display().to_string();
-    // Every error names the key, the value and what is supported.
-    let refuse = |key: &str, value: &dyn std::fmt::Display, supported: &str| {
-        anyhow::anyhow!("{shown}: parakeet.{key} = {value} is not supported ({supported})")
-    };
-    let u = |key: &str, lo: usize, hi: usize| -> Result<usize> {
-        let v = f.u32(&format!("parakeet.{key}"))? as usize;
-        if (lo..=hi).contains(&v) {
-            Ok(v)
-        } else {
-            Err(refuse(key, &v, &format!("{lo}..={hi}")))
-        }
-    };
-    let type_name = f.str("parakeet.model_type")?;
-    let Some(model_type) = ModelType::parse(&type_name) else {
-        return Err(refuse(
-            "model_type",
-            &type_name,
-            "tdt, rnnt, ctc, tdt_ctc, rnnt_ctc",
-        ));
-    };
-
-    let sample_rate = u("preprocessor.sample_rate", 0, usize::MAX)? as u32;
-    if sample_rate != TARGET_RATE {
-        return Err(refuse(
-            "preprocessor.sample_rate",
-            &sample_rate,
-            &format!("{TARGET_RATE} only"),
-        ));
-    }
-    let n_mels = u("preprocessor.n_mels", 1, limits::N_MELS)?;
-    let n_fft = u("preprocessor.n_fft", 2, limits::N_FFT)?;
-    let win_length = u("preprocessor.win_length", 1, n_fft)?;
-    // A hop longer than the window would skip audio between frames.
-    let hop_length = u("preprocessor.hop_length", 1, win_length)?;
-    let preemph = f.f32("parakeet.preprocessor.preemph")?;
-    if !(0.0..1.0).contains(&preemph) {
-        return Err(refuse("preprocessor.preemph", &preemph, "0 <= preemph < 1"));
-    }
-    let log_zero_guard = f.f32("parakeet.preprocessor.log_zero_guard_value")?;
-    if !(log_zero_guard.is_finite() && log_zero_guard > 0.0) {
-        return Err(refuse(
-            "preprocessor.log_zero_guard_value",
-            &log_zero_guard,
-            "a finite value > 0",
-        ));
-    }
-    if f.get("parakeet.preprocessor.normalize").is_some() {
-        let normalize = f.str("parakeet.preprocessor.normalize")?;
-        if normalize != "per_feature" {
-            return Err(refuse(
-                "preprocessor.normalize",
-                &normalize,
-                "per_feature only",
-            ));
-        }
-    }
-    let preprocessor = PreprocessorParams {
-        sample_rate,
-        n_mels,
-        n_fft,
-        win_length,
-        hop_length,
-        preemph,
-        log_zero_guard,
-    };
-
-    let sub = f.str("parakeet.encoder.subsampling")?;
-    if sub != "dw_striding" {
-        return Err(refuse("encoder.subsampling", &sub, "dw_striding only"));
-    }
-    let att = f.str("parakeet.encoder.self_attention_model")?;
-    let att_context = f.int_array("parakeet.encoder.att_context_size")?;
-    if att_context.len() != 2 {
-        return Err(refuse(
-            "encoder.att_context_size",
-            &format!("{att_context:?}"),
-            "2 values",
-        ));
-    }
-    let attention = match (att.as_str(), att_context[0], att_context[1]) {
-        ("rel_pos", l, r) if l < 0 && r < 0 => Attention::Full,
-        ("rel_pos_local_attn", l, r) if l >= 0 && r >= 0 && l.max(r) > 0 => Attention::Local {
-            left: l as usize,
-            right: r as usize,
-        },
-        _ => bail!(
-            "{shown}: self_attention_model '{att}' with att_context_size {att_context:?} is not \
-             supported (rel_pos with [-1, -1], or rel_pos_local_attn with a window)"
-        ),
-    };
-    let feat_in = u("encoder.feat_in", 1, limits::N_MELS)?;
-    if feat_in != n_mels {
-        return Err(refuse(
-            "encoder.feat_in",
-            &feat_in,
-            &format!("equal to preprocessor.n_mels {n_mels}"),
-        ));
-    }
-    let d_model = u("encoder.d_model", 1, limits::D_MODEL)?;
-    let n_heads = u("encoder.n_heads", 1, d_model)?;
-    if !d_model.is_multiple_of(n_heads) {
-        return Err(refuse(
-            "encoder.n_heads",
-            &n_heads,
-            &format!("a divisor of d_model {d_model}"),
-        ));
-    }
-    let conv_kernel = u("encoder.conv_kernel_size", 1, limits::CONV_KERNEL)?;
-    if conv_kernel % 2 == 0 {
-        return Err(refuse(
-            "encoder.conv_kernel_size",
-            &conv_kernel,
-            "odd sizes",
-        ));
-    }
-    let encoder = EncoderParams {
-        feat_in,
-        n_layers: u("encoder.n_layers", 1, limits::N_LAYERS)?,
-        d_model,
-        n_heads,
-        ff_dim: d_model * u("encoder.ff_expansion_factor", 1, limits::FF_EXPANSION)?,
-        subsampling_factor: u("encoder.subsampling_factor", 8, 8)?,
-        subsampling_channels: u("encoder.subsampling_conv_channels", 1, limits::CHANNELS)?,
-        conv_kernel,
-        xscaling: f.bool("parakeet.encoder.xscaling")?,
-        attention,
-    };
-    let vocab_size = u("vocab_size", 1, limits::VOCAB)?;
-
-    let (mut pred_hidden, mut pred_layers, mut joint_hidden) = (0, 0, 0);
-    let mut durations = Vec::new();
-    if model_type.has_transducer() {
-        pred_hidden = u("decoder.pred_hidden", 1, limits::D_MODEL)?;
-        pred_layers = u("decoder.pred_rnn_layers", 1, limits::PRED_LAYERS)?;
-        joint_hidden = u("joint.joint_hidden", 1, limits::D_MODEL)?;
-    }
-    if model_type.is_tdt() {
-        let d = f.int_array("parakeet.tdt.durations")?;
-        let ok = (1..=limits::DURATIONS).contains(&d.len())
-            && d.iter().all(|v| (0..=limits::DURATION).contains(v));
-        if !ok {
-            return Err(refuse(
-                "tdt.durations",
-                &format!("{d:?}"),
-                &format!(
-                    "1 to {} durations of 0..={} frames",
-                    limits::DURATIONS,
-                    limits::DURATION
-                ),
-            ));
-        }
-        durations = d.into_iter().map(|v| v as usize).collect();
-    }
-    let max_symbols = match f.get("parakeet.decoding.max_symbols") {
-        Some(_) => u("decoding.max_symbols", 1, limits::MAX_SYMBOLS)?,
-        None => 10,
-    };
-    Ok(Hparams {
-        model_type,
-        preprocessor,
-        encoder,
-        vocab_size,
-        pred_hidden,
-        pred_layers,
-        joint_hidden,
-        durations,
-        max_symbols,
-    })
 }
 
 /// Typed weight lookups with NeMo's names.
@@ -765,7 +434,7 @@ impl Loader<'_> {
         derived: &mut HashMap<String, Weight>,
     ) -> Result<ConformerLayer> {
         let p = format!("encoder.layers.{i}");
-        let (d, ff) = (hp.d_model, hp.ff_dim);
+        let (d, ff) = (hp.d_model, hp.ff_dim());
         let dk = d / hp.n_heads;
         let ffn = |name: &str| -> Result<FeedForward> {
             Ok(FeedForward {
@@ -852,11 +521,6 @@ impl Loader<'_> {
         self.conv1x1(prefix, hp.encoder.d_model, hp.vocab_size + 1)
             .with_context(|| "CTC head")
     }
-}
-
-/// NeMo's subsampled length for one stride-2, kernel-3, pad-1 conv: `floor((L - 1) / 2) + 1`.
-pub fn subsampled_len(len: usize) -> usize {
-    if len == 0 { 0 } else { (len - 1) / 2 + 1 }
 }
 
 /// Fold inference-mode BatchNorm into the preceding depthwise conv: returns the weight

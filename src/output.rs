@@ -4,7 +4,7 @@
 //! Every rendering works in whole milliseconds, so the formats agree with each other to the
 //! millisecond and a file can be compared exactly with another rendering of the same transcript.
 
-use crate::decoder::{Word, token_span};
+use crate::tokenizer::{Word, token_span};
 use crate::transcript::Transcript;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;

@@ -8,11 +8,12 @@ use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, Stats};
 use crate::decoder::ctc::ctc_greedy;
 use crate::decoder::greedy::{GreedyTransducer, Step};
-use crate::decoder::{Token, detokenize, words};
 use crate::encoder::{
-    Attention, AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
+    AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
 };
+use crate::hparams::Attention;
 use crate::model::Model;
+use crate::tokenizer::Token;
 use crate::transcript::{StageTimes, Transcript};
 use anyhow::{Result, bail};
 use std::path::Path;
@@ -313,15 +314,15 @@ impl Session {
     pub fn transcribe(&mut self, samples: Vec<f32>, choice: DecoderChoice) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
         let (tokens, times, attention) = self.run_stages(samples, choice)?;
-        let vocab = &self.model.vocab;
+        let tokenizer = &self.model.tokenizer;
         let frame_seconds = self.model.hparams.geometry().frame_seconds();
         Ok(Transcript {
-            text: detokenize(vocab, tokens.iter().map(|t| t.id)),
+            text: tokenizer.detokenize(tokens.iter().map(|t| t.id)),
             pieces: tokens
                 .iter()
-                .map(|t| vocab.get(t.id).cloned().unwrap_or_default())
+                .map(|t| tokenizer.piece(t.id).unwrap_or_default().to_owned())
                 .collect(),
-            words: words(vocab, &tokens, frame_seconds),
+            words: tokenizer.words(&tokens, frame_seconds),
             tokens,
             audio_seconds,
             frame_seconds,

@@ -1,8 +1,8 @@
 //! What a transcription produces: the text, its tokens and words with their times, and where
 //! the time went.
 
-use crate::decoder::{Token, Word};
-use crate::encoder::Attention;
+use crate::hparams::Attention;
+use crate::tokenizer::{Token, Word};
 use std::time::Duration;
 
 /// Where the time went for one utterance.

@@ -4,7 +4,7 @@
 //! from them, and each tensor is then read, converted and written before the next is loaded, so
 //! peak memory is about one tensor, whatever the model size.
 
-mod hparams;
+mod config;
 mod nemo;
 mod pickle;
 
@@ -16,10 +16,11 @@ use anyhow::{Context, Result, ensure};
 
 use crate::backend::DType;
 use crate::gguf::GgufWriter;
+use crate::hparams::{ARCHITECTURE, ModelType, keys};
 use crate::layout::{self, Layout, Role};
-use crate::model::ModelType;
 
-pub use hparams::{Encoder, Hparams, Preprocessor, Transducer};
+pub use config::ModelConfig;
+
 pub use nemo::{NemoArchive, NemoModel, NemoTensor, TensorEntry, parse_config, read_nemo};
 
 /// Entry points for the fuzz harness (`examples/fuzz.rs`): the `.nemo` reader's parsers on
@@ -153,18 +154,25 @@ fn convert_impl(
         .iter()
         .map(|t| (t.name.as_str(), t.shape()))
         .collect();
-    let hp = Hparams::from_config(archive.config(), &shapes, archive.tokenizer_vocab())
-        .with_context(|| format!("{}: unsupported or inconsistent model", nemo.display()))?;
+    let config = ModelConfig::from_yaml(
+        archive.config(),
+        &shapes,
+        archive.tokenizer_vocab(),
+        archive.tokenizer_model(),
+    )
+    .with_context(|| format!("{}: unsupported or inconsistent model", nemo.display()))?;
+    let hp = &config.hparams;
 
     let mut w = GgufWriter::new();
     let name = nemo
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    w.set_str("general.architecture", "parakeet")?;
-    w.set_str("general.name", &name)?;
-    w.set_u32("general.file_type", ty.file_type())?;
-    hp.write_metadata(&mut w)?;
+    w.set_str(keys::ARCHITECTURE, ARCHITECTURE)?;
+    w.set_str(keys::NAME, &name)?;
+    w.set_u32(keys::FILE_TYPE, ty.file_type())?;
+    hp.write(&mut w)?;
+    config.tokenizer.write(&mut w)?;
 
     let mut report = ConvertReport {
         model_type: hp.model_type,

@@ -80,6 +80,9 @@ pub struct NemoArchive {
     config: serde_yaml::Value,
     /// The SentencePiece `*tokenizer.vocab` file, if the archive has one.
     tokenizer_vocab: Option<String>,
+    /// The SentencePiece `*tokenizer.model` file (the one `tokenizer.model_path` names when the
+    /// archive has several), if the archive has one.
+    tokenizer_model: Option<Vec<u8>>,
     zip: RefCell<ZipArchive<BufReader<FileWindow>>>,
     /// Directory of `data.pkl` inside the zip (`model_weights/`, `archive/`, ...).
     prefix: String,
@@ -111,10 +114,12 @@ impl NemoArchive {
             .with_context(|| format!("{WEIGHTS_NAME} is not a valid torch zip archive"))?;
         let (prefix, tensors) =
             read_tensor_index(&mut zip).with_context(|| format!("reading {WEIGHTS_NAME}"))?;
+        let tokenizer_model = tokenizer_model(&config, members.tokenizer_models);
         Ok(Self {
             path: path.to_owned(),
             config,
             tokenizer_vocab: members.tokenizer_vocab,
+            tokenizer_model,
             zip: RefCell::new(zip),
             prefix,
             tensors,
@@ -127,6 +132,10 @@ impl NemoArchive {
 
     pub fn tokenizer_vocab(&self) -> Option<&str> {
         self.tokenizer_vocab.as_deref()
+    }
+
+    pub fn tokenizer_model(&self) -> Option<&[u8]> {
+        self.tokenizer_model.as_deref()
     }
 
     pub fn tensors(&self) -> &[TensorEntry] {
@@ -263,6 +272,8 @@ fn check_config_shape(text: &str) -> Result<()> {
 struct TarMembers {
     config: Option<String>,
     tokenizer_vocab: Option<String>,
+    /// `*tokenizer.model` members: (name, bytes).
+    tokenizer_models: Vec<(String, Vec<u8>)>,
     /// Byte range of `model_weights.ckpt` inside the tar file.
     weights: Option<(u64, u64)>,
 }
@@ -301,6 +312,9 @@ fn scan_tar(path: &Path) -> Result<TarMembers> {
             members.config = Some(read_text(&mut entry, size, &name)?);
         } else if name.ends_with("tokenizer.vocab") && members.tokenizer_vocab.is_none() {
             members.tokenizer_vocab = Some(read_text(&mut entry, size, &name)?);
+        } else if name.ends_with("tokenizer.model") {
+            let model = read_bytes(&mut entry, size, &name)?;
+            members.tokenizer_models.push((name, model));
         } else if name == WEIGHTS_NAME {
             members.weights = Some((start, size));
         }
@@ -315,16 +329,43 @@ fn member_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-fn read_text(entry: &mut impl Read, size: u64, name: &str) -> Result<String> {
+/// The SentencePiece model the config's `tokenizer.model_path` (`nemo:<member>`) names, or the
+/// archive's only one.
+fn tokenizer_model(
+    config: &serde_yaml::Value,
+    mut models: Vec<(String, Vec<u8>)>,
+) -> Option<Vec<u8>> {
+    let named = config
+        .get("tokenizer")
+        .and_then(|t| t.get("model_path"))
+        .and_then(|p| p.as_str())
+        .map(|p| p.strip_prefix("nemo:").unwrap_or(p));
+    if let Some(named) = named
+        && let Some(i) = models.iter().position(|(name, _)| name == named)
+    {
+        return Some(models.swap_remove(i).1);
+    }
+    match models.len() {
+        1 => models.pop().map(|(_, model)| model),
+        _ => None,
+    }
+}
+
+fn read_bytes(entry: &mut impl Read, size: u64, name: &str) -> Result<Vec<u8>> {
     ensure!(
         size <= MAX_TEXT_MEMBER,
         "member {name} is implausibly large ({size} bytes)"
     );
-    let mut text = String::with_capacity(size as usize);
+    let mut bytes = Vec::with_capacity(size as usize);
     entry
-        .read_to_string(&mut text)
+        .read_to_end(&mut bytes)
         .with_context(|| format!("reading member {name}"))?;
-    Ok(text)
+    Ok(bytes)
+}
+
+fn read_text(entry: &mut impl Read, size: u64, name: &str) -> Result<String> {
+    String::from_utf8(read_bytes(entry, size, name)?)
+        .with_context(|| format!("reading member {name}: not UTF-8 text"))
 }
 
 /// Parses `<prefix>/data.pkl` into the list of tensors to load.

@@ -1,6 +1,6 @@
 //! CTC greedy decoding: argmax per frame, collapse repeats, drop blanks.
 
-use super::Token;
+use crate::tokenizer::Token;
 
 /// Index of the largest value; the first one on ties (as torch.argmax).
 pub(crate) fn argmax(v: &[f32]) -> usize {

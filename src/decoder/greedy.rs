@@ -5,12 +5,12 @@
 //! next emission; the joint runs once per step. An emission's prediction step also evaluates
 //! the joint of the frame the next step looks at (one graph per emission instead of two).
 
-use super::Token;
 use super::ctc::argmax;
 use super::hypothesis::Hypothesis;
 use super::nets::{JointInput, NetCounts, Nets, PredictInput};
 use crate::backend::Backend;
 use crate::model::Model;
+use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 
 /// One decoding step, for traces and tests (NeMo's `decode_trace.json` fields).

@@ -1,7 +1,7 @@
 //! One transducer hypothesis: everything a search needs to extend it, as a plain value that a
 //! beam can hold several of and clone when it forks.
 
-use super::Token;
+use crate::tokenizer::Token;
 
 /// The prediction network's recurrent state: `(h, c)` per LSTM layer, `pred_hidden` values
 /// each.

@@ -8,11 +8,11 @@
 
 use crate::audio::mel::Features;
 use crate::backend::{Backend, Graph, Tensor};
+use crate::hparams::{Attention, EncoderParams};
 use crate::kernels::FusedOps;
 use crate::layout::Layout;
 use crate::model::{
-    ConformerLayer, ConvModule, EncoderParams, FeedForward, LayerNorm, Model, PreEncode,
-    RelPositionAttention,
+    ConformerLayer, ConvModule, FeedForward, LayerNorm, Model, PreEncode, RelPositionAttention,
 };
 use anyhow::{Result, bail};
 
@@ -35,58 +35,6 @@ pub struct Encoded {
     /// Named intermediate results, named like NeMo's reference dumps (`enc_layer_00`, ...),
     /// each `[T'][d_model]`, when asked for.
     pub layers: Vec<(String, Vec<f32>)>,
-}
-
-/// The encoder's self-attention for one utterance.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Attention {
-    /// Every frame attends to every frame (NeMo's `rel_pos`).
-    #[default]
-    Full,
-    /// NeMo's `rel_pos_local_attn` with `att_context_size` `[left, right]`: each frame attends
-    /// to `left` frames before it and `right` after it.
-    Local { left: usize, right: usize },
-}
-
-impl Attention {
-    /// NeMo's recommended setting for long audio (`change_attention_model`).
-    pub const LONG_FORM: Attention = Attention::Local {
-        left: 128,
-        right: 128,
-    };
-
-    /// `(left, right)` key frames around each query for an utterance of `frames` frames.
-    pub fn window(self, frames: usize) -> (usize, usize) {
-        match self {
-            Attention::Full => (frames.max(1) - 1, frames.max(1) - 1),
-            Attention::Local { left, right } => (left, right),
-        }
-    }
-
-    /// NeMo's `self_attention_model` name.
-    pub fn nemo_name(self) -> &'static str {
-        match self {
-            Attention::Full => "rel_pos",
-            Attention::Local { .. } => "rel_pos_local_attn",
-        }
-    }
-
-    /// NeMo's `att_context_size` (`[-1, -1]` for full attention).
-    pub fn context(self) -> [i64; 2] {
-        match self {
-            Attention::Full => [-1, -1],
-            Attention::Local { left, right } => [left as i64, right as i64],
-        }
-    }
-}
-
-impl std::fmt::Display for Attention {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Attention::Full => write!(f, "full"),
-            Attention::Local { left, right } => write!(f, "local [{left}, {right}]"),
-        }
-    }
 }
 
 /// Longest audio that `auto` runs with full attention (seconds): up to here the result is

@@ -27,6 +27,9 @@ pub enum MetaValue {
     IntArray(Vec<i64>),
     StrArray(Vec<String>),
     Other(&'static str),
+    FloatArray(Vec<f32>),
+    /// A u8 array (e.g. the tokenizer's normalisation table).
+    Bytes(Vec<u8>),
 }
 
 /// An open GGUF file: its metadata and its weights (zero-copy over the mapping).
@@ -323,6 +326,22 @@ impl GgufFile {
     pub fn any_weight(&self, name: &str) -> Option<&Weight> {
         self.weights.get(name)
     }
+
+    pub fn f32_array(&self, key: &str) -> Result<Vec<f32>> {
+        match self.get(key) {
+            Some(MetaValue::FloatArray(v)) => Ok(v.clone()),
+            Some(v) => Err(self.wrong(key, "an f32 array", v)),
+            None => Err(self.missing(key)),
+        }
+    }
+
+    pub fn bytes(&self, key: &str) -> Result<Vec<u8>> {
+        match self.get(key) {
+            Some(MetaValue::Bytes(v)) => Ok(v.clone()),
+            Some(v) => Err(self.wrong(key, "a u8 array", v)),
+            None => Err(self.missing(key)),
+        }
+    }
 }
 
 /// The tensors the file stores panel-packed (none for files written before the layout).
@@ -455,7 +474,17 @@ unsafe fn read_array(gguf: *mut sys::gguf_context, i: i64) -> MetaValue {
             sys::GGUF_TYPE_INT16 => ints!(i16),
             sys::GGUF_TYPE_UINT16 => ints!(u16),
             sys::GGUF_TYPE_INT8 => ints!(i8),
-            sys::GGUF_TYPE_UINT8 => ints!(u8),
+            // An empty array's data pointer may be null, which no slice may hold.
+            sys::GGUF_TYPE_UINT8 if n == 0 => MetaValue::Bytes(Vec::new()),
+            sys::GGUF_TYPE_UINT8 => {
+                let data = sys::gguf_get_arr_data(gguf, i) as *const u8;
+                MetaValue::Bytes(std::slice::from_raw_parts(data, n).to_vec())
+            }
+            sys::GGUF_TYPE_FLOAT32 if n == 0 => MetaValue::FloatArray(Vec::new()),
+            sys::GGUF_TYPE_FLOAT32 => {
+                let data = sys::gguf_get_arr_data(gguf, i) as *const f32;
+                MetaValue::FloatArray(std::slice::from_raw_parts(data, n).to_vec())
+            }
             _ => MetaValue::Other("array"),
         }
     }

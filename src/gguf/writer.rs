@@ -259,6 +259,37 @@ impl GgufWriter {
             meta
         }
     }
+
+    pub fn set_f32_array(&mut self, key: &str, values: &[f32]) -> Result<()> {
+        let k = c_key(key)?;
+        // SAFETY: ggml copies `values.len()` elements of 4 bytes from the slice.
+        unsafe {
+            sys::gguf_set_arr_data(
+                self.ctx.as_ptr(),
+                k.as_ptr(),
+                sys::GGUF_TYPE_FLOAT32,
+                values.as_ptr().cast(),
+                values.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// A u8 array.
+    pub fn set_bytes(&mut self, key: &str, values: &[u8]) -> Result<()> {
+        let k = c_key(key)?;
+        // SAFETY: ggml copies `values.len()` bytes from the slice.
+        unsafe {
+            sys::gguf_set_arr_data(
+                self.ctx.as_ptr(),
+                k.as_ptr(),
+                sys::GGUF_TYPE_UINT8,
+                values.as_ptr().cast(),
+                values.len(),
+            )
+        };
+        Ok(())
+    }
 }
 
 fn validate_tensor(name: &str, ne: &[usize], ty: DType) -> Result<()> {

@@ -73,6 +73,8 @@ fn rewrite(src: &Path, dst: &Path, overrides: &[(&str, Set)]) {
             }
             MetaValue::StrArray(a) => w.set_str_array(k, a),
             MetaValue::Other(_) => Ok(()),
+            MetaValue::FloatArray(a) => w.set_f32_array(k, a),
+            MetaValue::Bytes(a) => w.set_bytes(k, a),
         }
         .unwrap();
     }
@@ -456,9 +458,14 @@ fn yaml_sample_rate_zero_is_named() {
         .collect();
     let mut config = archive.config().clone();
     config["preprocessor"]["sample_rate"] = serde_yaml::Value::from(0);
-    let e = parakeet::convert::Hparams::from_config(&config, &shapes, archive.tokenizer_vocab())
-        .unwrap_err()
-        .to_string();
+    let e = parakeet::convert::ModelConfig::from_yaml(
+        &config,
+        &shapes,
+        archive.tokenizer_vocab(),
+        archive.tokenizer_model(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("preprocessor.sample_rate 0 is not supported (16000 only)"),
         "{e}"

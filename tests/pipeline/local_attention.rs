@@ -5,7 +5,8 @@
 
 use crate::common::*;
 use parakeet::convert::OutType;
-use parakeet::encoder::{AUTO_FULL_MAX_SECONDS, Attention, AttentionChoice};
+use parakeet::encoder::{AUTO_FULL_MAX_SECONDS, AttentionChoice};
+use parakeet::hparams::Attention;
 use parakeet::session::{DecoderChoice, Session};
 use serde_json::Value;
 use std::path::Path;

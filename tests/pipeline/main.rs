@@ -11,3 +11,4 @@ mod hardening;
 mod local_attention;
 mod model;
 mod output;
+mod tokenizer;

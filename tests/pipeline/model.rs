@@ -5,8 +5,9 @@ use crate::common::*;
 use parakeet::backend::DType;
 use parakeet::convert::OutType;
 use parakeet::gguf::{GgufFile, GgufWriter, MetaValue};
+use parakeet::hparams::ModelType;
 use parakeet::layout::{Layout, pack_panels};
-use parakeet::model::{Model, ModelType};
+use parakeet::model::Model;
 use std::path::{Path, PathBuf};
 
 fn scratch(name: &str) -> PathBuf {
@@ -36,6 +37,8 @@ fn rewrite(src: &Path, dst: &Path, drop_key: Option<&str>, reshape: Option<(&str
             }
             MetaValue::StrArray(a) => w.set_str_array(k, a),
             MetaValue::Other(_) => Ok(()),
+            MetaValue::FloatArray(a) => w.set_f32_array(k, a),
+            MetaValue::Bytes(a) => w.set_bytes(k, a),
         }
         .unwrap();
     }
@@ -93,7 +96,7 @@ fn loads_every_reference_model_with_its_hyperparameters() {
                 (hp.encoder.d_model, hp.encoder.n_layers, hp.vocab_size),
                 (64, 2, 48)
             );
-            assert_eq!(m.vocab.len(), 48);
+            assert_eq!(m.tokenizer.len(), 48);
             assert_eq!(m.window.len(), 400);
             assert_eq!(m.filterbank.len(), mels * 257);
         }
@@ -170,10 +173,30 @@ fn rewritten_model_is_identical_in_use() {
     rewrite(&gguf("tiny_ctc", OutType::F32), &path, None, None);
     let a = Model::load(&path).unwrap();
     let b = Model::load(&gguf("tiny_ctc", OutType::F32)).unwrap();
-    assert_eq!(a.vocab, b.vocab);
+    assert_eq!(a.tokenizer.pieces(), b.tokenizer.pieces());
     assert_eq!(a.filterbank, b.filterbank);
     assert_eq!(
         a.encoder.layers[1].self_attn.linear_q.weight.to_host_f32(),
         b.encoder.layers[1].self_attn.linear_q.weight.to_host_f32()
     );
+}
+
+#[test]
+fn a_file_without_the_sentencepiece_model_loads_but_cannot_encode() {
+    // Files converted before the tokenizer was stored have the pieces only.
+    let path = scratch("no-sentencepiece.gguf");
+    rewrite(
+        &gguf("tiny_tdt", OutType::F32),
+        &path,
+        Some("parakeet.tokenizer.algorithm"),
+        None,
+    );
+    let old = Model::load(&path).unwrap();
+    let new = Model::load(&gguf("tiny_tdt", OutType::F32)).unwrap();
+    assert_eq!(old.tokenizer.pieces(), new.tokenizer.pieces());
+    assert_eq!(old.tokenizer.detokenize([6, 24]), "then");
+    assert!(!old.tokenizer.can_encode());
+    let e = old.tokenizer.encode("then").unwrap_err().to_string();
+    assert!(e.contains("no SentencePiece model"), "{e}");
+    assert_eq!(new.tokenizer.encode("then").unwrap(), [6, 24]);
 }

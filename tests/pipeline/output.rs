@@ -2,12 +2,12 @@
 //! the exact layout we promise) and compared with the expected cues.
 
 use aspasia::{SubRipSubtitle, Subtitle, WebVttSubtitle};
-use parakeet::decoder::{Token, Word, detokenize, words};
-use parakeet::encoder::Attention;
+use parakeet::hparams::Attention;
 use parakeet::output::{
     Format, MAX_LINE_CHARS, MAX_LINES, OutputMeta, Segment, check_not_input,
     format_timestamps_line, output_path, render, segments, write_atomic,
 };
+use parakeet::tokenizer::{Token, Word, detokenize, words};
 use parakeet::transcript::Transcript;
 use serde_json::{Value, json};
 use std::fs;

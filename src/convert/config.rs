@@ -1,4 +1,4 @@
-//! `model_config.yaml` -> the hyperparameters the runtime needs (docs/GGUF.md, "Metadata").
+//! `model_config.yaml` -> the model's [`Hparams`] and vocabulary (docs/GGUF.md, "Metadata").
 //!
 //! Every value is cross-checked against the checkpoint's tensor shapes where a shape pins it
 //! down, so a config that doesn't describe its weights is rejected here, not at inference time.
@@ -9,50 +9,40 @@ use std::collections::HashMap;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde_yaml::Value;
 
-use crate::gguf::GgufWriter;
-use crate::model::ModelType;
+use crate::hparams::{Attention, EncoderParams, Hparams, ModelType, PreprocessorParams};
+use crate::tokenizer::Tokenizer;
 
 /// Tensor name -> shape (torch order).
 pub type Shapes<'a> = HashMap<&'a str, &'a [usize]>;
 
-/// Prediction network and joint sizes (transducer models only).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Transducer {
-    pub pred_hidden: u32,
-    pub pred_rnn_layers: u32,
-    pub joint_hidden: u32,
+/// What the converter takes from `model_config.yaml` and the archive's tokenizer files.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub hparams: Hparams,
+    /// The vocabulary (the blank id is its length), with the SentencePiece model when the
+    /// archive has one.
+    pub tokenizer: Tokenizer,
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct Hparams {
-    pub model_type: ModelType,
-    pub preprocessor: Preprocessor,
-    pub encoder: Encoder,
-    pub transducer: Option<Transducer>,
-    /// SentencePiece pieces in id order; the blank id is `vocab.len()`.
-    pub vocab: Vec<String>,
-    /// TDT durations (empty unless TDT).
-    pub durations: Vec<i32>,
-    pub max_symbols: u32,
-}
-
-impl Hparams {
-    /// Reads and validates the hyperparameters. `tokenizer_vocab` (a SentencePiece `.vocab`
-    /// file) is used only when the config lists no vocabulary.
-    pub fn from_config(
+impl ModelConfig {
+    /// Reads and validates the config against the checkpoint's `shapes`. `tokenizer_vocab` (a
+    /// SentencePiece `.vocab` file) is used only when the config lists no vocabulary;
+    /// `tokenizer_model` (the `.model` file) must list the same pieces.
+    pub fn from_yaml(
         config: &Value,
         shapes: &Shapes,
         tokenizer_vocab: Option<&str>,
+        tokenizer_model: Option<&[u8]>,
     ) -> Result<Self> {
         let cfg = Cfg(config);
         let t = Tensors(shapes);
         let model_type = model_type(&cfg, &t)?;
-        let pre = preprocessor(&cfg, &t)?;
-        let enc = encoder(&cfg, &t, pre.n_mels)?;
+        let preprocessor = preprocessor(&cfg, &t)?;
+        let encoder = encoder(&cfg, &t, preprocessor.n_mels)?;
         let transducer = if model_type.has_transducer() {
-            Some(transducer(&cfg, &t)?)
+            transducer(&cfg, &t)?
         } else {
-            None
+            Transducer::default()
         };
         let vocab = vocabulary(&cfg, tokenizer_vocab)?;
         let durations = durations(&cfg)?;
@@ -65,76 +55,47 @@ impl Hparams {
             max_symbols > 0,
             "model_config.yaml: decoding.greedy.max_symbols must be positive"
         );
-        Ok(Self {
+        let hparams = Hparams {
             model_type,
-            preprocessor: pre,
-            encoder: enc,
-            transducer,
-            vocab,
-            durations: if model_type_is_tdt(model_type) {
-                durations
+            preprocessor,
+            encoder,
+            vocab_size: vocab.len(),
+            pred_hidden: transducer.pred_hidden,
+            pred_layers: transducer.pred_rnn_layers,
+            joint_hidden: transducer.joint_hidden,
+            durations: if model_type.is_tdt() {
+                // Checked non-negative by `durations`.
+                durations.iter().map(|&d| d as usize).collect()
             } else {
                 Vec::new()
             },
-            max_symbols,
-        })
-    }
-
-    /// Writes every `parakeet.*` / `tokenizer.*` key of docs/GGUF.md.
-    pub fn write_metadata(&self, w: &mut GgufWriter) -> Result<()> {
-        let (p, e) = (&self.preprocessor, &self.encoder);
-        w.set_str("parakeet.model_type", self.model_type.name())?;
-        w.set_u32("parakeet.preprocessor.sample_rate", p.sample_rate)?;
-        w.set_u32("parakeet.preprocessor.n_mels", p.n_mels)?;
-        w.set_u32("parakeet.preprocessor.n_fft", p.n_fft)?;
-        w.set_u32("parakeet.preprocessor.win_length", p.win_length)?;
-        w.set_u32("parakeet.preprocessor.hop_length", p.hop_length)?;
-        w.set_f32("parakeet.preprocessor.preemph", p.preemph)?;
-        w.set_f32(
-            "parakeet.preprocessor.log_zero_guard_value",
-            p.log_zero_guard_value,
-        )?;
-        w.set_str("parakeet.preprocessor.normalize", &p.normalize)?;
-        w.set_u32("parakeet.encoder.feat_in", e.feat_in)?;
-        w.set_u32("parakeet.encoder.n_layers", e.n_layers)?;
-        w.set_u32("parakeet.encoder.d_model", e.d_model)?;
-        w.set_u32("parakeet.encoder.n_heads", e.n_heads)?;
-        w.set_u32(
-            "parakeet.encoder.ff_expansion_factor",
-            e.ff_expansion_factor,
-        )?;
-        w.set_str("parakeet.encoder.subsampling", &e.subsampling)?;
-        w.set_u32("parakeet.encoder.subsampling_factor", e.subsampling_factor)?;
-        w.set_u32(
-            "parakeet.encoder.subsampling_conv_channels",
-            e.subsampling_conv_channels,
-        )?;
-        w.set_u32("parakeet.encoder.conv_kernel_size", e.conv_kernel_size)?;
-        w.set_bool("parakeet.encoder.xscaling", e.xscaling)?;
-        w.set_bool("parakeet.encoder.use_bias", e.use_bias)?;
-        w.set_str(
-            "parakeet.encoder.self_attention_model",
-            &e.self_attention_model,
-        )?;
-        w.set_i32_array("parakeet.encoder.att_context_size", &e.att_context_size)?;
-        if let Some(t) = &self.transducer {
-            w.set_u32("parakeet.decoder.pred_hidden", t.pred_hidden)?;
-            w.set_u32("parakeet.decoder.pred_rnn_layers", t.pred_rnn_layers)?;
-            w.set_u32("parakeet.joint.joint_hidden", t.joint_hidden)?;
-        }
-        w.set_u32("parakeet.vocab_size", self.vocab.len() as u32)?;
-        if model_type_is_tdt(self.model_type) {
-            w.set_i32_array("parakeet.tdt.durations", &self.durations)?;
-        }
-        w.set_u32("parakeet.decoding.max_symbols", self.max_symbols)?;
-        w.set_str("tokenizer.ggml.model", "sentencepiece")?;
-        w.set_str_array("tokenizer.ggml.tokens", &self.vocab)?;
-        Ok(())
+            max_symbols: max_symbols as usize,
+        };
+        let tokenizer = match tokenizer_model {
+            None => Tokenizer::new(vocab),
+            Some(model) => {
+                let tokenizer = Tokenizer::with_sentencepiece(model)
+                    .context("the archive's SentencePiece tokenizer.model")?;
+                ensure!(
+                    tokenizer.pieces() == vocab,
+                    "the archive's tokenizer.model lists other pieces than the config's \
+                     vocabulary ({} pieces vs {})",
+                    tokenizer.len(),
+                    vocab.len()
+                );
+                tokenizer
+            }
+        };
+        Ok(Self { hparams, tokenizer })
     }
 }
 
-fn model_type_is_tdt(t: ModelType) -> bool {
-    matches!(t, ModelType::Tdt | ModelType::TdtCtc)
+/// Prediction network and joint sizes (transducer models; zero for CTC, as in [`Hparams`]).
+#[derive(Default)]
+struct Transducer {
+    pred_hidden: usize,
+    pred_rnn_layers: usize,
+    joint_hidden: usize,
 }
 
 /// Which heads the checkpoint carries decides the type; the config only says TDT vs RNN-T.
@@ -197,20 +158,7 @@ fn durations(cfg: &Cfg) -> Result<Vec<i32>> {
     Ok(d)
 }
 
-/// Featurizer settings (`preprocessor.*`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Preprocessor {
-    pub sample_rate: u32,
-    pub n_mels: u32,
-    pub n_fft: u32,
-    pub win_length: u32,
-    pub hop_length: u32,
-    pub preemph: f32,
-    pub log_zero_guard_value: f32,
-    pub normalize: String,
-}
-
-fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<Preprocessor> {
+fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<PreprocessorParams> {
     let target = cfg.str_or("preprocessor._target_", "AudioToMelSpectrogramPreprocessor")?;
     ensure!(
         target.ends_with("AudioToMelSpectrogramPreprocessor"),
@@ -260,9 +208,7 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<Preprocessor> {
         None => 0.97,
         Some(_) => cfg.f64("preprocessor.preemph")? as f32,
     };
-    let normalize = cfg
-        .str_or("preprocessor.normalize", "per_feature")?
-        .to_owned();
+    let normalize = cfg.str_or("preprocessor.normalize", "per_feature")?;
     ensure!(
         normalize == "per_feature",
         "model_config.yaml: preprocessor.normalize {normalize} is not supported (per_feature only)"
@@ -299,15 +245,14 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<Preprocessor> {
         "preprocessor.featurizer.fb",
         2,
     )?;
-    Ok(Preprocessor {
+    Ok(PreprocessorParams {
         sample_rate,
-        n_mels,
-        n_fft,
-        win_length,
-        hop_length,
+        n_mels: n_mels as usize,
+        n_fft: n_fft as usize,
+        win_length: win_length as usize,
+        hop_length: hop_length as usize,
         preemph,
-        log_zero_guard_value: log_zero_guard_value(cfg)?,
-        normalize,
+        log_zero_guard: log_zero_guard_value(cfg)?,
     })
 }
 
@@ -322,26 +267,7 @@ fn log_zero_guard_value(cfg: &Cfg) -> Result<f32> {
     })
 }
 
-/// FastConformer settings (`encoder.*`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Encoder {
-    pub feat_in: u32,
-    pub n_layers: u32,
-    pub d_model: u32,
-    pub n_heads: u32,
-    pub ff_expansion_factor: u32,
-    pub subsampling: String,
-    pub subsampling_factor: u32,
-    pub subsampling_conv_channels: u32,
-    pub conv_kernel_size: u32,
-    pub xscaling: bool,
-    pub use_bias: bool,
-    pub self_attention_model: String,
-    /// [left, right]; [-1, -1] is full attention.
-    pub att_context_size: [i32; 2],
-}
-
-fn encoder(cfg: &Cfg, t: &Tensors, n_mels: u32) -> Result<Encoder> {
+fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
     let target = cfg.str_or("encoder._target_", "ConformerEncoder")?;
     ensure!(
         target.contains("ConformerEncoder"),
@@ -349,7 +275,7 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: u32) -> Result<Encoder> {
     );
     let feat_in = cfg.u32("encoder.feat_in")?;
     ensure!(
-        feat_in == n_mels,
+        feat_in as usize == n_mels,
         "model_config.yaml: encoder.feat_in {feat_in} differs from preprocessor.features {n_mels}"
     );
     let d_model = cfg.u32("encoder.d_model")?;
@@ -365,7 +291,7 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: u32) -> Result<Encoder> {
         conv_kernel_size % 2 == 1,
         "model_config.yaml: encoder.conv_kernel_size must be odd"
     );
-    let subsampling = cfg.str("encoder.subsampling")?.to_owned();
+    let subsampling = cfg.str("encoder.subsampling")?;
     ensure!(
         subsampling == "dw_striding",
         "model_config.yaml: encoder.subsampling {subsampling} is not supported (dw_striding only)"
@@ -382,17 +308,21 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: u32) -> Result<Encoder> {
     } else {
         u32::try_from(channels)?
     };
-    let self_attention_model = cfg
-        .str_or("encoder.self_attention_model", "rel_pos")?
-        .to_owned();
+    let self_attention_model = cfg.str_or("encoder.self_attention_model", "rel_pos")?;
     ensure!(
-        matches!(
-            self_attention_model.as_str(),
-            "rel_pos" | "rel_pos_local_attn"
-        ),
+        matches!(self_attention_model, "rel_pos" | "rel_pos_local_attn"),
         "model_config.yaml: encoder.self_attention_model {self_attention_model} is not supported \
          (rel_pos, rel_pos_local_attn)"
     );
+    let [left, right] = att_context_size(cfg)?;
+    let attention = Attention::from_nemo(self_attention_model, [left.into(), right.into()])
+        .with_context(|| {
+            format!(
+                "model_config.yaml: encoder.self_attention_model {self_attention_model} with \
+                 encoder.att_context_size [{left}, {right}] is not supported (rel_pos with \
+                 [-1, -1], or rel_pos_local_attn with a window)"
+            )
+        })?;
     reject_streaming_setups(cfg, conv_kernel_size)?;
 
     let use_bias = cfg.bool_or("encoder.use_bias", true)?;
@@ -438,20 +368,18 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: u32) -> Result<Encoder> {
         found == n_layers as usize,
         "model_config.yaml: encoder.n_layers is {n_layers} but the checkpoint has {found} encoder layers"
     );
-    Ok(Encoder {
-        feat_in,
-        n_layers,
-        d_model,
-        n_heads,
-        ff_expansion_factor,
-        subsampling,
-        subsampling_factor,
-        subsampling_conv_channels,
-        conv_kernel_size,
+    Ok(EncoderParams {
+        feat_in: feat_in as usize,
+        n_layers: n_layers as usize,
+        d_model: d_model as usize,
+        n_heads: n_heads as usize,
+        ff_expansion_factor: ff_expansion_factor as usize,
+        subsampling_factor: subsampling_factor as usize,
+        subsampling_channels: subsampling_conv_channels as usize,
+        conv_kernel: conv_kernel_size as usize,
         xscaling: cfg.bool_or("encoder.xscaling", true)?,
         use_bias,
-        self_attention_model,
-        att_context_size: att_context_size(cfg)?,
+        attention,
     })
 }
 
@@ -576,9 +504,9 @@ fn transducer(cfg: &Cfg, t: &Tensors) -> Result<Transducer> {
          has {layers} LSTM layers"
     );
     Ok(Transducer {
-        pred_hidden,
-        pred_rnn_layers,
-        joint_hidden,
+        pred_hidden: pred_hidden as usize,
+        pred_rnn_layers: pred_rnn_layers as usize,
+        joint_hidden: joint_hidden as usize,
     })
 }
 
@@ -649,7 +577,7 @@ fn check_heads(cfg: &Cfg, t: &Tensors, ty: ModelType, v: usize, durations: &[i32
             "decoder.prediction.embed.weight",
             0,
         )?;
-        let extra = if model_type_is_tdt(ty) {
+        let extra = if ty.is_tdt() {
             durations.len() as u32
         } else {
             0
