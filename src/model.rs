@@ -377,7 +377,7 @@ impl Loader<'_> {
                 channels_fastest(&w.to_host_f32(), c, 9),
             );
         }
-        // conv.0 (1 -> C, 3 x 3) runs in the stem op (`Graph::conv_stem`), which reads its
+        // conv.0 (1 -> C, 3 x 3) runs in the stem op (`FusedOps::conv_stem`), which reads its
         // [9, C] panels sixteen channels at a time; conv.3 and conv.6 as [C, C] products;
         // torch's [out, in, kh, kw] is the row-major [m][k] of a Linear.
         for (conv, side, cin) in [("0", 3, 1), ("3", 1, c), ("6", 1, c)] {

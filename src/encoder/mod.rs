@@ -526,7 +526,7 @@ fn per_frame<'g>(
 }
 
 /// A residual connection `x + scale * block(..)` that the block's last linear adds in its own
-/// node (`Graph::linear_residual`).
+/// node (`FusedOps::linear_residual`).
 type Residual<'g> = Option<(Tensor<'g>, f32)>;
 
 /// `linear`, or `linear_residual` when the block ends in a residual connection.
@@ -630,7 +630,7 @@ fn conformer_layer<'g>(
 
 /// Multi-head self-attention with relative positions (Transformer-XL style, untied biases):
 /// `softmax(((q + u) k^T + rel_shift((q + v) p^T)) / sqrt(d_k)) v` over each query's window,
-/// as one fused op (`Graph::rel_pos_attention`).
+/// as one fused op (`FusedOps::rel_pos_attention`).
 fn self_attention<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
