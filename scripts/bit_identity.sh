@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Bit-identity check: every converted GGUF, every layer dump and every transcript (json) for the
-
-# local attention. Usage (repo root): scripts/bit_identity.sh BIN OUTDIR, once per binary, then diff -r OUTDIR_A OUTDIR_B
-# (timings are dropped from the json; everything else must be byte-equal)
+# Bit-identity check: every converted GGUF, every layer dump and every transcript (json) of the
+# five tiny fixture models x {f32,q8_0,q4_0} x {10 s, 2 s} clips, both heads of the hybrid, and
+# local attention. Usage (repo root): scripts/bit_identity.sh BIN OUTDIR, once per binary, then
+# diff -r OUTDIR_A OUTDIR_B (timings are dropped from the json; everything else must be byte-equal).
 set -euo pipefail
 BIN=$(readlink -f "$1"); out=$2; rm -rf "$out"; mkdir -p "$out"
 fx=tests/fixtures; ref=$fx/reference
