@@ -82,6 +82,12 @@ struct TranscribeArgs {
     /// Skip inputs whose outputs all exist already (resume a batch).
     #[arg(long)]
     skip_existing: bool,
+    /// Transcribe only shard K of N (1 <= K <= N) of the inputs: a stable split by a hash of each
+    /// file's path below its directory argument, so N machines given the same tree take disjoint
+    /// parts with no coordination (e.g. a Slurm array `--array=1-N` with `--shard
+    /// $SLURM_ARRAY_TASK_ID/N`); `--skip-existing` resumes a shard.
+    #[arg(long, value_name = "K/N")]
+    shard: Option<Shard>,
     /// Print word timings with the text.
     #[arg(long)]
     timestamps: bool,
@@ -313,6 +319,52 @@ fn info(model: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `--shard K/N`: which part of a split batch this process takes.
+#[derive(Clone, Copy, Debug)]
+struct Shard {
+    /// 1-based.
+    index: u64,
+    count: u64,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Shard, String> {
+        let bad = || format!("`{s}` is not K/N with 1 <= K <= N (e.g. 1/4)");
+        let (k, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count) = (
+            k.trim().parse::<u64>().map_err(|_| bad())?,
+            n.trim().parse::<u64>().map_err(|_| bad())?,
+        );
+        if index == 0 || index > count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl Shard {
+    /// Whether `job` falls in this shard. The key is the path below the directory argument (the
+    /// path as given for a file argument), so the split does not depend on where the tree is
+    /// mounted; its hash is FNV-1a 64, fixed by its definition (std's hasher may change between
+    /// Rust releases, and every machine of a job array must agree).
+    fn takes(&self, job: &Job) -> bool {
+        let key = job
+            .root
+            .as_deref()
+            .and_then(|root| job.path.strip_prefix(root).ok())
+            .unwrap_or(&job.path);
+        let hash = key
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+                (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+            });
+        hash % self.count == self.index - 1
+    }
+}
+
 /// One input to transcribe: the file, and the directory argument it was found under.
 struct Job {
     path: PathBuf,
@@ -402,11 +454,26 @@ struct Profile {
 
 fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let formats = parse_formats(&args.formats)?;
-    let (jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
+    let (mut jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
     if jobs.is_empty() {
         bail!(
             "no audio files found in the given inputs ({skipped_non_audio} non-audio files skipped)"
         );
+    }
+    if let Some(shard) = args.shard {
+        let all = jobs.len();
+        jobs.retain(|j| shard.takes(j));
+        if !args.quiet {
+            eprintln!(
+                "shard {}/{}: {} of {all} inputs",
+                shard.index,
+                shard.count,
+                jobs.len()
+            );
+        }
+        if jobs.is_empty() {
+            return Ok(0);
+        }
     }
     // Text goes to stdout unless outputs are written to files.
     let to_files = args.output_dir.is_some() || formats.iter().any(|f| *f != Format::Txt);

@@ -332,3 +332,80 @@ fn a_repeated_input_is_named_as_skipped() {
         assert!(skipped[0].contains(clip_arg), "{inputs:?}: {err}");
     }
 }
+
+#[test]
+fn shards_split_a_tree_into_disjoint_stable_parts() {
+    let root = scratch("shard");
+    let model = gguf("tiny_tdt", parakeet::convert::OutType::F32);
+    let dir = root.join("in");
+    let names: Vec<String> = (0..8).map(|i| format!("talk{i}/clip.wav")).collect();
+    for name in &names {
+        let path = dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::copy(reference("").join("speech_2s.wav"), &path).unwrap();
+    }
+    let (model, dir_arg) = (model.to_str().unwrap(), dir.to_str().unwrap());
+    // The files each shard wrote (-o mirrors the tree), by relative path.
+    let shard_outputs = |k: usize, out: &Path| -> Vec<String> {
+        let spec = format!("{k}/3");
+        let o = out.to_str().unwrap();
+        let run = parakeet(
+            &[
+                "transcribe",
+                dir_arg,
+                "-m",
+                model,
+                "--shard",
+                &spec,
+                "-o",
+                o,
+            ],
+            &root,
+        );
+        assert!(run.status.success(), "{spec}: {}", text(&run.stderr));
+        let mut found: Vec<String> = walk_files(out)
+            .iter()
+            .map(|p| p.strip_prefix(out).unwrap().with_extension("wav"))
+            .map(|p| p.to_string_lossy().replace('\\', "/"))
+            .collect();
+        found.sort();
+        found
+    };
+    let mut union = Vec::new();
+    for k in 1..=3 {
+        let first = shard_outputs(k, &root.join(format!("out{k}")));
+        // Stable: the same shard of the same tree again takes the same files.
+        assert_eq!(first, shard_outputs(k, &root.join(format!("again{k}"))));
+        union.extend(first);
+    }
+    union.sort();
+    let mut expected = names.clone();
+    expected.sort();
+    // Disjoint and complete: every file in exactly one shard.
+    assert_eq!(union, expected);
+
+    for bad in ["0/3", "4/3", "3", "a/b"] {
+        let out = parakeet(&["transcribe", dir_arg, "-m", model, "--shard", bad], &root);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert!(
+            text(&out.stderr).contains("K/N"),
+            "{bad}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk_files(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
