@@ -31,13 +31,17 @@ def layers():
 
 
 def strip(code):
-    """Rust source without comments, string and char literals (so paths in them don't count)."""
+    """Rust source without comments, string and char literals (so paths in them don't count),
+    except the paths of intra-doc links (`[`super::x::f`]`, `[text](crate::x)`): a doc that links
+    to a module depends on it as much as code does."""
+    links = re.findall(r"\[`?((?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+)", code)
+    links += re.findall(r"\]\(((?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+)\)", code)
     code = re.sub(r"//[^\n]*", "", code)
     code = re.sub(r"/\*.*?\*/", "", code, flags=re.S)
     code = re.sub(r'r#*"(?:.|\n)*?"#*', '""', code)
     code = re.sub(r'"(?:\\.|[^"\\])*"', '""', code)
     code = re.sub(r"'(?:\\.|[^'\\])'", "' '", code)
-    return code
+    return code + "\n" + "\n".join(f"use {path};" for path in links)
 
 
 def module_of(path):
@@ -49,15 +53,16 @@ def module_of(path):
 
 
 def uses(code):
-    """Every `crate::a::b` path, with `use crate::{a, b::c}` groups expanded to their first segments."""
+    """Every `crate::a::b::...` path as its list of module segments, with `use crate::{a, b::c}`
+    groups expanded."""
     found = []
-    for m in re.finditer(r"\bcrate::([a-z_]+)(?:::([a-z_]+))?", code):
-        found.append((m.group(1), m.group(2)))
+    for m in re.finditer(r"\bcrate((?:::[a-z_][a-z0-9_]*)+)", code):
+        found.append(m.group(1).strip(":").split("::"))
     for m in re.finditer(r"\bcrate::\{([^}]*)\}", code):
         for item in m.group(1).split(","):
-            seg = re.findall(r"[a-z_]+", item)
+            seg = re.findall(r"[a-z_][a-z0-9_]*", item.split(" as ")[0])
             if seg:
-                found.append((seg[0], seg[1] if len(seg) > 1 else None))
+                found.append(seg)
     return found
 
 
@@ -65,8 +70,8 @@ def super_uses(code, mod):
     """Sibling modules named through `super::x` from module path `mod`."""
     out = []
     parent = mod[:-1]
-    for m in re.finditer(r"\bsuper::([a-z_]+)", code):
-        out.append(parent + [m.group(1)])
+    for m in re.finditer(r"\bsuper((?:::[a-z_][a-z0-9_]*)+)", code):
+        out.append(parent + m.group(1).strip(":").split("::"))
     for m in re.finditer(r"\bsuper::\{([^}]*)\}", code):
         for item in m.group(1).split(","):
             seg = re.findall(r"[a-z_]+", item)
@@ -91,7 +96,8 @@ def main():
     # Rule 1: a room uses only rooms of lower layers.
     for mod, code in files.items():
         room = mod[0]
-        for target, _ in uses(code):
+        for path in uses(code):
+            target = path[0]
             if target == room or target not in table or room not in table:
                 continue
             if table[target] >= table[room]:
@@ -102,9 +108,9 @@ def main():
     edges = {m: set() for m in modules}
     for mod, code in files.items():
         targets = []
-        for first, second in uses(code):
-            if first == mod[0] and second:
-                targets.append([first, second])
+        for path in uses(code):
+            if path[0] == mod[0] and len(path) > 1:
+                targets.append(path)
         targets += super_uses(code, list(mod))
         for t in targets:
             # the longest known module that t names (siblings at any depth)

@@ -6,8 +6,8 @@ use std::arch::x86_64::*;
 /// Columns per register tile: 4 f32 and 4 i32 accumulators plus the weights fit in 16 ymm.
 const NC: usize = 4;
 
-/// [`super::quantize::quantize_block`]; with `biased`, the quants are stored +128 as unsigned
-/// bytes.
+/// The AVX2 form of the quantize module's portable `quantize_block`; with `biased`, the quants
+/// are stored +128 as unsigned bytes.
 ///
 /// # Safety
 /// AVX2 and F16C are available; `x` and `q` hold 32 values.
