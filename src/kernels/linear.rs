@@ -219,6 +219,22 @@ fn gemm_sources<'g>(
     sources
 }
 
+/// The shape checks both custom GEMMs need before their nodes exist: an f32 input of `W`'s
+/// row length and a plain f32 bias of its row count.
+fn check_operands(x: Tensor<'_>, w: &Weight, b: Option<&Weight>) {
+    let [k, m, ..] = w.shape();
+    let xs = x.shape();
+    check(xs[0] == k && x.dtype() == Some(DType::F32), || {
+        format!("linear {}: input {xs:?} for weight [{k}, {m}]", w.name())
+    });
+    if let Some(b) = b {
+        check(
+            b.shape() == [m, 1, 1, 1] && b.dtype() == DType::F32 && b.layout() == Layout::Plain,
+            || format!("linear {}: bias {:?}", w.name(), b.shape()),
+        );
+    }
+}
+
 /// `x @ W^T (+ b)` with `W` panel-packed: the input packed by one node (shared by every linear
 /// reading it), the panel GEMM as another, the bias added in its store.
 fn linear_panel16<'g>(
@@ -228,16 +244,8 @@ fn linear_panel16<'g>(
     b: Option<&Weight>,
     fused: Fused<'g>,
 ) -> Tensor<'g> {
-    let [k, m, ..] = w.shape();
-    check(x.ne(0) == k && x.dtype() == Some(DType::F32), || {
-        format!("linear {}: {:?} x {:?}", w.name(), w.shape(), x.shape())
-    });
-    if let Some(b) = b {
-        check(
-            b.shape() == [m, 1, 1, 1] && b.dtype() == DType::F32 && b.layout() == Layout::Plain,
-            || format!("linear {}: bias {:?}", w.name(), b.shape()),
-        );
-    }
+    let [_, m, ..] = w.shape();
+    check_operands(x, w, b);
     let x = if x.is_contiguous() { x } else { g.cont(x) };
     let xs = x.shape();
     let key = ("panel16 packing", x.raw() as usize, fused.silu_input);
@@ -287,14 +295,7 @@ fn linear_q8_0x8<'g>(
 ) -> Tensor<'g> {
     let [k, m, ..] = w.shape();
     let xs = x.shape();
-    check(xs[0] == k && x.dtype() == Some(DType::F32), || {
-        format!("linear {}: input {xs:?} for weight [{k}, {m}]", w.name())
-    });
-    if let Some(b) = b {
-        check(b.shape() == [m, 1, 1, 1] && b.dtype() == DType::F32, || {
-            format!("linear {}: bias {:?}", w.name(), b.shape())
-        });
-    }
+    check_operands(x, w, b);
     let n = xs[1] * xs[2] * xs[3];
     let key = ("q8_0 quantization", x.raw() as usize, fused.silu_input);
     let xq = g.shared(key, |g| {
