@@ -709,6 +709,7 @@ mod tests {
             text: text.to_string(),
             start,
             end,
+            confidence: None,
         }
     }
 

@@ -6,6 +6,7 @@
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, Stats};
+use crate::decoder::confidence::{ConfidenceConfig, ctc_frames};
 use crate::decoder::ctc::ctc_greedy;
 use crate::decoder::greedy::{GreedyTransducer, Step};
 use crate::encoder::{
@@ -32,6 +33,14 @@ pub enum DecoderChoice {
     Ctc,
 }
 
+/// What decoding an encoder pass gives.
+pub struct Decoded {
+    pub tokens: Vec<Token>,
+    /// NeMo's token confidence, when the session computes it.
+    pub token_confidence: Option<Vec<f64>>,
+    pub times: StageTimes,
+}
+
 /// One backend and its graph allocator running utterances of a shared model, one at a time.
 ///
 /// Per utterance it starts a fresh [`EncoderState`] and a fresh decoder hypothesis: each file
@@ -43,6 +52,8 @@ pub struct Session {
     mel: MelConfig,
     attention: AttentionChoice,
     progress: Option<Progress>,
+    /// Token and word confidence, when asked for.
+    confidence: Option<ConfidenceConfig>,
 }
 
 /// Told the stage of the utterance being transcribed ("features", "encoder", "decoder") and
@@ -113,6 +124,7 @@ impl Session {
             mel,
             attention: AttentionChoice::Auto,
             progress: None,
+            confidence: None,
         })
     }
 
@@ -267,12 +279,18 @@ impl Session {
         })
     }
 
+    /// Compute NeMo's token and word confidence by `cfg` in later transcriptions (`None`:
+    /// none, the default: it costs a pass over every step's distribution).
+    pub fn set_confidence(&mut self, cfg: Option<ConfidenceConfig>) -> Result<()> {
+        if let Some(c) = &cfg {
+            c.validate()?;
+        }
+        self.confidence = cfg;
+        Ok(())
+    }
+
     /// Greedy decoding of an encoder pass.
-    pub fn decode(
-        &mut self,
-        enc: &Encoded,
-        choice: DecoderChoice,
-    ) -> Result<(Vec<Token>, StageTimes)> {
+    pub fn decode(&mut self, enc: &Encoded, choice: DecoderChoice) -> Result<Decoded> {
         self.decode_with(enc, choice, None)
     }
 
@@ -280,7 +298,7 @@ impl Session {
     /// fields of NeMo's `decode_trace.json`).
     pub fn decode_traced(&mut self, enc: &Encoded, trace: &mut Vec<Step>) -> Result<Vec<Token>> {
         self.decode_with(enc, DecoderChoice::Tdt, Some(trace))
-            .map(|(tokens, _)| tokens)
+            .map(|d| d.tokens)
     }
 
     fn decode_with(
@@ -288,24 +306,41 @@ impl Session {
         enc: &Encoded,
         choice: DecoderChoice,
         trace: Option<&mut Vec<Step>>,
-    ) -> Result<(Vec<Token>, StageTimes)> {
+    ) -> Result<Decoded> {
         let mut times = StageTimes::default();
         let graphs_before = self.backend.stats().graphs_computed;
         let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
-        let tokens = if self.head(choice)? == Outputs::CtcLogits {
+        let blank = self.model.hparams.blank_id();
+        let (tokens, token_confidence) = if self.head(choice)? == Outputs::CtcLogits {
             let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
-            ctc_greedy(logits, self.model.hparams.vocab_size + 1)
+            let classes = self.model.hparams.vocab_size + 1;
+            let tokens = ctc_greedy(logits, classes);
+            let confidence = self.confidence.map(|c| {
+                let (frame_confidence, frame_labels) = ctc_frames(&c, logits, classes);
+                c.ctc_tokens(&frame_confidence, &frame_labels, &tokens, blank)
+            });
+            (tokens, confidence)
         } else {
             let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
             let mut search = GreedyTransducer::new(&self.model)?;
+            search.set_confidence(self.confidence);
             let tokens = search.decode(&mut self.backend, joint_enc, enc.frames, trace)?;
             let counts = search.counts();
             times.decoder_steps = counts.joint_steps;
             times.predictor_steps = counts.predictor_steps;
-            tokens
+            let tdt = !self.model.hparams.durations.is_empty();
+            let steps = search.take_steps();
+            let confidence = self
+                .confidence
+                .map(|c| c.transducer_tokens(&steps, &tokens, blank, enc.frames, tdt));
+            (tokens, confidence)
         };
         times.decoder_graphs = self.backend.stats().graphs_computed - graphs_before;
-        Ok((tokens, times))
+        Ok(Decoded {
+            tokens,
+            token_confidence,
+            times,
+        })
     }
 
     /// Transcribe 16 kHz mono samples: the whole file in one encoder pass and one decoder
@@ -313,16 +348,29 @@ impl Session {
     /// taken by value so that an hour of audio is freed once its features exist.
     pub fn transcribe(&mut self, samples: Vec<f32>, choice: DecoderChoice) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
-        let (tokens, times, attention) = self.run_stages(samples, choice)?;
+        let (decoded, attention) = self.run_stages(samples, choice)?;
+        let Decoded {
+            tokens,
+            token_confidence,
+            times,
+        } = decoded;
         let tokenizer = &self.model.tokenizer;
         let frame_seconds = self.model.hparams.geometry().frame_seconds();
+        let mut words = tokenizer.words(&tokens, frame_seconds);
+        if let (Some(c), Some(tc)) = (&self.confidence, &token_confidence) {
+            let groups = tokenizer.word_groups(&tokens);
+            for (word, conf) in words.iter_mut().zip(c.words(&groups, tc)) {
+                word.confidence = Some(conf as f32);
+            }
+        }
         Ok(Transcript {
             text: tokenizer.detokenize(tokens.iter().map(|t| t.id)),
             pieces: tokens
                 .iter()
                 .map(|t| tokenizer.piece(t.id).unwrap_or_default().to_owned())
                 .collect(),
-            words: tokenizer.words(&tokens, frame_seconds),
+            words,
+            token_confidence: token_confidence.map(|tc| tc.into_iter().map(|c| c as f32).collect()),
             tokens,
             audio_seconds,
             frame_seconds,
@@ -338,7 +386,7 @@ impl Session {
         &mut self,
         samples: Vec<f32>,
         choice: DecoderChoice,
-    ) -> Result<(Vec<Token>, StageTimes, Attention)> {
+    ) -> Result<(Decoded, Attention)> {
         let outputs = self.head(choice)?;
         let t0 = Instant::now();
         self.report("features", 0.0);
@@ -374,10 +422,11 @@ impl Session {
         self.backend
             .release_compute_buffer(KEEP_COMPUTE_BUFFER_BYTES)?;
         let t2 = Instant::now();
-        let (tokens, mut times) = self.decode(&enc, choice)?;
+        let mut decoded = self.decode(&enc, choice)?;
+        let times = &mut decoded.times;
         times.features = t1 - t0;
         times.encoder = t2 - t1;
         times.decoder = t2.elapsed();
-        Ok((tokens, times, attention))
+        Ok((decoded, attention))
     }
 }

@@ -37,6 +37,8 @@ pub struct Transcript {
     /// Token pieces, parallel to `tokens`.
     pub pieces: Vec<String>,
     pub words: Vec<Word>,
+    /// NeMo's token confidence, parallel to `tokens`, when it was asked for.
+    pub token_confidence: Option<Vec<f32>>,
     /// Seconds of audio (16 kHz samples / 16000).
     pub audio_seconds: f64,
     /// Seconds per encoder frame (token frames to times).

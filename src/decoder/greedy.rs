@@ -5,6 +5,7 @@
 //! next emission; the joint runs once per step. An emission's prediction step also evaluates
 //! the joint of the frame the next step looks at (one graph per emission instead of two).
 
+use super::confidence::{ConfidenceConfig, ScoredStep};
 use super::ctc::argmax;
 use super::hypothesis::Hypothesis;
 use super::nets::{JointInput, NetCounts, Nets, PredictInput};
@@ -30,6 +31,9 @@ pub struct Step {
 pub struct GreedyTransducer<'m> {
     nets: Nets<'m>,
     max_symbols: usize,
+    /// When set, every step's confidence is recorded into `steps`.
+    confidence: Option<ConfidenceConfig>,
+    steps: Vec<ScoredStep>,
 }
 
 impl<'m> GreedyTransducer<'m> {
@@ -37,7 +41,20 @@ impl<'m> GreedyTransducer<'m> {
         Ok(GreedyTransducer {
             nets: Nets::new(model)?,
             max_symbols: model.hparams.max_symbols,
+            confidence: None,
+            steps: Vec::new(),
         })
+    }
+
+    /// Record each step's confidence by `cfg` from the next decode on (`None`: stop).
+    pub fn set_confidence(&mut self, cfg: Option<ConfidenceConfig>) {
+        self.confidence = cfg;
+    }
+
+    /// The steps of the last decode with their confidences (empty unless
+    /// [`set_confidence`](Self::set_confidence) was given a method).
+    pub fn take_steps(&mut self) -> Vec<ScoredStep> {
+        std::mem::take(&mut self.steps)
     }
 
     /// Joint evaluations and prediction-net updates so far, for `--profile`.
@@ -55,6 +72,8 @@ impl<'m> GreedyTransducer<'m> {
         mut trace: Option<&mut Vec<Step>>,
     ) -> Result<Vec<Token>> {
         let nets = &mut self.nets;
+        let (confidence, steps) = (self.confidence.as_ref(), &mut self.steps);
+        steps.clear();
         let width = nets.enc_width();
         if joint_enc.len() != frames * width {
             bail!(
@@ -93,6 +112,18 @@ impl<'m> GreedyTransducer<'m> {
                 } else {
                     0
                 };
+                if let Some(c) = confidence {
+                    // NeMo's label-looping record: one entry per joint evaluation, measured
+                    // over the labels (and, apart, the durations) of the unbiased logits.
+                    steps.push(ScoredStep {
+                        frame: t,
+                        label: k,
+                        label_confidence: c.of_logits(&logits[..classes], classes),
+                        duration_confidence: tdt.then(|| {
+                            c.of_logits(&logits[classes..classes + durations.len()], classes)
+                        }),
+                    });
+                }
                 let step = Step {
                     t,
                     input: hyp.last,

@@ -5,6 +5,7 @@
 //! The prediction network and the joint run as small graphs on the same persistent backend as
 //! the encoder; the joint's encoder projection comes precomputed from the encoder graph.
 
+pub mod confidence;
 pub mod ctc;
 pub mod greedy;
 pub mod hypothesis;

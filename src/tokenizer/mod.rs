@@ -6,6 +6,7 @@ mod normalizer;
 mod sentencepiece;
 
 use anyhow::{Context, Result};
+use std::ops::Range;
 
 use crate::gguf::GgufFile;
 use crate::gguf::GgufWriter;
@@ -29,6 +30,8 @@ pub struct Word {
     pub text: String,
     pub start: f64,
     pub end: f64,
+    /// NeMo's word confidence, when it was asked for.
+    pub confidence: Option<f32>,
 }
 
 /// SentencePiece's word-boundary marker.
@@ -109,30 +112,55 @@ pub fn token_span(tok: &Token, frame_seconds: f64) -> (f64, f64) {
     )
 }
 
-/// Group tokens into words: a word starts at a piece beginning with `▁`; anything else
-/// (continuations, punctuation) attaches to the word before it. A token spans
-/// `[frame, frame + duration]` frames (at least one frame for RNN-T / CTC) of `frame_seconds`
-/// each ([`FrameGeometry`](crate::hparams::FrameGeometry)).
+/// Group tokens into words, as NeMo groups them for word confidence and timestamps
+/// ([`word_groups`]). A token spans `[frame, frame + duration]` frames (at least one frame for
+/// RNN-T / CTC) of `frame_seconds` each ([`FrameGeometry`](crate::hparams::FrameGeometry)).
 pub fn words(vocab: &[String], tokens: &[Token], frame_seconds: f64) -> Vec<Word> {
-    let mut out: Vec<Word> = Vec::new();
-    for tok in tokens {
-        let piece = piece_text(vocab, tok.id);
-        let (start, end) = token_span(tok, frame_seconds);
-        let text = piece.replace(WORD_MARK, "");
-        match out.last_mut() {
-            Some(w) if !piece.starts_with(WORD_MARK) => {
-                w.text.push_str(text.trim());
-                w.end = w.end.max(end);
-            }
-            _ => out.push(Word {
-                text: text.trim().to_string(),
+    let pieces: Vec<&str> = tokens.iter().map(|t| piece_text(vocab, t.id)).collect();
+    word_groups(&pieces)
+        .into_iter()
+        .map(|group| {
+            let text: String = pieces[group.clone()]
+                .iter()
+                .map(|p| p.replace(WORD_MARK, "").trim().to_owned())
+                .collect();
+            let spans = tokens[group].iter().map(|t| token_span(t, frame_seconds));
+            let (start, end) = spans
+                .reduce(|(s, e), (_, e2)| (s, e.max(e2)))
+                .unwrap_or_default();
+            Word {
+                text,
                 start,
                 end,
-            }),
+                confidence: None,
+            }
+        })
+        .collect()
+}
+
+/// NeMo's grouping of SentencePiece tokens into words (its word confidence): a word starts at
+/// a piece that decodes to other text than itself (one beginning with `▁`, or `<unk>`) and
+/// after an `<unk>`; continuations and punctuation join the word before; a group that is a
+/// lone `▁` is no word. `pieces` as [`piece_text`] gives them (`<unk>` as its surface).
+pub fn word_groups(pieces: &[&str]) -> Vec<Range<usize>> {
+    let is_unk = |p: &str| p == UNK_SURFACE || p == "<unk>";
+    let mut groups = Vec::new();
+    let (mut start, mut prev_unk, mut prev_mark) = (0, false, false);
+    for (i, &piece) in pieces.iter().enumerate() {
+        let starts_word = piece.starts_with(WORD_MARK) || is_unk(piece);
+        if (starts_word || prev_unk) && i > start {
+            if !prev_mark {
+                groups.push(start..i);
+            }
+            start = i;
         }
+        prev_unk = is_unk(piece);
+        prev_mark = piece.len() == WORD_MARK.len_utf8() && piece.starts_with(WORD_MARK);
     }
-    out.retain(|w| !w.text.is_empty());
-    out
+    if !pieces.is_empty() && !prev_mark {
+        groups.push(start..pieces.len());
+    }
+    groups
 }
 
 /// A model's vocabulary, and (in files converted with it) the SentencePiece model that turns
@@ -258,6 +286,15 @@ impl Tokenizer {
     }
 
     /// See [`words`].
+    /// The token index ranges of the words [`words`](Self::words) makes, as NeMo groups them.
+    pub fn word_groups(&self, tokens: &[Token]) -> Vec<Range<usize>> {
+        let pieces: Vec<&str> = tokens
+            .iter()
+            .map(|t| piece_text(&self.pieces, t.id))
+            .collect();
+        word_groups(&pieces)
+    }
+
     pub fn words(&self, tokens: &[Token], frame_seconds: f64) -> Vec<Word> {
         words(&self.pieces, tokens, frame_seconds)
     }
@@ -308,5 +345,13 @@ mod tests {
         assert!((w[0].start - 0.0).abs() < 1e-9 && (w[0].end - 0.32).abs() < 1e-9);
         assert_eq!(w[1].text, "world");
         assert!((w[1].start - 0.8).abs() < 1e-9 && (w[1].end - 1.12).abs() < 1e-9);
+    }
+
+    #[test]
+    fn words_start_at_marks_and_unknowns_and_skip_a_lone_mark() {
+        let groups = word_groups(&["\u{2581}a", "b", "\u{2581}", "\u{2581}c", "<unk>", "d"]);
+        assert_eq!(groups, vec![0..2, 3..4, 4..5, 5..6]);
+        // A lone mark before a continuation is that word's start.
+        assert_eq!(word_groups(&["\u{2581}", "a", "\u{2581}"]), vec![0..2]);
     }
 }

@@ -93,6 +93,7 @@ fn word(text: &str, start: f64, end: f64) -> Word {
         text: text.to_string(),
         start,
         end,
+        confidence: None,
     }
 }
 

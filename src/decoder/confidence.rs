@@ -1,0 +1,428 @@
+//! Token and word confidence as NeMo 3.0 computes it (`asr_confidence_utils.py`, the decoders'
+//! `compute_confidence`): a measure of each decoding step's distribution mapped to [0, 1], then
+//! step values gathered into tokens and tokens into words by an aggregation.
+//!
+//! Which steps make a token follows NeMo per head, quirks included: a TDT token takes its
+//! emitting step (with blanks: the blank steps after it); an RNN-T token with blanks takes the
+//! first step of each frame it spans after its own; a CTC token its repeated frames (with
+//! blanks: every frame up to the next token's first).
+
+use super::ctc::argmax;
+use crate::tokenizer::Token;
+use anyhow::{Result, bail};
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+
+/// How a distribution becomes a confidence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measure {
+    /// The largest probability, rescaled so that a uniform distribution gives 0.
+    MaxProb,
+    /// One minus a normalised entropy.
+    Entropy(EntropyKind, EntropyNorm),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntropyKind {
+    Gibbs,
+    Tsallis,
+    Renyi,
+}
+
+/// How an entropy is mapped to [0, 1].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntropyNorm {
+    Lin,
+    Exp,
+}
+
+/// How step confidences become a token's, and token confidences a word's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Aggregation {
+    Mean,
+    #[default]
+    Min,
+    Max,
+    Prod,
+}
+
+impl Aggregation {
+    /// Python's `sum / len`, `min`, `max` and `math.prod` over floats, in order.
+    pub fn apply(self, values: &[f64]) -> f64 {
+        match self {
+            Aggregation::Mean => values.iter().sum::<f64>() / values.len() as f64,
+            Aggregation::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
+            Aggregation::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            Aggregation::Prod => values.iter().product(),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Aggregation::Mean => "mean",
+            Aggregation::Min => "min",
+            Aggregation::Max => "max",
+            Aggregation::Prod => "prod",
+        }
+    }
+}
+
+impl FromStr for Aggregation {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "mean" => Aggregation::Mean,
+            "min" => Aggregation::Min,
+            "max" => Aggregation::Max,
+            "prod" => Aggregation::Prod,
+            _ => return Err(format!("unknown aggregation {s:?} (mean, min, max, prod)")),
+        })
+    }
+}
+
+impl FromStr for Measure {
+    type Err = String;
+    /// NeMo's measure names: `max_prob`, `entropy_<gibbs|tsallis|renyi>_<lin|exp>`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "max_prob" {
+            return Ok(Measure::MaxProb);
+        }
+        let bad = || {
+            format!(
+                "unknown confidence method {s:?} (max_prob, or entropy_<gibbs|tsallis|renyi>_<lin|exp>)"
+            )
+        };
+        let rest = s.strip_prefix("entropy_").ok_or_else(bad)?;
+        let (kind, norm) = rest.split_once('_').ok_or_else(bad)?;
+        let kind = match kind {
+            "gibbs" => EntropyKind::Gibbs,
+            "tsallis" => EntropyKind::Tsallis,
+            "renyi" => EntropyKind::Renyi,
+            _ => return Err(bad()),
+        };
+        let norm = match norm {
+            "lin" => EntropyNorm::Lin,
+            "exp" => EntropyNorm::Exp,
+            _ => return Err(bad()),
+        };
+        Ok(Measure::Entropy(kind, norm))
+    }
+}
+
+impl fmt::Display for Measure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Measure::MaxProb => f.write_str("max_prob"),
+            Measure::Entropy(kind, norm) => {
+                let kind = match kind {
+                    EntropyKind::Gibbs => "gibbs",
+                    EntropyKind::Tsallis => "tsallis",
+                    EntropyKind::Renyi => "renyi",
+                };
+                let norm = match norm {
+                    EntropyNorm::Lin => "lin",
+                    EntropyNorm::Exp => "exp",
+                };
+                write!(f, "entropy_{kind}_{norm}")
+            }
+        }
+    }
+}
+
+/// NeMo's `ConfidenceConfig` with its method: what is measured and how it is gathered.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ConfidenceConfig {
+    pub measure: Measure,
+    /// The power applied to probabilities (entropies' α); must be > 0.
+    pub alpha: f64,
+    /// Step values into a token's (when blanks count), tokens into a word's.
+    pub aggregation: Aggregation,
+    /// Leave blank steps out of token confidence.
+    pub exclude_blank: bool,
+    /// TDT: a step's value aggregates the label's and the duration's confidence.
+    pub tdt_include_duration: bool,
+}
+
+impl Default for ConfidenceConfig {
+    /// NeMo's defaults: Tsallis entropy, α 0.33, exponential normalisation; words by min;
+    /// blanks excluded.
+    fn default() -> Self {
+        ConfidenceConfig {
+            measure: Measure::Entropy(EntropyKind::Tsallis, EntropyNorm::Exp),
+            alpha: 0.33,
+            aggregation: Aggregation::Min,
+            exclude_blank: true,
+            tdt_include_duration: false,
+        }
+    }
+}
+
+/// One transducer decoding step (a joint evaluation) with the confidence of its outputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoredStep {
+    pub frame: usize,
+    /// The label chosen (blank = vocab size).
+    pub label: usize,
+    /// Confidence of the label distribution (vocabulary + blank).
+    pub label_confidence: f32,
+    /// TDT: confidence of the duration distribution.
+    pub duration_confidence: Option<f32>,
+}
+
+impl ConfidenceConfig {
+    pub fn validate(&self) -> Result<()> {
+        if !(self.alpha > 0.0 && self.alpha.is_finite()) {
+            bail!("confidence alpha must be a number > 0, got {}", self.alpha);
+        }
+        Ok(())
+    }
+
+    /// The confidence of a distribution given by its `logits`, normalised over `classes`
+    /// (NeMo uses the vocabulary size + 1 here even for the TDT duration head).
+    pub fn of_logits(&self, logits: &[f32], classes: usize) -> f32 {
+        let log_probs = log_softmax(logits);
+        self.of_log_probs(&log_probs, classes)
+    }
+
+    /// The confidence of a distribution given by its log-probabilities; computed in f64 and
+    /// rounded to f32, as NeMo returns it.
+    pub fn of_log_probs(&self, x: &[f64], classes: usize) -> f32 {
+        let v = classes as f64;
+        let t = self.alpha;
+        // Σ p·log p, Σ p^t, Σ p^t·log p
+        let neg_gibbs = || x.iter().map(|&l| l.exp() * l).sum::<f64>();
+        let sum_pow = || x.iter().map(|&l| (l * t).exp()).sum::<f64>();
+        let neg_pow_gibbs = || x.iter().map(|&l| (l * t).exp() * l).sum::<f64>();
+        let gibbs_lin = || 1.0 + neg_gibbs() / v.ln();
+        let gibbs_exp = || (neg_gibbs().exp() * v - 1.0) / (v - 1.0);
+        let value = match self.measure {
+            Measure::MaxProb => {
+                let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                if t == 1.0 {
+                    (max.exp() * v - 1.0) / (v - 1.0)
+                } else {
+                    ((max * t).exp() * v.powf(t) - 1.0) / (v.powf(t) - 1.0)
+                }
+            }
+            Measure::Entropy(kind, norm) if t == 1.0 => {
+                // Every entropy is Gibbs' at α = 1.
+                let _ = kind;
+                match norm {
+                    EntropyNorm::Lin => gibbs_lin(),
+                    EntropyNorm::Exp => gibbs_exp(),
+                }
+            }
+            Measure::Entropy(EntropyKind::Gibbs, EntropyNorm::Lin) => {
+                1.0 + neg_pow_gibbs() / v.ln() / v.powf(1.0 - t)
+            }
+            Measure::Entropy(EntropyKind::Gibbs, EntropyNorm::Exp) => {
+                let floor = v.powf(-t * v.powf(1.0 - t));
+                ((neg_pow_gibbs() * t).exp() - floor) / (1.0 - floor)
+            }
+            Measure::Entropy(EntropyKind::Tsallis, EntropyNorm::Lin) => {
+                1.0 + (1.0 - sum_pow()) / (v.powf(1.0 - t) - 1.0)
+            }
+            Measure::Entropy(EntropyKind::Tsallis, EntropyNorm::Exp) => {
+                let floor = ((1.0 - v.powf(1.0 - t)) / (1.0 - t)).exp();
+                (((1.0 - sum_pow()) / (1.0 - t)).exp() - floor) / (1.0 - floor)
+            }
+            Measure::Entropy(EntropyKind::Renyi, EntropyNorm::Lin) => {
+                1.0 + sum_pow().log2() / (t - 1.0) / v.log2()
+            }
+            Measure::Entropy(EntropyKind::Renyi, EntropyNorm::Exp) => {
+                (sum_pow().powf(1.0 / (t - 1.0)) * v - 1.0) / (v - 1.0)
+            }
+        };
+        value as f32
+    }
+
+    /// The value a TDT step contributes: its label's confidence, or with
+    /// `tdt_include_duration` the aggregation of the label's and the duration's.
+    fn step_value(&self, step: &ScoredStep) -> f64 {
+        match (self.tdt_include_duration, step.duration_confidence) {
+            (true, Some(d)) => self
+                .aggregation
+                .apply(&[step.label_confidence as f64, d as f64]),
+            _ => step.label_confidence as f64,
+        }
+    }
+
+    /// Per-token confidence of a transducer hypothesis from its decoding `steps` (in order).
+    /// `tokens` are the emitted tokens; `frames` the encoder frames decoded.
+    pub fn transducer_tokens(
+        &self,
+        steps: &[ScoredStep],
+        tokens: &[Token],
+        blank: usize,
+        frames: usize,
+        tdt: bool,
+    ) -> Vec<f64> {
+        let emitting = steps.iter().filter(|s| s.label != blank);
+        if self.exclude_blank {
+            return emitting.map(|s| self.step_value(s)).collect();
+        }
+        if tdt {
+            // NeMo walks the steps backwards: blanks after a token join it; blanks before the
+            // first token belong to none.
+            let mut out = Vec::with_capacity(tokens.len());
+            let mut blanks_after: Vec<f64> = Vec::new();
+            for step in steps.iter().rev() {
+                let value = self.step_value(step);
+                if step.label == blank {
+                    blanks_after.push(value);
+                } else if blanks_after.is_empty() {
+                    out.push(value);
+                } else {
+                    let mut group = Vec::with_capacity(blanks_after.len() + 1);
+                    group.push(value);
+                    group.append(&mut blanks_after);
+                    out.push(self.aggregation.apply(&group));
+                }
+            }
+            out.reverse();
+            return out;
+        }
+        // RNN-T: the steps of each frame, in order.
+        let mut per_frame: Vec<Vec<f64>> = vec![Vec::new(); frames];
+        for step in steps {
+            if let Some(f) = per_frame.get_mut(step.frame) {
+                f.push(step.label_confidence as f64);
+            }
+        }
+        let first_of = |f: usize| per_frame.get(f).and_then(|v| v.first()).copied();
+        let mut out = Vec::with_capacity(tokens.len());
+        let mut offset = 0;
+        for (i, tok) in tokens.iter().enumerate() {
+            let start = tok.frame;
+            let end = tokens.get(i + 1).map_or(frames, |t| t.frame);
+            let own = per_frame
+                .get(start)
+                .and_then(|v| v.get(offset))
+                .copied()
+                .unwrap_or(f64::NAN);
+            if start != end {
+                // The token's own step, then the first step of each later frame up to the
+                // next token's (NeMo leaves out the blank that closes the token's frame).
+                let mut group = vec![own];
+                group.extend((start + 1..end).filter_map(first_of));
+                out.push(self.aggregation.apply(&group));
+                offset = 0;
+            } else {
+                out.push(own);
+                offset += 1;
+            }
+        }
+        out
+    }
+
+    /// Per-token confidence of a CTC decoding: `frame_confidence` and `frame_labels` per
+    /// encoder frame, `tokens` the collapsed tokens (their frame is their first).
+    pub fn ctc_tokens(
+        &self,
+        frame_confidence: &[f32],
+        frame_labels: &[usize],
+        tokens: &[Token],
+        blank: usize,
+    ) -> Vec<f64> {
+        let frames = frame_confidence.len();
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, tok)| {
+                let end = if self.exclude_blank {
+                    // The token's repeats: the run of its label from its first frame.
+                    let run = frame_labels[tok.frame..]
+                        .iter()
+                        .take_while(|&&l| l == tok.id && l != blank)
+                        .count();
+                    tok.frame + run.max(1)
+                } else {
+                    tokens.get(i + 1).map_or(frames, |t| t.frame)
+                };
+                let group: Vec<f64> = frame_confidence[tok.frame..end.min(frames)]
+                    .iter()
+                    .map(|&c| c as f64)
+                    .collect();
+                self.aggregation.apply(&group)
+            })
+            .collect()
+    }
+
+    /// Word confidences: tokens aggregated over NeMo's word groups
+    /// ([`word_groups`](crate::tokenizer::word_groups)).
+    pub fn words(&self, groups: &[Range<usize>], token_confidence: &[f64]) -> Vec<f64> {
+        groups
+            .iter()
+            .map(|g| self.aggregation.apply(&token_confidence[g.clone()]))
+            .collect()
+    }
+}
+
+/// Per-frame CTC confidence and labels (greedy argmax) from `logits` rows of `classes`.
+pub fn ctc_frames(
+    cfg: &ConfidenceConfig,
+    logits: &[f32],
+    classes: usize,
+) -> (Vec<f32>, Vec<usize>) {
+    logits
+        .chunks_exact(classes)
+        .map(|row| (cfg.of_logits(row, classes), argmax(row)))
+        .unzip()
+}
+
+/// Log-softmax in f64 (torch's is f32; the difference is far below the confidences' 1e-5).
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    logits.iter().map(|&x| x as f64 - lse).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(measure: &str, alpha: f64) -> ConfidenceConfig {
+        ConfidenceConfig {
+            measure: measure.parse().unwrap(),
+            alpha,
+            ..ConfidenceConfig::default()
+        }
+    }
+
+    const MEASURES: [&str; 7] = [
+        "max_prob",
+        "entropy_gibbs_lin",
+        "entropy_gibbs_exp",
+        "entropy_tsallis_lin",
+        "entropy_tsallis_exp",
+        "entropy_renyi_lin",
+        "entropy_renyi_exp",
+    ];
+
+    #[test]
+    fn certain_is_one_and_uniform_is_zero() {
+        for name in MEASURES {
+            for alpha in [0.33, 0.5, 1.0] {
+                let c = cfg(name, alpha);
+                let uniform = c.of_logits(&[0.0; 8], 8);
+                let certain = c.of_logits(&[0.0, 0.0, 200.0, 0.0, 0.0, 0.0, 0.0, 0.0], 8);
+                assert!(uniform.abs() < 1e-6, "{name} {alpha}: uniform {uniform}");
+                assert!(
+                    (certain - 1.0).abs() < 1e-6,
+                    "{name} {alpha}: certain {certain}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for name in MEASURES {
+            assert_eq!(name.parse::<Measure>().unwrap().to_string(), name);
+        }
+        assert!("entropy_shannon_lin".parse::<Measure>().is_err());
+        assert!("median".parse::<Aggregation>().is_err());
+    }
+}
