@@ -12,6 +12,7 @@ pub mod audio;
 pub mod backend;
 pub mod convert;
 pub mod decoder;
+pub mod decoding_flags;
 pub mod encoder;
 pub mod gguf;
 pub mod hparams;

@@ -4,6 +4,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
 use parakeet::convert::{OutType, convert_with_progress};
+use parakeet::decoding_flags::ConfidenceArgs;
 use parakeet::encoder::AttentionChoice;
 use parakeet::hparams::Attention;
 use parakeet::kernels::cpu::Isa;
@@ -106,6 +107,8 @@ struct TranscribeArgs {
     /// Write every encoder layer's output as .npy (named like NeMo's reference dumps).
     #[arg(long, value_name = "DIR")]
     dump_layers: Option<PathBuf>,
+    #[command(flatten)]
+    confidence: ConfidenceArgs,
 }
 
 /// Exit codes: 0 all good, 1 some inputs failed, 2 usage or model errors.
@@ -454,6 +457,10 @@ struct Profile {
 
 fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let formats = parse_formats(&args.formats)?;
+    let shows_confidence = formats
+        .iter()
+        .any(|f| matches!(f, Format::Json | Format::Tsv));
+    let confidence = args.confidence.resolve(shows_confidence)?;
     let (mut jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
     if jobs.is_empty() {
         bail!(
@@ -497,6 +504,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let mut session = Session::load_for(&model_path, threads, expect_seconds)?;
     session.set_attention(args.att_context);
     session.set_op_timing(args.profile);
+    session.set_confidence(confidence)?;
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()

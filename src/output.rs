@@ -109,6 +109,9 @@ pub struct Segment {
     pub end: f64,
     /// The words, separated by single spaces.
     pub text: String,
+    /// The lowest word confidence in the cue, when confidence was computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<f32>,
 }
 
 impl Segment {
@@ -162,6 +165,11 @@ pub fn segments(words: &[Word]) -> Vec<Segment> {
                 start: start as f64 / 1000.0,
                 end: end as f64 / 1000.0,
                 text: join_words(g),
+                confidence: g
+                    .iter()
+                    .map(|w| w.confidence)
+                    .reduce(|a, b| Some(a?.min(b?)))
+                    .flatten(),
             }
         })
         .collect()
@@ -550,16 +558,21 @@ fn vtt_escape(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// whisper.cpp's TSV: a header, then start and end in milliseconds and the text.
+/// whisper.cpp's TSV: a header, then start and end in milliseconds and the text; with
+/// confidence, a fourth column: the cue's lowest word confidence.
 fn render_tsv(segments: &[Segment]) -> String {
-    let mut out = String::from("start\tend\ttext\n");
+    let with_confidence = !segments.is_empty() && segments.iter().all(|s| s.confidence.is_some());
+    let mut out = String::from(if with_confidence {
+        "start\tend\ttext\tconfidence\n"
+    } else {
+        "start\tend\ttext\n"
+    });
     for s in segments {
-        out.push_str(&format!(
-            "{}\t{}\t{}\n",
-            to_ms(s.start),
-            to_ms(s.end),
-            s.text
-        ));
+        out.push_str(&format!("{}\t{}\t{}", to_ms(s.start), to_ms(s.end), s.text));
+        match s.confidence {
+            Some(c) if with_confidence => out.push_str(&format!("\t{c:.4}\n")),
+            _ => out.push('\n'),
+        }
     }
     out
 }
@@ -572,10 +585,44 @@ struct JsonOutput<'a> {
     duration: f64,
     /// The encoder's self-attention, in NeMo's terms.
     attention: JsonAttention,
+    /// Which decoding ran.
+    decoding: JsonDecoding<'a>,
     tokens: Vec<JsonToken<'a>>,
     words: Vec<JsonWord<'a>>,
     segments: Vec<Segment>,
+    /// A beam search's other hypotheses, best first (absent for greedy decoding).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    alternatives: Vec<JsonAlternative<'a>>,
     timings: JsonTimings<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonDecoding<'a> {
+    head: &'a str,
+    strategy: &'a str,
+    beam_size: usize,
+    /// Phrases boosted (0: no boosting) and their weight.
+    boosted_phrases: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    boosting_alpha: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confidence: Option<JsonConfidence<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonConfidence<'a> {
+    /// NeMo's name (`max_prob`, `entropy_tsallis_exp`, ...).
+    method: &'a str,
+    alpha: f64,
+    /// How tokens make a word's confidence.
+    aggregation: &'a str,
+}
+
+#[derive(Serialize)]
+struct JsonAlternative<'a> {
+    text: &'a str,
+    tokens: Vec<usize>,
+    score: f32,
 }
 
 #[derive(Serialize)]
@@ -596,6 +643,9 @@ struct JsonToken<'a> {
     frame: usize,
     /// The TDT duration as predicted, in frames (0 for RNN-T and CTC).
     duration_frames: usize,
+    /// NeMo's token confidence in [0, 1], when computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confidence: Option<f32>,
 }
 
 #[derive(Serialize)]
@@ -603,6 +653,9 @@ struct JsonWord<'a> {
     word: &'a str,
     start: f64,
     end: f64,
+    /// NeMo's word confidence in [0, 1], when computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confidence: Option<f32>,
 }
 
 /// Stage timings as a JSON object in pipeline order (a map type would sort the keys).
@@ -630,6 +683,7 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
                 duration: round_ms(end - start),
                 frame: tok.frame,
                 duration_frames: tok.duration,
+                confidence: t.token_confidence.as_ref().and_then(|c| c.get(i).copied()),
             }
         })
         .collect();
@@ -640,6 +694,32 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
             word: &w.text,
             start: round_ms(w.start),
             end: round_ms(w.end),
+            confidence: w.confidence,
+        })
+        .collect();
+    let d = &t.decoding;
+    let decoding = JsonDecoding {
+        head: d.head,
+        strategy: &d.strategy,
+        beam_size: d.beam_size,
+        boosted_phrases: d.boosted_phrases,
+        boosting_alpha: (d.boosted_phrases > 0).then_some(d.boosting_alpha),
+        confidence: d
+            .confidence
+            .as_ref()
+            .map(|(method, alpha, aggregation)| JsonConfidence {
+                method,
+                alpha: *alpha,
+                aggregation,
+            }),
+    };
+    let alternatives = t
+        .alternatives
+        .iter()
+        .map(|a| JsonAlternative {
+            text: &a.text,
+            tokens: a.tokens.iter().map(|t| t.id).collect(),
+            score: a.score,
         })
         .collect();
     let out = JsonOutput {
@@ -651,9 +731,11 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
             self_attention_model: t.attention.nemo_name(),
             att_context_size: t.attention.context(),
         },
+        decoding,
         tokens,
         words,
         segments: segments(&t.words),
+        alternatives,
         timings: JsonTimings(&meta.timings),
     };
     // Serialising plain structs of strings and finite numbers cannot fail.

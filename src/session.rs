@@ -15,7 +15,7 @@ use crate::encoder::{
 use crate::hparams::Attention;
 use crate::model::Model;
 use crate::tokenizer::Token;
-use crate::transcript::{StageTimes, Transcript};
+use crate::transcript::{DecodingSummary, StageTimes, Transcript};
 use anyhow::{Result, bail};
 use std::path::Path;
 use std::sync::Arc;
@@ -289,6 +289,28 @@ impl Session {
         Ok(())
     }
 
+    /// What [`transcribe`](Self::transcribe) reports of its decoding for `choice`.
+    fn summary(&self, choice: DecoderChoice) -> DecodingSummary {
+        let hp = &self.model.hparams;
+        let ctc = self.head(choice).ok() == Some(Outputs::CtcLogits);
+        DecodingSummary {
+            head: if ctc {
+                "ctc"
+            } else if hp.durations.is_empty() {
+                "rnnt"
+            } else {
+                "tdt"
+            },
+            strategy: "greedy_batch".into(),
+            beam_size: 1,
+            boosted_phrases: 0,
+            boosting_alpha: 0.0,
+            confidence: self
+                .confidence
+                .map(|c| (c.measure.to_string(), c.alpha, c.aggregation.name())),
+        }
+    }
+
     /// Greedy decoding of an encoder pass.
     pub fn decode(&mut self, enc: &Encoded, choice: DecoderChoice) -> Result<Decoded> {
         self.decode_with(enc, choice, None)
@@ -371,6 +393,8 @@ impl Session {
                 .collect(),
             words,
             token_confidence: token_confidence.map(|tc| tc.into_iter().map(|c| c as f32).collect()),
+            decoding: self.summary(choice),
+            alternatives: Vec::new(),
             tokens,
             audio_seconds,
             frame_seconds,

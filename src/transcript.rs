@@ -45,5 +45,34 @@ pub struct Transcript {
     pub frame_seconds: f64,
     /// The encoder's self-attention for this utterance.
     pub attention: Attention,
+    /// How the decoder searched, for the output's metadata.
+    pub decoding: DecodingSummary,
+    /// A beam search's N best after the first (which is this transcript), best first.
+    pub alternatives: Vec<Alternative>,
     pub times: StageTimes,
+}
+
+/// Which decoding ran: what a JSON output reports beside the text.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DecodingSummary {
+    /// The head: `tdt`, `rnnt` or `ctc`.
+    pub head: &'static str,
+    /// NeMo's strategy name (`greedy_batch`, `malsd_batch`, `beam`, `beam_batch`, ...).
+    pub strategy: String,
+    /// Beam size (1 for greedy).
+    pub beam_size: usize,
+    /// Phrases boosted (0: none) and the boosting weight.
+    pub boosted_phrases: usize,
+    pub boosting_alpha: f32,
+    /// Confidence method (NeMo's measure name, alpha, aggregation), when computed.
+    pub confidence: Option<(String, f64, &'static str)>,
+}
+
+/// Another hypothesis of a beam search.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Alternative {
+    pub text: String,
+    pub tokens: Vec<Token>,
+    /// The search's score (sum of log-probabilities, boosting included).
+    pub score: f32,
 }

@@ -10,6 +10,8 @@ mod openai;
 pub mod pool;
 
 use crate::audio;
+use crate::decoder::confidence::ConfidenceConfig;
+use crate::decoding_flags::ConfidenceArgs;
 use crate::model::Model;
 use crate::session::{DecoderChoice, Session};
 use crate::transcript::Transcript;
@@ -63,6 +65,9 @@ pub struct ServeArgs {
     /// fresh backend afterwards, releasing that memory.
     #[arg(long, value_name = "MIB", default_value_t = 256)]
     pub release_buffer_mb: u64,
+    /// Confidence for verbose_json's words (`probability`); `--confidence none` turns it off.
+    #[command(flatten)]
+    pub confidence: ConfidenceArgs,
 }
 
 /// Workers and threads per worker: what was asked, the rest filled in so that workers x
@@ -94,6 +99,8 @@ struct AppState {
     threads: usize,
     max_upload: usize,
     max_audio_seconds: f64,
+    /// The confidence verbose_json's words carry (None: none).
+    confidence: Option<ConfidenceConfig>,
     /// Each worker's compute buffer after its last request (0 after a release).
     buffers: Arc<Vec<AtomicUsize>>,
     next_id: AtomicU64,
@@ -105,6 +112,7 @@ struct AudioSeconds(f64);
 
 /// Runs the server until SIGTERM or SIGINT, then finishes the requests in flight and returns.
 pub fn serve(args: ServeArgs) -> Result<()> {
+    let confidence = args.confidence.resolve(true)?;
     let path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
     let model = Arc::new(Model::load(&path)?);
     model.file.populate();
@@ -145,6 +153,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         threads,
         max_upload: usize::try_from(args.max_upload_mb << 20).unwrap_or(usize::MAX),
         max_audio_seconds: args.max_audio_seconds,
+        confidence,
         buffers,
         next_id: AtomicU64::new(0),
     });
@@ -342,11 +351,16 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         format,
         granularities,
     } = fields;
+    // Only verbose_json's words show a confidence: nothing else pays for it.
+    let confidence = st
+        .confidence
+        .filter(|_| format == ResponseFormat::VerboseJson && granularities.word);
     let reply = st
         .pool
         .submit(move |session: &mut Session| {
             let start = Instant::now();
-            run_job(session, file, &file_name, max_seconds).map(|t| (t, start.elapsed()))
+            run_job(session, file, &file_name, max_seconds, confidence)
+                .map(|t| (t, start.elapsed()))
         })
         .map_err(|_| {
             ApiError::new(
@@ -480,6 +494,7 @@ fn run_job(
     file: Bytes,
     file_name: &str,
     max_seconds: f64,
+    confidence: Option<ConfidenceConfig>,
 ) -> Result<Transcript, ApiError> {
     let bad_audio = |e: anyhow::Error| {
         ApiError::bad_request(format!("{e:#}"), Some("file"), Some("invalid_audio"))
@@ -508,7 +523,8 @@ fn run_job(
         ));
     }
     session
-        .transcribe(samples, DecoderChoice::Auto)
+        .set_confidence(confidence)
+        .and_then(|()| session.transcribe(samples, DecoderChoice::Auto))
         .map_err(|e| {
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,

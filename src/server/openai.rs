@@ -200,6 +200,9 @@ struct VerboseWord<'a> {
     word: &'a str,
     start: f64,
     end: f64,
+    /// NeMo's word confidence, under the name whisper-style clients read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    probability: Option<f32>,
 }
 
 /// The response body for `t` in `format`: json and verbose_json as OpenAI lays them out, text,
@@ -228,6 +231,7 @@ pub fn render(format: ResponseFormat, t: &Transcript, granularities: Granulariti
                         word: &w.text,
                         start: round_ms(w.start),
                         end: round_ms(w.end),
+                        probability: w.confidence,
                     })
                     .collect()
             });

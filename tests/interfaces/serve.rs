@@ -294,7 +294,7 @@ fn every_response_format_matches_the_cli() {
         );
         let v = r.json();
         assert!(v.get("segments").is_none(), "{v}");
-        assert_eq!(v["words"], cli.json["words"]);
+        assert_words_as_cli(&v["words"], &cli.json["words"]);
         assert!(!v["words"].as_array().unwrap().is_empty());
 
         let r = upload(
@@ -310,7 +310,7 @@ fn every_response_format_matches_the_cli() {
             ],
         );
         let v = r.json();
-        assert_eq!(v["words"], cli.json["words"]);
+        assert_words_as_cli(&v["words"], &cli.json["words"]);
         assert_eq!(v["segments"].as_array().unwrap().len(), cli_segs.len());
     }
 
@@ -591,4 +591,19 @@ fn sigterm_finishes_the_request_in_flight_and_exits_0() {
     assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
     // Nothing listens any more.
     assert!(ureq::get(&server.url("/health")).call().is_err());
+}
+
+/// verbose_json's words are the CLI JSON's, their confidence under whisper's name
+/// `probability`.
+fn assert_words_as_cli(server: &serde_json::Value, cli: &serde_json::Value) {
+    let (server, cli) = (server.as_array().unwrap(), cli.as_array().unwrap());
+    assert_eq!(server.len(), cli.len());
+    for (s, c) in server.iter().zip(cli) {
+        for key in ["word", "start", "end"] {
+            assert_eq!(s[key], c[key], "{key}: {s} vs {c}");
+        }
+        let p = s["probability"].as_f64().expect("a word probability");
+        assert!((0.0..=1.0).contains(&p), "{s}");
+        assert_eq!(s["probability"], c["confidence"], "{s} vs {c}");
+    }
 }

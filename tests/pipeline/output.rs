@@ -502,12 +502,14 @@ fn segments_split_at_pauses_over_a_second() {
             Segment {
                 start: 0.0,
                 end: 2.0,
-                text: "one two".into()
+                text: "one two".into(),
+                confidence: None,
             },
             Segment {
                 start: 3.04,
                 end: 3.5,
-                text: "three".into()
+                text: "three".into(),
+                confidence: None,
             },
         ]
     );
