@@ -4,6 +4,7 @@
 mod common;
 
 mod audio;
+mod boosting;
 mod convert;
 mod decoder;
 mod encoder;
