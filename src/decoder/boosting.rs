@@ -205,6 +205,13 @@ impl ContextGraph {
     }
 }
 
+/// The f64 a user's decimal meant: NeMo computes the trie's scores in Python floats (f64) from
+/// the settings as typed, so `0.7` must become f64 0.7, not the widened f32 0.699999988. The
+/// shortest decimal that reads back as the f32 is what was typed (for up to 7 digits).
+fn widen(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(x as f64)
+}
+
 /// `round(x, 2)` as Python does it: the correctly rounded 2-decimal value (ties to even on the
 /// exact binary value), which Rust's exact float formatting also gives.
 fn round2(x: f64) -> f64 {
@@ -247,20 +254,21 @@ impl BoostingTree {
             };
             if !ids.iter().any(spells) {
                 bail!(
-                    "{} has no piece in the model's vocabulary (it tokenises to <unk> only)",
+                    "{} spells nothing in the model's vocabulary (it tokenises to <unk> and word \
+                     marks only)",
                     shown()
                 );
             }
             if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
                 bail!("{}: token {bad} is outside the vocabulary", shown());
             }
-            let per_phrase = round2(cfg.score_per_phrase as f64 / phrase.chars().count() as f64);
+            let per_phrase = round2(widen(cfg.score_per_phrase) / phrase.chars().count() as f64);
             let score = if per_phrase == 0.0 {
-                cfg.context_score as f64
+                widen(cfg.context_score)
             } else {
                 per_phrase
             };
-            graph.add(&ids, score, cfg.depth_scaling as f64, cfg.uniform_weights);
+            graph.add(&ids, score, widen(cfg.depth_scaling), cfg.uniform_weights);
         }
         graph.fill_fail();
         let mut tree = BoostingTree::from_graph(&graph, vocab, cfg.unk_score, cfg.uniform_weights);
@@ -549,6 +557,14 @@ mod tests {
     }
 
     #[test]
+    fn settings_widen_to_the_decimal_typed() {
+        assert_eq!(widen(0.7), 0.7);
+        assert_eq!(widen(1.5), 1.5);
+        assert_eq!(widen(-0.3), -0.3);
+        assert_eq!(widen(0.123_456_7), 0.123_456_7);
+    }
+
+    #[test]
     fn python_rounding_to_two_decimals() {
         assert_eq!(round2(0.125), 0.12);
         assert_eq!(round2(6.0 / 7.0), 0.86);
@@ -665,11 +681,13 @@ mod tests {
         assert!(err(&["ok", ""]).contains("boost phrase 2 (\"\") is empty"));
         assert!(err(&["  "]).contains("is empty"));
         assert!(err(&[]).contains("no phrases"));
-        // "▁" and <unk>: nothing the vocabulary spells.
+        // "▁" and <unk>, or word marks alone: nothing the vocabulary spells.
+        assert!(err(&["日本"]).contains("boost phrase 1 (\"日本\") spells nothing"));
+        let e = err(&["x", "\u{200b}"]);
+        // Shown escaped, as Rust debug-prints an invisible character.
         assert!(
-            err(&["日本"]).contains("boost phrase 1 (\"日本\") has no piece"),
-            "{}",
-            err(&["日本"])
+            e.contains(r#"boost phrase 2 ("\u{200b}") spells nothing"#),
+            "{e}"
         );
         let no_sp = Tokenizer::new(tok.pieces().to_vec());
         let cfg = BoostingConfig {

@@ -36,9 +36,14 @@ fn phrases(fx: &Value, list: &str) -> Vec<String> {
 /// The config NeMo built tree `tree_id` with, at `alpha`.
 fn config(fx: &Value, tree_id: &str, alpha: f32) -> BoostingConfig {
     let tree = &fx["trees"][tree_id];
-    let s = &tree["settings"];
+    let phrases = phrases(fx, tree["phrase_list"].as_str().unwrap());
+    with_settings(phrases, &tree["settings"], alpha)
+}
+
+/// `phrases` boosted with NeMo's `boosting_tree` settings `s` (as the fixtures spell them).
+fn with_settings(phrases: Vec<String>, s: &Value, alpha: f32) -> BoostingConfig {
     BoostingConfig {
-        phrases: phrases(fx, tree["phrase_list"].as_str().unwrap()),
+        phrases,
         alpha,
         context_score: f32s(&s["context_score"]),
         depth_scaling: f32s(&s["depth_scaling"]),
@@ -46,6 +51,73 @@ fn config(fx: &Value, tree_id: &str, alpha: f32) -> BoostingConfig {
         score_per_phrase: f32s(&s["score_per_phrase"]),
         uniform_weights: s["uniform_weights"].as_bool().unwrap(),
     }
+}
+
+fn ids(tok: &Tokenizer, phrase: &str) -> Vec<usize> {
+    let ids = tok.encode(phrase).unwrap();
+    ids.iter().map(|&i| i as usize).collect()
+}
+
+fn u32_at(v: &[Value], i: usize) -> u32 {
+    v[i].as_u64()
+        .unwrap_or_else(|| panic!("not an index: {}", v[i])) as u32
+}
+
+/// Every state of `tree` against NeMo's `[arcs_start, arcs_end, order, backoff_to, backoff_w,
+/// final]` rows.
+fn assert_states_equal(what: &str, tree: &BoostingTree, states: &[Value]) {
+    assert_eq!(tree.states().len(), states.len(), "{what}: state count");
+    for (i, (ours, s)) in tree.states().iter().zip(states).enumerate() {
+        let s = s.as_array().unwrap();
+        let nemo = (
+            (0..4).map(|k| u32_at(s, k)).collect::<Vec<_>>(),
+            f32s(&s[4]),
+            f32s(&s[5]),
+        );
+        let ours_row = (
+            vec![ours.arcs_start, ours.arcs_end, ours.order, ours.backoff_to],
+            ours.backoff_w,
+            ours.final_w,
+        );
+        assert_eq!(ours_row, nemo, "{what}: state {i}");
+        assert_eq!(tree.final_score(i as u32), ours.final_w);
+    }
+}
+
+/// Arc `i` of `tree` against NeMo's `[from, to, ilabel, weight]`.
+fn assert_arc_equal(what: &str, tree: &BoostingTree, i: usize, nemo: &[Value]) {
+    let a = tree.arcs()[i];
+    assert_eq!(
+        (a.from, a.to, a.label, a.weight),
+        (
+            u32_at(nemo, 0),
+            u32_at(nemo, 1),
+            u32_at(nemo, 2),
+            f32s(&nemo[3])
+        ),
+        "{what}: arc {i}"
+    );
+}
+
+/// `tree.advance(state, label)` against NeMo's score (within 1e-6) and next state.
+fn assert_advance(
+    what: &str,
+    tree: &BoostingTree,
+    state: u32,
+    label: usize,
+    nemo: (&Value, &Value),
+) {
+    let (score, to) = tree.advance(state, label);
+    let want = f32s(nemo.0);
+    assert!(
+        (score - want).abs() <= 1e-6,
+        "{what}: advance({state}, {label}) = {score}, NeMo {want}"
+    );
+    assert_eq!(
+        Some(to as u64),
+        nemo.1.as_u64(),
+        "{what}: next({state}, {label})"
+    );
 }
 
 fn tokenizer(model: &str) -> Tokenizer {
@@ -61,13 +133,11 @@ fn phrases_tokenise_as_nemos_text_to_ids() {
         for (list, items) in fx["phrase_lists"].as_object().unwrap() {
             for item in items.as_array().unwrap() {
                 let phrase = item["phrase"].as_str().unwrap();
-                let ours: Vec<usize> = tok
-                    .encode(phrase)
-                    .unwrap()
-                    .iter()
-                    .map(|&i| i as usize)
-                    .collect();
-                assert_eq!(ours, ints(&item["ids"]), "{model} {list}: {phrase:?}");
+                assert_eq!(
+                    ids(&tok, phrase),
+                    ints(&item["ids"]),
+                    "{model} {list}: {phrase:?}"
+                );
             }
         }
     }
@@ -84,71 +154,24 @@ fn boosting_trees_equal_nemos() {
             let tree = BoostingTree::new(&tok, &config(&fx, id, 1.0)).unwrap();
             assert_eq!(tree.vocab_size(), vocab, "{what}: vocabulary");
             let states = nemo["states"].as_array().unwrap();
-            assert_eq!(tree.states().len(), states.len(), "{what}: state count");
-            for (i, (ours, s)) in tree.states().iter().zip(states).enumerate() {
-                let ours = (
-                    ours.arcs_start as usize,
-                    ours.arcs_end as usize,
-                    ours.order as usize,
-                    ours.backoff_to as usize,
-                );
-                let s = s.as_array().unwrap();
-                let ints: Vec<usize> = s[..4]
-                    .iter()
-                    .map(|v| v.as_u64().unwrap() as usize)
-                    .collect();
-                assert_eq!(
-                    ours,
-                    (ints[0], ints[1], ints[2], ints[3]),
-                    "{what}: state {i}"
-                );
-                let st = tree.states()[i];
-                assert_eq!(
-                    st.backoff_w,
-                    f32s(&s[4]),
-                    "{what}: state {i} backoff weight"
-                );
-                assert_eq!(st.final_w, f32s(&s[5]), "{what}: state {i} final weight");
-                assert_eq!(tree.final_score(i as u32), st.final_w);
-            }
+            assert_states_equal(&what, &tree, states);
             let arcs = nemo["arcs"].as_array().unwrap();
             assert_eq!(tree.arcs().len(), arcs.len(), "{what}: arc count");
-            for (i, (ours, a)) in tree.arcs().iter().zip(arcs).enumerate() {
-                let a = a.as_array().unwrap();
-                let nemo = (
-                    a[0].as_u64().unwrap() as u32,
-                    a[1].as_u64().unwrap() as u32,
-                    a[2].as_u64().unwrap() as u32,
-                    f32s(&a[3]),
-                );
-                assert_eq!(
-                    (ours.from, ours.to, ours.label, ours.weight),
-                    nemo,
-                    "{what}: arc {i}"
-                );
+            for (i, a) in arcs.iter().enumerate() {
+                assert_arc_equal(&what, &tree, i, a.as_array().unwrap());
             }
             let (mut scores, mut next) = (vec![0.0; vocab], vec![0; vocab]);
             let nemo_scores = nemo["advance_scores"].as_array().unwrap();
             let nemo_next = nemo["advance_next_states"].as_array().unwrap();
             assert_eq!(nemo_scores.len(), states.len());
             for state in 0..states.len() {
-                let want_scores = nemo_scores[state].as_array().unwrap();
-                let want_next = ints(&nemo_next[state]);
                 tree.advance_all(state as u32, &mut scores, &mut next);
                 for label in 0..vocab {
-                    let (score, to) = tree.advance(state as u32, label);
-                    let want = f32s(&want_scores[label]);
-                    assert!(
-                        (score - want).abs() <= 1e-6,
-                        "{what}: advance({state}, {label}) = {score}, NeMo {want}"
-                    );
-                    assert_eq!(
-                        to as usize, want_next[label],
-                        "{what}: next({state}, {label})"
-                    );
+                    let nemo = (&nemo_scores[state][label], &nemo_next[state][label]);
+                    assert_advance(&what, &tree, state as u32, label, nemo);
                     assert_eq!(
                         (scores[label], next[label]),
-                        (score, to),
+                        tree.advance(state as u32, label),
                         "{what}: advance_all"
                     );
                 }
@@ -305,4 +328,68 @@ fn bad_phrase_lists_are_refused_with_the_phrase_named() {
             .unwrap_err()
     );
     assert!(e.contains("1024-piece vocabulary"), "{e}");
+}
+
+/// Trees harder than the shared references' (shared prefixes with different per-phrase scores,
+/// phrases inside others, repeats, uniform weights, 220 phrases) on the 1024-piece tokenizer,
+/// against NeMo (scripts/make_boosting_tree_refs.py): ids, every state, every arc off the start
+/// state's unk arcs, and advance() on sampled (state, label) pairs.
+#[test]
+fn larger_trees_on_a_real_vocabulary_equal_nemos() {
+    let fx = json(&fixtures().join("decoding/boosting_trees_v1024.json"));
+    let tok = Tokenizer::with_sentencepiece(
+        &std::fs::read(fixtures().join(fx["tokenizer"].as_str().unwrap())).unwrap(),
+    )
+    .unwrap();
+    for case in fx["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let phrases: Vec<String> = case["phrases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap().to_owned())
+            .collect();
+        for (phrase, ids) in phrases.iter().zip(case["ids"].as_array().unwrap()) {
+            assert_eq!(
+                self::ids(&tok, phrase),
+                ints(ids),
+                "{name}: ids of {phrase:?}"
+            );
+        }
+        let tree =
+            BoostingTree::new(&tok, &with_settings(phrases, &case["settings"], 1.0)).unwrap();
+        let states = case["states"].as_array().unwrap();
+        assert_states_equal(name, &tree, states);
+        // Listed: every arc but the start state's unk arcs (label l's arc is arc l).
+        let listed = case["arcs"].as_array().unwrap();
+        let vocab = tok.len();
+        let ours: Vec<usize> = (0..tree.arcs().len())
+            .filter(|&i| i >= vocab || tree.arcs()[i].to != 0)
+            .collect();
+        let nemo: Vec<usize> = listed
+            .iter()
+            .map(|a| a[0].as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(ours, nemo, "{name}: arcs listed");
+        for a in listed {
+            let a = a.as_array().unwrap();
+            assert_arc_equal(name, &tree, a[0].as_u64().unwrap() as usize, &a[1..]);
+        }
+        for (i, arc) in tree.arcs()[..vocab].iter().enumerate() {
+            if arc.to == 0 {
+                assert_eq!(
+                    (arc.from, arc.label, arc.weight),
+                    (0, i as u32, f32s(&case["settings"]["unk_score"]))
+                );
+            }
+        }
+        for p in case["advance"].as_array().unwrap() {
+            let (state, label) = (
+                p[0].as_u64().unwrap() as u32,
+                p[1].as_u64().unwrap() as usize,
+            );
+            assert_advance(name, &tree, state, label, (&p[2], &p[3]));
+        }
+        println!("{name}: {} states equal NeMo's", states.len());
+    }
 }
