@@ -221,7 +221,9 @@ fn round2(x: f64) -> f64 {
 impl BoostingTree {
     /// Tokenises `cfg.phrases` with the model's `tokenizer` and builds NeMo's tree from them
     /// (`GPUBoostingTreeModel.from_config`). Errors name the phrase: an empty one, one that
-    /// tokenises to nothing or to `<unk>` alone, or a tokenizer without its SentencePiece model.
+    /// tokenises to nothing or to `<unk>` and bare word marks alone; and a tokenizer without its
+    /// SentencePiece model is refused. A phrase with some unknown pieces among known ones is
+    /// kept, `<unk>` and all, as NeMo keeps it.
     pub fn new(tokenizer: &Tokenizer, cfg: &BoostingConfig) -> Result<BoostingTree> {
         if !tokenizer.can_encode() {
             bail!(
