@@ -412,24 +412,23 @@ impl BoostingTree {
     /// found along the backoff chain plus the backoff weights passed on the way (f32 sums in
     /// NeMo's order).
     pub fn advance(&self, state: u32, label: usize) -> (f32, u32) {
+        assert!(
+            label < self.vocab,
+            "label {label} is not one of the tree's {} (the blank has no bonus)",
+            self.vocab
+        );
         let label = label as u32;
         let mut backoff = 0.0f32;
         let mut current = state;
         loop {
             let arcs = self.arcs_of(current);
-            let found = if current == 0 {
-                arcs.get(label as usize)
-            } else {
-                arcs.binary_search_by_key(&label, |a| a.label)
-                    .ok()
-                    .map(|i| &arcs[i])
-            };
-            if let Some(arc) = found {
+            if current == 0 {
+                // The start state has an arc for every label, arc `l` for label `l`.
+                let arc = &arcs[label as usize];
                 return (backoff + arc.weight, arc.to);
             }
-            if current == 0 {
-                // Only for a label outside the vocabulary: the start state has every other.
-                return (backoff + 0.0, 0);
+            if let Ok(i) = arcs.binary_search_by_key(&label, |a| a.label) {
+                return (backoff + arcs[i].weight, arcs[i].to);
             }
             let s = &self.states[current as usize];
             backoff += s.backoff_w;
