@@ -233,6 +233,18 @@ impl BoostingTree {
             );
         }
         ensure!(!cfg.phrases.is_empty(), "no phrases to boost");
+        for (name, value) in [
+            ("alpha", cfg.alpha),
+            ("context score", cfg.context_score),
+            ("depth scaling", cfg.depth_scaling),
+            ("unk score", cfg.unk_score),
+            ("score per phrase", cfg.score_per_phrase),
+        ] {
+            ensure!(
+                value.is_finite(),
+                "the boosting {name} must be a finite number, not {value}"
+            );
+        }
         let vocab = tokenizer.len();
         let unknown = tokenizer.unknown_id();
         let mut seen = std::collections::HashSet::new();
@@ -682,6 +694,13 @@ mod tests {
         assert!(err(&["ok", ""]).contains("boost phrase 2 (\"\") is empty"));
         assert!(err(&["  "]).contains("is empty"));
         assert!(err(&[]).contains("no phrases"));
+        let cfg = BoostingConfig {
+            phrases: vec!["hello".into()],
+            alpha: f32::NAN,
+            ..BoostingConfig::default()
+        };
+        let e = format!("{:#}", BoostingTree::new(&tok, &cfg).unwrap_err());
+        assert!(e.contains("alpha must be a finite number"), "{e}");
         // "▁" and <unk>, or word marks alone: nothing the vocabulary spells.
         assert!(err(&["日本"]).contains("boost phrase 1 (\"日本\") spells nothing"));
         let e = err(&["x", "\u{200b}"]);
