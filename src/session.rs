@@ -6,8 +6,9 @@
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, Stats};
+use crate::decoder::boosting::BoostingTree;
 use crate::decoder::confidence::{ConfidenceConfig, ctc_frames};
-use crate::decoder::ctc::ctc_greedy;
+use crate::decoder::ctc::{ctc_greedy, ctc_greedy_boosted};
 use crate::decoder::greedy::{GreedyTransducer, Step};
 use crate::encoder::{
     AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
@@ -54,6 +55,8 @@ pub struct Session {
     progress: Option<Progress>,
     /// Token and word confidence, when asked for.
     confidence: Option<ConfidenceConfig>,
+    /// Phrases every decode boosts (shared: one tree serves every session of a server).
+    boosting: Option<Arc<BoostingTree>>,
 }
 
 /// Told the stage of the utterance being transcribed ("features", "encoder", "decoder") and
@@ -125,6 +128,7 @@ impl Session {
             attention: AttentionChoice::Auto,
             progress: None,
             confidence: None,
+            boosting: None,
         })
     }
 
@@ -178,6 +182,12 @@ impl Session {
     /// The self-attention to run (`--att-context`; default [`AttentionChoice::Auto`]).
     pub fn set_attention(&mut self, choice: AttentionChoice) {
         self.attention = choice;
+    }
+
+    /// Boost the tree's phrases in every decode from now on (transducer and CTC greedy
+    /// alike), or stop with `None`. The tree must be built with this model's tokenizer.
+    pub fn set_boosting(&mut self, tree: Option<Arc<BoostingTree>>) {
+        self.boosting = tree;
     }
 
     /// Report each utterance's progress (for a terminal), or stop with `None`.
@@ -332,11 +342,24 @@ impl Session {
         let mut times = StageTimes::default();
         let graphs_before = self.backend.stats().graphs_computed;
         let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
+        let vocab = self.model.hparams.vocab_size;
         let blank = self.model.hparams.blank_id();
+        let boost = self.boosting.as_deref();
+        if let Some(tree) = boost
+            && tree.vocab_size() != vocab
+        {
+            bail!(
+                "the boosting phrases were tokenised for a {}-piece vocabulary; this model has {vocab}",
+                tree.vocab_size()
+            );
+        }
         let (tokens, token_confidence) = if self.head(choice)? == Outputs::CtcLogits {
             let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
-            let classes = self.model.hparams.vocab_size + 1;
-            let tokens = ctc_greedy(logits, classes);
+            let classes = vocab + 1;
+            let tokens = match boost {
+                Some(tree) => ctc_greedy_boosted(logits, classes, tree),
+                None => ctc_greedy(logits, classes),
+            };
             let confidence = self.confidence.map(|c| {
                 let (frame_confidence, frame_labels) = ctc_frames(&c, logits, classes);
                 c.ctc_tokens(&frame_confidence, &frame_labels, &tokens, blank)
@@ -346,7 +369,7 @@ impl Session {
             let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
             let mut search = GreedyTransducer::new(&self.model)?;
             search.set_confidence(self.confidence);
-            let tokens = search.decode(&mut self.backend, joint_enc, enc.frames, trace)?;
+            let tokens = search.decode(&mut self.backend, joint_enc, enc.frames, boost, trace)?;
             let counts = search.counts();
             times.decoder_steps = counts.joint_steps;
             times.predictor_steps = counts.predictor_steps;

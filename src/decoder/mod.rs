@@ -1,10 +1,12 @@
 //! Decoding: the transducer's networks ([`nets`]) stepping [`hypothesis`] values for a search
-//! (greedy TDT and RNN-T in [`greedy`]; beam search and phrase boosting fit beside it, over
-//! the same nets) and greedy CTC ([`ctc`]). Tokens become text and words in the tokenizer.
+//! (greedy TDT and RNN-T in [`greedy`]; beam search fits beside it, over the same nets) and
+//! greedy CTC ([`ctc`]), each optionally steered towards given phrases by NeMo's boosting tree
+//! ([`boosting`]). Tokens become text and words in the tokenizer.
 //!
 //! The prediction network and the joint run as small graphs on the same persistent backend as
 //! the encoder; the joint's encoder projection comes precomputed from the encoder graph.
 
+pub mod boosting;
 pub mod confidence;
 pub mod ctc;
 pub mod greedy;

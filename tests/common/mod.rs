@@ -69,6 +69,15 @@ pub fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// A JSON array of non-negative integers (token ids, frames, durations).
+pub fn ints(v: &serde_json::Value) -> Vec<usize> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
 /// ‖a − b‖ / ‖b‖.
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "length mismatch");

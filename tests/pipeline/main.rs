@@ -4,6 +4,7 @@
 mod common;
 
 mod audio;
+mod boosting;
 mod confidence;
 mod convert;
 mod decoder;
