@@ -3,8 +3,12 @@
 //! `Session` decodes with. Every check happens here, before any audio is
 //! read: a bad flag is one clear error and nothing is written.
 
+use crate::decoder::boosting::{BoostingConfig, BoostingTree};
 use crate::decoder::confidence::{Aggregation, ConfidenceConfig, Measure};
-use anyhow::{Result, bail};
+use crate::tokenizer::Tokenizer;
+use anyhow::{Context, Result, bail};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Confidence flags.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -59,5 +63,102 @@ impl ConfidenceArgs {
             exclude_blank: !self.confidence_with_blanks,
             tdt_include_duration: self.confidence_with_durations,
         }))
+    }
+}
+
+/// `--boost-alpha` when not given. NeMo's `boosting_tree_alpha` defaults to 0, which turns
+/// boosting off; someone who lists phrases wants them boosted, so the default is a moderate
+/// weight (a phrase's first piece gains `context_score` = 1 logit).
+pub const DEFAULT_BOOST_ALPHA: f32 = 1.0;
+
+/// Phrase boosting flags (NeMo's boosting tree).
+#[derive(clap::Args, Debug, Clone)]
+pub struct BoostArgs {
+    /// Boost a phrase: names, jargon, product words the model should prefer when it hears
+    /// them (repeatable). Tokenised with the model's own SentencePiece model, as NeMo does.
+    #[arg(long = "boost", value_name = "PHRASE")]
+    pub phrases: Vec<String>,
+    /// Boost every phrase of a UTF-8 text file, one a line (blank lines are skipped;
+    /// repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub boost_file: Vec<PathBuf>,
+    /// Weight of the boost against the model's scores (NeMo's `boosting_tree_alpha`; its
+    /// default 0 would boost nothing).
+    #[arg(long, value_name = "A", default_value_t = DEFAULT_BOOST_ALPHA)]
+    pub boost_alpha: f32,
+    /// Bonus of a phrase's first piece (NeMo's `context_score`).
+    #[arg(long, value_name = "S", default_value_t = BoostingConfig::default().context_score)]
+    pub boost_context_score: f32,
+    /// Scale of the bonus of a phrase's later pieces (NeMo's `depth_scaling`).
+    #[arg(long, value_name = "D", default_value_t = BoostingConfig::default().depth_scaling)]
+    pub boost_depth_scaling: f32,
+}
+
+impl Default for BoostArgs {
+    fn default() -> Self {
+        BoostArgs {
+            phrases: Vec::new(),
+            boost_file: Vec::new(),
+            boost_alpha: DEFAULT_BOOST_ALPHA,
+            boost_context_score: BoostingConfig::default().context_score,
+            boost_depth_scaling: BoostingConfig::default().depth_scaling,
+        }
+    }
+}
+
+impl BoostArgs {
+    /// The phrases of `--boost` and `--boost-file`, in order. A file that is missing,
+    /// unreadable or not UTF-8 is an error naming it (and the line).
+    pub fn phrases(&self) -> Result<Vec<String>> {
+        let mut out = self.phrases.clone();
+        for path in &self.boost_file {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("--boost-file {}: cannot read it", path.display()))?;
+            for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+                let line = std::str::from_utf8(line).map_err(|_| {
+                    anyhow::anyhow!(
+                        "--boost-file {}: line {} is not UTF-8 text",
+                        path.display(),
+                        i + 1
+                    )
+                })?;
+                let line = line.strip_suffix('\r').unwrap_or(line);
+                if !line.trim().is_empty() {
+                    out.push(line.to_owned());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether any phrase is given (files not read).
+    pub fn any(&self) -> bool {
+        !self.phrases.is_empty() || !self.boost_file.is_empty()
+    }
+
+    /// The settings for `phrases`.
+    pub fn config(&self, phrases: Vec<String>) -> BoostingConfig {
+        BoostingConfig {
+            phrases,
+            alpha: self.boost_alpha,
+            context_score: self.boost_context_score,
+            depth_scaling: self.boost_depth_scaling,
+            ..BoostingConfig::default()
+        }
+    }
+
+    /// The boosting tree of `phrases` (from [`phrases`](Self::phrases), plus a server
+    /// request's) for a model's tokenizer, or `None` when there are none.
+    pub fn tree(
+        &self,
+        tokenizer: &Tokenizer,
+        phrases: Vec<String>,
+    ) -> Result<Option<Arc<BoostingTree>>> {
+        if phrases.is_empty() {
+            return Ok(None);
+        }
+        let tree =
+            BoostingTree::new(tokenizer, &self.config(phrases)).context("phrase boosting")?;
+        Ok(Some(Arc::new(tree)))
     }
 }

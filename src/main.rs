@@ -4,7 +4,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
 use parakeet::convert::{OutType, convert_with_progress};
-use parakeet::decoding_flags::ConfidenceArgs;
+use parakeet::decoding_flags::{BoostArgs, ConfidenceArgs};
 use parakeet::encoder::AttentionChoice;
 use parakeet::hparams::Attention;
 use parakeet::kernels::cpu::Isa;
@@ -109,6 +109,8 @@ struct TranscribeArgs {
     dump_layers: Option<PathBuf>,
     #[command(flatten)]
     confidence: ConfidenceArgs,
+    #[command(flatten)]
+    boost: BoostArgs,
 }
 
 /// Exit codes: 0 all good, 1 some inputs failed, 2 usage or model errors.
@@ -461,6 +463,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .iter()
         .any(|f| matches!(f, Format::Json | Format::Tsv));
     let confidence = args.confidence.resolve(shows_confidence)?;
+    let boost_phrases = args.boost.phrases()?;
     let (mut jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
     if jobs.is_empty() {
         bail!(
@@ -505,6 +508,8 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     session.set_attention(args.att_context);
     session.set_op_timing(args.profile);
     session.set_confidence(confidence)?;
+    let tree = args.boost.tree(&session.model().tokenizer, boost_phrases)?;
+    session.set_boosting(tree);
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()

@@ -313,8 +313,8 @@ impl Session {
             },
             strategy: "greedy_batch".into(),
             beam_size: 1,
-            boosted_phrases: 0,
-            boosting_alpha: 0.0,
+            boosted_phrases: self.boosting.as_ref().map_or(0, |t| t.phrases()),
+            boosting_alpha: self.boosting.as_ref().map_or(0.0, |t| t.alpha()),
             confidence: self
                 .confidence
                 .map(|c| (c.measure.to_string(), c.alpha, c.aggregation.name())),

@@ -10,8 +10,9 @@ mod openai;
 pub mod pool;
 
 use crate::audio;
+use crate::decoder::boosting::BoostingTree;
 use crate::decoder::confidence::ConfidenceConfig;
-use crate::decoding_flags::ConfidenceArgs;
+use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
 use crate::model::Model;
 use crate::session::{DecoderChoice, Session};
 use crate::transcript::Transcript;
@@ -68,6 +69,9 @@ pub struct ServeArgs {
     /// Confidence for verbose_json's words (`probability`); `--confidence none` turns it off.
     #[command(flatten)]
     pub confidence: ConfidenceArgs,
+    /// Phrases every request boosts; a request adds its own with `boost` form fields.
+    #[command(flatten)]
+    pub boost: BoostArgs,
 }
 
 /// Workers and threads per worker: what was asked, the rest filled in so that workers x
@@ -101,6 +105,11 @@ struct AppState {
     max_audio_seconds: f64,
     /// The confidence verbose_json's words carry (None: none).
     confidence: Option<ConfidenceConfig>,
+    /// The boosting settings, the server-wide phrases and their tree (a request with phrases
+    /// of its own gets a tree of both).
+    boost: BoostArgs,
+    boost_phrases: Vec<String>,
+    boost_tree: Option<Arc<BoostingTree>>,
     /// Each worker's compute buffer after its last request (0 after a release).
     buffers: Arc<Vec<AtomicUsize>>,
     next_id: AtomicU64,
@@ -113,8 +122,10 @@ struct AudioSeconds(f64);
 /// Runs the server until SIGTERM or SIGINT, then finishes the requests in flight and returns.
 pub fn serve(args: ServeArgs) -> Result<()> {
     let confidence = args.confidence.resolve(true)?;
+    let boost_phrases = args.boost.phrases()?;
     let path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
     let model = Arc::new(Model::load(&path)?);
+    let boost_tree = args.boost.tree(&model.tokenizer, boost_phrases.clone())?;
     model.file.populate();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (workers, threads) = plan_workers(cores, args.workers, args.threads);
@@ -154,6 +165,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         max_upload: usize::try_from(args.max_upload_mb << 20).unwrap_or(usize::MAX),
         max_audio_seconds: args.max_audio_seconds,
         confidence,
+        boost: args.boost.clone(),
+        boost_phrases,
+        boost_tree,
         buffers,
         next_id: AtomicU64::new(0),
     });
@@ -330,6 +344,23 @@ struct Fields {
     file_name: String,
     format: ResponseFormat,
     granularities: Granularities,
+    /// The request's own phrases to boost (`boost` fields).
+    boost: Vec<String>,
+}
+
+/// The boosting tree for a request: the server's, or one of the server's phrases and the
+/// request's together.
+fn request_tree(
+    st: &AppState,
+    phrases: Vec<String>,
+) -> Result<Option<Arc<BoostingTree>>, ApiError> {
+    if phrases.is_empty() {
+        return Ok(st.boost_tree.clone());
+    }
+    let all = st.boost_phrases.iter().cloned().chain(phrases).collect();
+    st.boost
+        .tree(&st.model.tokenizer, all)
+        .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("boost"), Some("invalid_value")))
 }
 
 async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, ApiError> {
@@ -350,7 +381,9 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         file_name,
         format,
         granularities,
+        boost,
     } = fields;
+    let boost = request_tree(st, boost)?;
     // Only verbose_json's words show a confidence: nothing else pays for it.
     let confidence = st
         .confidence
@@ -359,7 +392,7 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         .pool
         .submit(move |session: &mut Session| {
             let start = Instant::now();
-            run_job(session, file, &file_name, max_seconds, confidence)
+            run_job(session, file, &file_name, max_seconds, confidence, boost)
                 .map(|t| (t, start.elapsed()))
         })
         .map_err(|_| {
@@ -456,6 +489,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
     let mut file = None;
     let mut format = ResponseFormat::Json;
     let mut granularities: Option<Granularities> = None;
+    let mut boost = Vec::new();
     while let Some(field) = multipart.next_field().await.map_err(bad)? {
         let name = field.name().unwrap_or_default().to_string();
         match name.as_str() {
@@ -464,6 +498,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
                 file = Some((field.bytes().await.map_err(bad)?, file_name));
             }
             "response_format" => format = ResponseFormat::parse(&field.text().await.map_err(bad)?)?,
+            "boost" | "boost[]" => boost.push(field.text().await.map_err(bad)?),
             "timestamp_granularities[]" | "timestamp_granularities" => granularities
                 .get_or_insert_with(Granularities::default)
                 .add(&field.text().await.map_err(bad)?)?,
@@ -485,6 +520,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
         file_name,
         format,
         granularities: Granularities::resolve(granularities),
+        boost,
     })
 }
 
@@ -495,6 +531,7 @@ fn run_job(
     file_name: &str,
     max_seconds: f64,
     confidence: Option<ConfidenceConfig>,
+    boost: Option<Arc<BoostingTree>>,
 ) -> Result<Transcript, ApiError> {
     let bad_audio = |e: anyhow::Error| {
         ApiError::bad_request(format!("{e:#}"), Some("file"), Some("invalid_audio"))
@@ -522,6 +559,7 @@ fn run_job(
             Some("audio_too_short"),
         ));
     }
+    session.set_boosting(boost);
     session
         .set_confidence(confidence)
         .and_then(|()| session.transcribe(samples, DecoderChoice::Auto))

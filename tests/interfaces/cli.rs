@@ -409,3 +409,34 @@ fn walk_files(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// Bad decoding flags: one line naming the problem, exit 2, and no output file.
+#[test]
+fn bad_decoding_flags_exit_2_and_write_nothing() {
+    let root = scratch("bad-decoding-flags");
+    let clip = reference("").join("speech_2s.wav");
+    let model = gguf("tiny_tdt_ctc", parakeet::convert::OutType::F32);
+    let not_utf8 = root.join("not-utf8.txt");
+    std::fs::write(&not_utf8, b"data\n\xff\xfe name\n").unwrap();
+    let missing = root.join("missing.txt");
+    let out_dir = root.join("out");
+    let cases: [(&[&str], &str); 7] = [
+        (&["--boost", ""], "is empty"),
+        (&["--boost", "\u{65e5}\u{672c}"], "spells nothing"),
+        (&["--boost-file", not_utf8.to_str().unwrap()], "line 2 is not UTF-8"),
+        (&["--boost-file", missing.to_str().unwrap()], "missing.txt"),
+        (&["--confidence", "entropy_shannon_lin"], "--confidence"),
+        (&["--confidence-alpha", "0"], "--confidence-alpha"),
+        (&["--confidence-aggregation", "median"], "--confidence-aggregation"),
+    ];
+    for (flags, says) in cases {
+        let mut extra = vec!["-f", "json", "-q", "-o", out_dir.to_str().unwrap()];
+        extra.extend_from_slice(flags);
+        let out = transcribe(&clip, &model, &extra, &root);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
+        assert!(!out_dir.exists(), "{flags:?} wrote {}", out_dir.display());
+    }
+}

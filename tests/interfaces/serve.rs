@@ -439,6 +439,13 @@ fn bad_requests_get_openai_errors_and_the_server_goes_on() {
         .transcribe(&[], Some(("empty.wav", b"")))
         .assert_error(400, Some("file"), "invalid_audio");
     check_good();
+    // A boost phrase that is empty, or spells nothing in the vocabulary.
+    for phrase in ["", "\u{65e5}\u{672c}"] {
+        server
+            .transcribe(&[("boost", phrase)], Some(("a.wav", &wav)))
+            .assert_error(400, Some("boost"), "invalid_value");
+        check_good();
+    }
     // Unknown response format and granularity.
     server
         .transcribe(&[("response_format", "xml")], Some(("a.wav", &wav)))
@@ -606,4 +613,38 @@ fn assert_words_as_cli(server: &serde_json::Value, cli: &serde_json::Value) {
         assert!((0.0..=1.0).contains(&p), "{s}");
         assert_eq!(s["probability"], c["confidence"], "{s} vs {c}");
     }
+}
+
+/// A request's `boost` fields boost as the CLI's `--boost` does, on top of the server's own
+/// phrases, and only for that request.
+#[test]
+fn boost_fields_boost_like_the_cli() {
+    let dir = scratch("boost");
+    let path = clip("speech_10s.wav");
+    let cli = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+            .args(["transcribe", path.to_str().unwrap(), "-q", "-m"])
+            .arg(model())
+            .args(extra)
+            .current_dir(&dir)
+            .env_remove("PARAKEET_MODEL")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let plain = cli(&[]);
+    let both = cli(&["--boost", "data", "--boost", "the cat"]);
+    assert_ne!(plain, both, "the phrases change nothing on this clip");
+    let server = Server::start(&["--workers", "1", "--threads", "2", "--boost", "data"]);
+    let text = |fields: &[(&str, &str)]| {
+        let mut f = vec![("response_format", "text")];
+        f.extend_from_slice(fields);
+        let r = upload(&server, &path, &f);
+        assert_eq!(r.status, 200, "{r:?}");
+        r.body
+    };
+    assert_eq!(text(&[("boost", "the cat")]), both);
+    assert_eq!(text(&[]), cli(&["--boost", "data"]));
+    assert_ne!(text(&[]), both);
 }
