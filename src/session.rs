@@ -6,7 +6,8 @@
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, Stats};
-use crate::decoder::ctc::ctc_greedy;
+use crate::decoder::beam::{BeamConfig, BeamHead, NBest, ctc_beam, transducer_beam};
+use crate::decoder::ctc::{ctc_greedy, log_softmax_rows};
 use crate::decoder::greedy::{GreedyTransducer, Step};
 use crate::encoder::{
     AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
@@ -306,6 +307,32 @@ impl Session {
         };
         times.decoder_graphs = self.backend.stats().graphs_computed - graphs_before;
         Ok((tokens, times))
+    }
+
+    /// Beam search over an encoder pass with the head `choice` picks: NeMo's N-best list for
+    /// `cfg`, best first. The settings are checked against the head before any graph runs
+    /// (beam size 0, a strategy the head cannot use).
+    pub fn decode_beam(
+        &mut self,
+        enc: &Encoded,
+        choice: DecoderChoice,
+        cfg: &BeamConfig,
+    ) -> Result<Vec<NBest>> {
+        let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
+        let model = &self.model;
+        if self.head(choice)? == Outputs::CtcLogits {
+            cfg.check(BeamHead::Ctc)?;
+            let classes = model.hparams.vocab_size + 1;
+            let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
+            ctc_beam(&log_softmax_rows(logits, classes), classes, cfg)
+        } else {
+            let Some(head) = BeamHead::transducer_of(model.hparams.model_type) else {
+                bail!("internal: a transducer head on a CTC-only model");
+            };
+            cfg.check(head)?;
+            let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
+            transducer_beam(&mut self.backend, model, joint_enc, enc.frames, cfg)
+        }
     }
 
     /// Transcribe 16 kHz mono samples: the whole file in one encoder pass and one decoder

@@ -55,13 +55,7 @@ impl<'m> GreedyTransducer<'m> {
         mut trace: Option<&mut Vec<Step>>,
     ) -> Result<Vec<Token>> {
         let nets = &mut self.nets;
-        let width = nets.enc_width();
-        if joint_enc.len() != frames * width {
-            bail!(
-                "encoder projection holds {} values, expected {frames} x {width}",
-                joint_enc.len()
-            );
-        }
+        let width = nets.frame_width(joint_enc, frames)?;
         let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
         let max_symbols = self.max_symbols;
         let tdt = !durations.is_empty();

@@ -1,10 +1,11 @@
 //! Decoding: the transducer's networks ([`nets`]) stepping [`hypothesis`] values for a search
-//! (greedy TDT and RNN-T in [`greedy`]; beam search and phrase boosting fit beside it, over
+//! (greedy TDT and RNN-T in [`greedy`]; beam searches with N-best lists in [`beam`], over
 //! the same nets) and greedy CTC ([`ctc`]). Tokens become text and words in the tokenizer.
 //!
 //! The prediction network and the joint run as small graphs on the same persistent backend as
 //! the encoder; the joint's encoder projection comes precomputed from the encoder graph.
 
+pub mod beam;
 pub mod ctc;
 pub mod greedy;
 pub mod hypothesis;

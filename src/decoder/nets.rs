@@ -105,6 +105,19 @@ impl<'m> Nets<'m> {
         self.joint.enc.weight.shape()[1]
     }
 
+    /// The width of one frame of `joint_enc` (`[frames][enc_width]`), or why it does not
+    /// hold `frames` frames.
+    pub fn frame_width(&self, joint_enc: &[f32], frames: usize) -> Result<usize> {
+        let width = self.enc_width();
+        if joint_enc.len() != frames * width {
+            bail!(
+                "encoder projection holds {} values, expected {frames} x {width}",
+                joint_enc.len()
+            );
+        }
+        Ok(width)
+    }
+
     pub fn counts(&self) -> NetCounts {
         self.counts
     }

@@ -11,6 +11,15 @@ pub const MODELS: [&str; 4] = ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt", "tiny_ct
 /// Reference output directories: each model on the 10 s clip and on the 2 s clip.
 pub const CLIPS: [(&str, &str); 2] = [("", "speech_10s.wav"), ("_2s", "speech_2s.wav")];
 
+/// A JSON array of non-negative integers.
+pub fn ints(v: &serde_json::Value) -> Vec<usize> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }

@@ -12,14 +12,6 @@ use parakeet::kernels::FusedOps;
 use parakeet::session::{DecoderChoice, Session};
 use serde_json::Value;
 
-fn ints(v: &Value) -> Vec<usize> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not an array: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as usize)
-        .collect()
-}
-
 #[test]
 fn transcripts_match_nemo_token_for_token() {
     for model in MODELS {

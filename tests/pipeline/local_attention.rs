@@ -8,19 +8,10 @@ use parakeet::convert::OutType;
 use parakeet::encoder::{AUTO_FULL_MAX_SECONDS, AttentionChoice};
 use parakeet::hparams::Attention;
 use parakeet::session::{DecoderChoice, Session};
-use serde_json::Value;
 use std::path::Path;
 
 /// Worst relative error allowed per layer (‖ours − NeMo‖ / ‖NeMo‖).
 const TOL: f64 = 1e-4;
-
-fn ints(v: &Value) -> Vec<usize> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not an array: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as usize)
-        .collect()
-}
 
 /// Every dumped layer of `dir` against ours, then the decoded heads against `result.json`.
 fn check_against_nemo(session: &mut Session, samples: &[f32], dir: &Path, name: &str) {

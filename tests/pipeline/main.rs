@@ -4,6 +4,7 @@
 mod common;
 
 mod audio;
+mod beam;
 mod convert;
 mod decoder;
 mod encoder;

@@ -1,0 +1,371 @@
+//! Beam search with N-best lists, each strategy NeMo 3.0 runs, equal to NeMo's hypotheses:
+//! the batched label-looping search `malsd_batch` for TDT and RNN-T ([`malsd`]), TDT's
+//! frame-by-frame `beam` ([`tdt_default`]) and CTC's batched `beam_batch` ([`ctc`]).
+//!
+//! The transducer searches step their live hypotheses through the [`Nets`](super::nets::Nets)
+//! together: one joint graph and one prediction graph per step serve the whole beam. A
+//! hypothesis keeps only its decoder state, its score and its tokens; the tokens of a beam
+//! share their common prefix ([`TokenPath`]), so a fork copies nothing and an hour of audio
+//! holds one transcript per live hypothesis.
+
+mod ctc;
+mod malsd;
+mod path;
+mod tdt_default;
+
+pub use ctc::ctc_beam;
+use path::TokenPath;
+
+use crate::backend::Backend;
+use crate::hparams::ModelType;
+use crate::model::Model;
+use crate::tokenizer::Token;
+use anyhow::{Result, bail};
+use std::fmt;
+use std::str::FromStr;
+
+/// A beam search, by NeMo's name for it (`decoding.strategy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BeamStrategy {
+    /// NeMo's `beam` (search_type `default`): one hypothesis expanded at a time, frame by
+    /// frame (TDT and RNN-T).
+    Beam,
+    /// Time-synchronous decoding (RNN-T).
+    Tsd,
+    /// Alignment-length synchronous decoding (RNN-T).
+    Alsd,
+    /// Modified adaptive expansion search (TDT and RNN-T).
+    Maes,
+    /// Batched modified ALSD, NeMo's recommended transducer beam (TDT and RNN-T).
+    MalsdBatch,
+    /// Batched modified adaptive expansion search (RNN-T).
+    MaesBatch,
+    /// Batched CTC beam search without a language model.
+    BeamBatch,
+}
+
+/// Which decoder a beam search runs over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BeamHead {
+    Tdt,
+    Rnnt,
+    Ctc,
+}
+
+impl BeamHead {
+    /// The transducer of a model (TDT or RNN-T), or `None` for a CTC-only model.
+    pub fn transducer_of(model_type: ModelType) -> Option<BeamHead> {
+        match model_type {
+            ModelType::Tdt | ModelType::TdtCtc => Some(BeamHead::Tdt),
+            ModelType::Rnnt | ModelType::RnntCtc => Some(BeamHead::Rnnt),
+            ModelType::Ctc => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            BeamHead::Tdt => "TDT",
+            BeamHead::Rnnt => "RNN-T",
+            BeamHead::Ctc => "CTC",
+        }
+    }
+}
+
+const STRATEGY_NAMES: [(BeamStrategy, &str); 7] = [
+    (BeamStrategy::Beam, "beam"),
+    (BeamStrategy::Tsd, "tsd"),
+    (BeamStrategy::Alsd, "alsd"),
+    (BeamStrategy::Maes, "maes"),
+    (BeamStrategy::MalsdBatch, "malsd_batch"),
+    (BeamStrategy::MaesBatch, "maes_batch"),
+    (BeamStrategy::BeamBatch, "beam_batch"),
+];
+
+impl BeamStrategy {
+    /// What NeMo runs when only a beam size is given: `malsd_batch` for transducers (the
+    /// strategy NeMo recommends and picks for its batched beam), `beam_batch` for CTC.
+    pub fn default_for(head: BeamHead) -> BeamStrategy {
+        match head {
+            BeamHead::Tdt | BeamHead::Rnnt => BeamStrategy::MalsdBatch,
+            BeamHead::Ctc => BeamStrategy::BeamBatch,
+        }
+    }
+
+    /// The strategies NeMo 3.0 accepts for a head.
+    pub fn nemo_accepts(self, head: BeamHead) -> bool {
+        use BeamStrategy::*;
+        match head {
+            BeamHead::Tdt => matches!(self, Beam | Maes | MalsdBatch),
+            BeamHead::Rnnt => matches!(self, Beam | Tsd | Alsd | Maes | MalsdBatch | MaesBatch),
+            BeamHead::Ctc => matches!(self, BeamBatch),
+        }
+    }
+
+    /// The strategies this build runs for a head (a subset of [`Self::nemo_accepts`]).
+    pub fn implemented(self, head: BeamHead) -> bool {
+        use BeamStrategy::*;
+        match head {
+            BeamHead::Tdt => matches!(self, Beam | MalsdBatch),
+            BeamHead::Rnnt => matches!(self, MalsdBatch),
+            BeamHead::Ctc => matches!(self, BeamBatch),
+        }
+    }
+
+    fn names_for(head: BeamHead, pick: fn(BeamStrategy, BeamHead) -> bool) -> String {
+        STRATEGY_NAMES
+            .iter()
+            .filter(|(s, _)| pick(*s, head))
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl fmt::Display for BeamStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = STRATEGY_NAMES
+            .iter()
+            .find(|(s, _)| s == self)
+            .map_or("?", |(_, n)| n);
+        f.write_str(name)
+    }
+}
+
+impl FromStr for BeamStrategy {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<BeamStrategy> {
+        match STRATEGY_NAMES.iter().find(|(_, n)| *n == s) {
+            Some((strategy, _)) => Ok(*strategy),
+            None => bail!(
+                "unknown beam strategy {s:?}; NeMo's are {}",
+                STRATEGY_NAMES.map(|(_, n)| n).join(", ")
+            ),
+        }
+    }
+}
+
+/// A beam search's settings, NeMo's `decoding.beam` with NeMo's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeamConfig {
+    pub strategy: BeamStrategy,
+    /// Hypotheses kept (`beam_size`).
+    pub beam_size: usize,
+    /// Rank the N-best by score per emitted token (NeMo's `score_norm`, default true;
+    /// NeMo's CTC `beam_batch` always ranks by the raw score).
+    pub score_norm: bool,
+    /// Labels a transducer hypothesis may emit on one frame before a blank is forced
+    /// (`max_symbols_per_step`, batched strategies).
+    pub max_symbols_per_step: usize,
+    /// `maes` / `maes_batch`: expansion steps per frame.
+    pub maes_num_steps: usize,
+    /// `maes`: prefix search depth.
+    pub maes_prefix_alpha: usize,
+    /// `maes`: extra candidates considered beyond the beam.
+    pub maes_expansion_beta: usize,
+    /// `maes`: log-probability margin of a candidate to the best one.
+    pub maes_expansion_gamma: f32,
+    /// `tsd`: most label expansions per frame.
+    pub tsd_max_sym_exp_per_step: usize,
+    /// `alsd`: longest output, as a fraction of the frames.
+    pub alsd_max_target_len: f32,
+    /// CTC `beam_batch`: score added per emitted token (NeMo's `beam_beta`, default 1.0).
+    pub beam_beta: f32,
+    /// CTC `beam_batch`: candidates this far below the step's best are dropped.
+    pub beam_threshold: f32,
+}
+
+impl BeamConfig {
+    /// `strategy` with `beam_size` hypotheses and NeMo's defaults for the rest.
+    pub fn new(strategy: BeamStrategy, beam_size: usize) -> BeamConfig {
+        BeamConfig {
+            strategy,
+            beam_size,
+            score_norm: true,
+            max_symbols_per_step: 10,
+            maes_num_steps: 2,
+            maes_prefix_alpha: 1,
+            maes_expansion_beta: 2,
+            maes_expansion_gamma: 2.3,
+            tsd_max_sym_exp_per_step: 50,
+            alsd_max_target_len: 1.0,
+            beam_beta: 1.0,
+            beam_threshold: 20.0,
+        }
+    }
+
+    /// Why these settings cannot run on `head`, if they cannot: checked before any graph.
+    pub fn check(&self, head: BeamHead) -> Result<()> {
+        if self.beam_size == 0 {
+            bail!("beam size 0: a beam search keeps at least one hypothesis");
+        }
+        if !self.strategy.nemo_accepts(head) {
+            bail!(
+                "beam strategy {} does not run on a {} decoder; NeMo's strategies for it: {}",
+                self.strategy,
+                head.name(),
+                BeamStrategy::names_for(head, BeamStrategy::nemo_accepts)
+            );
+        }
+        if !self.strategy.implemented(head) {
+            bail!(
+                "beam strategy {} on a {} decoder is not implemented yet; available: {}",
+                self.strategy,
+                head.name(),
+                BeamStrategy::names_for(head, BeamStrategy::implemented)
+            );
+        }
+        if head != BeamHead::Ctc && self.max_symbols_per_step == 0 {
+            bail!("max_symbols_per_step must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// One hypothesis of an N-best list.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NBest {
+    /// The emitted tokens with NeMo's timestamps for the strategy: `malsd_batch` gives each
+    /// token's frame and TDT duration; TDT `beam` gives NeMo's frame + duration as the frame
+    /// and no duration (0); CTC gives the token's first frame.
+    pub tokens: Vec<Token>,
+    /// The raw log-probability sum (NeMo's `score`, not normalised; the list is ranked by
+    /// NeMo's criterion, see [`BeamConfig::score_norm`]).
+    pub score: f32,
+}
+
+/// Beam search over a transducer's encoder projection `joint_enc` (`[frames][joint_hidden]`):
+/// the N-best list NeMo returns, best first.
+pub fn transducer_beam(
+    backend: &mut Backend,
+    model: &Model,
+    joint_enc: &[f32],
+    frames: usize,
+    cfg: &BeamConfig,
+) -> Result<Vec<NBest>> {
+    let Some(head) = BeamHead::transducer_of(model.hparams.model_type) else {
+        bail!(
+            "{}: this model has no transducer decoder (it is {})",
+            model.path.display(),
+            model.hparams.model_type.name()
+        );
+    };
+    cfg.check(head)?;
+    match cfg.strategy {
+        BeamStrategy::MalsdBatch => malsd::search(backend, model, joint_enc, frames, cfg),
+        BeamStrategy::Beam if head == BeamHead::Tdt => {
+            tdt_default::search(backend, model, joint_enc, frames, cfg)
+        }
+        other => bail!("internal: beam strategy {other} passed its check but has no search"),
+    }
+}
+
+/// Log-softmax of one row in f32 (as NeMo's `F.log_softmax(dtype=float32)`), accumulated in
+/// f64.
+fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
+    let lse = sum.ln() as f32;
+    row.iter().map(|&x| x - max - lse).collect()
+}
+
+/// `log(exp(a) + exp(b))`, as torch's logaddexp: -inf on both sides stays -inf.
+fn log_add_exp(a: f32, b: f32) -> f32 {
+    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
+    if hi == f32::NEG_INFINITY {
+        return hi;
+    }
+    (hi as f64 + ((lo - hi) as f64).exp().ln_1p()) as f32
+}
+
+/// NeMo's transcript hash (a 64-bit linear congruential step per emitted label), used with
+/// the last label and the length to recognise equal hypotheses.
+fn extend_hash(hash: i64, label: usize) -> i64 {
+    const MULTIPLIER: i64 = 6364136223846793005;
+    hash.wrapping_mul(MULTIPLIER)
+        .wrapping_add(1)
+        .wrapping_add(label as i64)
+}
+
+/// Indices of the `k` largest values, largest first; equal values keep index order (the
+/// candidates are few and NeMo's ties are measure-zero events).
+fn top_k(values: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
+    order.truncate(k);
+    order
+}
+
+/// Ranks finished hypotheses NeMo's way: by score per (emitted tokens + 1) when `score_norm`
+/// (the + 1 counts NeMo's start symbol), else by score; best first.
+fn rank(mut hyps: Vec<NBest>, score_norm: bool) -> Vec<NBest> {
+    let key = |h: &NBest| {
+        if score_norm {
+            h.score / (h.tokens.len() as f32 + 1.0)
+        } else {
+            h.score
+        }
+    };
+    hyps.sort_by(|a, b| key(b).total_cmp(&key(a)));
+    hyps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategy_names_round_trip() {
+        for (s, n) in STRATEGY_NAMES {
+            assert_eq!(n.parse::<BeamStrategy>().unwrap(), s);
+            assert_eq!(s.to_string(), n);
+        }
+        assert!("modified_beam".parse::<BeamStrategy>().is_err());
+    }
+
+    #[test]
+    fn checks_say_what_is_wrong() {
+        let err = |s, n, head| BeamConfig::new(s, n).check(head).unwrap_err().to_string();
+        assert!(err(BeamStrategy::MalsdBatch, 0, BeamHead::Tdt).contains("beam size 0"));
+        assert!(err(BeamStrategy::MalsdBatch, 4, BeamHead::Ctc).contains("does not run on a CTC"));
+        assert!(err(BeamStrategy::Tsd, 4, BeamHead::Tdt).contains("does not run on a TDT"));
+        assert!(err(BeamStrategy::BeamBatch, 4, BeamHead::Rnnt).contains("RNN-T"));
+        for head in [BeamHead::Tdt, BeamHead::Rnnt, BeamHead::Ctc] {
+            BeamConfig::new(BeamStrategy::default_for(head), 4)
+                .check(head)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn hash_wraps_like_torch_int64() {
+        // torch: (0 * M + 1 + 5) = 6; then 6 * M + 1 + 7 wraps in int64.
+        let h = extend_hash(extend_hash(0, 5), 7);
+        assert_eq!(h, 6i64.wrapping_mul(6364136223846793005).wrapping_add(8));
+    }
+
+    #[test]
+    fn ranking_normalises_by_length_plus_one() {
+        let hyp = |n: usize, score: f32| NBest {
+            tokens: vec![
+                Token {
+                    id: 0,
+                    frame: 0,
+                    duration: 0
+                };
+                n
+            ],
+            score,
+        };
+        let ranked = rank(vec![hyp(0, -2.0), hyp(3, -6.0)], true);
+        assert_eq!(ranked[0].score, -6.0); // -1.5 per token beats -2.0
+        let ranked = rank(vec![hyp(0, -2.0), hyp(3, -6.0)], false);
+        assert_eq!(ranked[0].score, -2.0);
+    }
+
+    #[test]
+    fn log_add_exp_handles_minus_infinity() {
+        assert_eq!(log_add_exp(f32::NEG_INFINITY, -1.0), -1.0);
+        assert!((log_add_exp(0.0, 0.0) - 2f32.ln()).abs() < 1e-7);
+    }
+}
