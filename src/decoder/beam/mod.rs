@@ -1,6 +1,7 @@
 //! Beam search with N-best lists, each strategy NeMo 3.0 runs, equal to NeMo's hypotheses:
-//! the batched label-looping search `malsd_batch` for TDT and RNN-T ([`malsd`]), TDT's
-//! frame-by-frame `beam` ([`tdt_default`]) and CTC's batched `beam_batch` ([`ctc`]).
+//! the batched label-looping search `malsd_batch` for TDT and RNN-T ([`malsd`]), the
+//! frame-by-frame `beam` of TDT ([`tdt_default`]) and RNN-T ([`rnnt_default`]) and CTC's
+//! batched `beam_batch` ([`ctc`]).
 //!
 //! The transducer searches step their live hypotheses through the [`Nets`](super::nets::Nets)
 //! together: one joint graph and one prediction graph per step serve the whole beam. A
@@ -11,6 +12,7 @@
 mod ctc;
 mod malsd;
 mod path;
+mod rnnt_default;
 mod tdt_default;
 
 pub use ctc::ctc_beam;
@@ -106,7 +108,7 @@ impl BeamStrategy {
         use BeamStrategy::*;
         match head {
             BeamHead::Tdt => matches!(self, Beam | MalsdBatch),
-            BeamHead::Rnnt => matches!(self, MalsdBatch),
+            BeamHead::Rnnt => matches!(self, Beam | MalsdBatch),
             BeamHead::Ctc => matches!(self, BeamBatch),
         }
     }
@@ -256,6 +258,7 @@ pub fn transducer_beam(
         BeamStrategy::Beam if head == BeamHead::Tdt => {
             tdt_default::search(backend, model, joint_enc, frames, cfg)
         }
+        BeamStrategy::Beam => rnnt_default::search(backend, model, joint_enc, frames, cfg),
         other => bail!("internal: beam strategy {other} passed its check but has no search"),
     }
 }
