@@ -19,6 +19,8 @@ pub use ctc::ctc_beam;
 use path::TokenPath;
 
 use crate::backend::Backend;
+use crate::decoder::hypothesis::Hypothesis;
+use crate::decoder::nets::{JointInput, Nets, PredictInput};
 use crate::hparams::ModelType;
 use crate::model::Model;
 use crate::tokenizer::Token;
@@ -261,6 +263,39 @@ pub fn transducer_beam(
         BeamStrategy::Beam => rnnt_default::search(backend, model, joint_enc, frames, cfg),
         other => bail!("internal: beam strategy {other} passed its check but has no search"),
     }
+}
+
+/// Feeds `hyp`'s pending label `unfed`, if any (`hyp.state` is the state before it), and
+/// returns the joint's output at the frame projection `enc`: one graph either way.
+fn feed_and_join(
+    nets: &mut Nets,
+    backend: &mut Backend,
+    hyp: &mut Hypothesis,
+    unfed: &mut Option<usize>,
+    enc: &[f32],
+) -> Result<Vec<f32>> {
+    if let Some(token) = unfed.take() {
+        let input = PredictInput {
+            token,
+            state: &hyp.state,
+            next_enc: Some(enc),
+        };
+        let Some(p) = nets.predict(backend, &[input])?.pop() else {
+            bail!("internal: a prediction step without its result");
+        };
+        hyp.state = p.state;
+        hyp.pred_out = p.pred_out;
+        return p
+            .logits
+            .ok_or_else(|| anyhow::anyhow!("internal: a prediction step without its joint"));
+    }
+    let input = JointInput {
+        enc,
+        pred_out: &hyp.pred_out,
+    };
+    nets.joint(backend, &[input])?
+        .pop()
+        .ok_or_else(|| anyhow::anyhow!("internal: a joint step without its result"))
 }
 
 /// Log-softmax of one row in f32 (as NeMo's `F.log_softmax(dtype=float32)`), accumulated in

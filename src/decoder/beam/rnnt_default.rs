@@ -8,10 +8,10 @@
 //! Each expansion depends on the one before, so this search runs one joint (with the
 //! prediction step, when one is due) per expansion, as NeMo does.
 
-use super::{BeamConfig, NBest, TokenPath, log_softmax, top_k};
+use super::{BeamConfig, NBest, TokenPath, feed_and_join, log_softmax, top_k};
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
-use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::decoder::nets::Nets;
 use crate::model::Model;
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
@@ -53,7 +53,7 @@ pub(super) fn search(
                 bail!("internal: no hypothesis left to expand on frame {t}");
             };
             let mut best = expanding.remove(at);
-            let logits = feed_and_join(&mut nets, backend, &mut best, enc)?;
+            let logits = feed_and_join(&mut nets, backend, &mut best.hyp, &mut best.unfed, enc)?;
             let logp = log_softmax(&logits[..classes]);
             for k in top_k(&logp[..blank], beam_k) {
                 expanding.push(Candidate {
@@ -102,37 +102,6 @@ pub(super) fn search(
             score: c.score as f32,
         })
         .collect())
-}
-
-/// Feeds `c`'s pending label, if any, and returns the joint's output at `enc` (one graph).
-fn feed_and_join(
-    nets: &mut Nets,
-    backend: &mut Backend,
-    c: &mut Candidate,
-    enc: &[f32],
-) -> Result<Vec<f32>> {
-    if let Some(token) = c.unfed.take() {
-        let input = PredictInput {
-            token,
-            state: &c.hyp.state,
-            next_enc: Some(enc),
-        };
-        let Some(p) = nets.predict(backend, &[input])?.pop() else {
-            bail!("internal: a prediction step without its result");
-        };
-        c.hyp.state = p.state;
-        c.hyp.pred_out = p.pred_out;
-        return p
-            .logits
-            .ok_or_else(|| anyhow::anyhow!("internal: a prediction step without its joint"));
-    }
-    let input = JointInput {
-        enc,
-        pred_out: &c.hyp.pred_out,
-    };
-    nets.joint(backend, &[input])?
-        .pop()
-        .ok_or_else(|| anyhow::anyhow!("internal: a joint step without its result"))
 }
 
 /// The first of the best-scored candidates (as Python's `max`).

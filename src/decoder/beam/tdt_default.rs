@@ -9,10 +9,12 @@
 //! one joint (with the prediction step, when one is due) per expansion: it is NeMo's
 //! reference search, not the fast one (`malsd_batch`).
 
-use super::{BeamConfig, NBest, TokenPath, extend_hash, log_add_exp, log_softmax, rank, top_k};
+use super::{
+    BeamConfig, NBest, TokenPath, extend_hash, feed_and_join, log_add_exp, log_softmax, rank, top_k,
+};
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
-use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::decoder::nets::Nets;
 use crate::model::Model;
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
@@ -77,35 +79,7 @@ pub(super) fn search(
         while let Some(at) = first_best(&waiting) {
             let mut best = waiting.remove(at);
             let enc = &joint_enc[t * width..(t + 1) * width];
-            let logits = match best.unfed.take() {
-                Some(token) => {
-                    let input = PredictInput {
-                        token,
-                        state: &best.hyp.state,
-                        next_enc: Some(enc),
-                    };
-                    let Some(p) = nets.predict(backend, &[input])?.pop() else {
-                        bail!("internal: a prediction step without its result");
-                    };
-                    best.hyp.state = p.state;
-                    best.hyp.pred_out = p.pred_out;
-                    p.logits
-                }
-                None => None,
-            };
-            let logits = match logits {
-                Some(l) => l,
-                None => {
-                    let input = JointInput {
-                        enc,
-                        pred_out: &best.hyp.pred_out,
-                    };
-                    let Some(l) = nets.joint(backend, &[input])?.pop() else {
-                        bail!("internal: a joint step without its result");
-                    };
-                    l
-                }
-            };
+            let logits = feed_and_join(&mut nets, backend, &mut best.hyp, &mut best.unfed, enc)?;
             let label_logp = log_softmax(&logits[..classes]);
             let duration_logp = log_softmax(&logits[classes..classes + n_durations]);
             let top_tokens = top_k(&label_logp[..blank], beam_k);
