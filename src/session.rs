@@ -7,7 +7,8 @@
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, Stats};
 use crate::decoder::beam::{BeamConfig, BeamHead, NBest, ctc_beam, transducer_beam};
-use crate::decoder::ctc::{ctc_greedy, log_softmax_rows};
+use crate::decoder::boosting::BoostingTree;
+use crate::decoder::ctc::{ctc_greedy, ctc_greedy_boosted, log_softmax_rows};
 use crate::decoder::greedy::{GreedyTransducer, Step};
 use crate::encoder::{
     AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
@@ -44,6 +45,8 @@ pub struct Session {
     mel: MelConfig,
     attention: AttentionChoice,
     progress: Option<Progress>,
+    /// Phrases every decode boosts (shared: one tree serves every session of a server).
+    boosting: Option<Arc<BoostingTree>>,
 }
 
 /// Told the stage of the utterance being transcribed ("features", "encoder", "decoder") and
@@ -114,6 +117,7 @@ impl Session {
             mel,
             attention: AttentionChoice::Auto,
             progress: None,
+            boosting: None,
         })
     }
 
@@ -167,6 +171,12 @@ impl Session {
     /// The self-attention to run (`--att-context`; default [`AttentionChoice::Auto`]).
     pub fn set_attention(&mut self, choice: AttentionChoice) {
         self.attention = choice;
+    }
+
+    /// Boost the tree's phrases in every decode from now on (transducer and CTC greedy
+    /// alike), or stop with `None`. The tree must be built with this model's tokenizer.
+    pub fn set_boosting(&mut self, tree: Option<Arc<BoostingTree>>) {
+        self.boosting = tree;
     }
 
     /// Report each utterance's progress (for a terminal), or stop with `None`.
@@ -293,13 +303,26 @@ impl Session {
         let mut times = StageTimes::default();
         let graphs_before = self.backend.stats().graphs_computed;
         let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
+        let vocab = self.model.hparams.vocab_size;
+        let boost = self.boosting.as_deref();
+        if let Some(tree) = boost
+            && tree.vocab_size() != vocab
+        {
+            bail!(
+                "the boosting phrases were tokenised for a {}-piece vocabulary; this model has {vocab}",
+                tree.vocab_size()
+            );
+        }
         let tokens = if self.head(choice)? == Outputs::CtcLogits {
             let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
-            ctc_greedy(logits, self.model.hparams.vocab_size + 1)
+            match boost {
+                Some(tree) => ctc_greedy_boosted(logits, vocab + 1, tree),
+                None => ctc_greedy(logits, vocab + 1),
+            }
         } else {
             let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
             let mut search = GreedyTransducer::new(&self.model)?;
-            let tokens = search.decode(&mut self.backend, joint_enc, enc.frames, trace)?;
+            let tokens = search.decode(&mut self.backend, joint_enc, enc.frames, boost, trace)?;
             let counts = search.counts();
             times.decoder_steps = counts.joint_steps;
             times.predictor_steps = counts.predictor_steps;

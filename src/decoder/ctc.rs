@@ -1,5 +1,7 @@
-//! CTC greedy decoding: argmax per frame, collapse repeats, drop blanks.
+//! CTC greedy decoding: argmax per frame, collapse repeats, drop blanks; optionally with
+//! phrase boosting.
 
+use super::boosting::{BoostCursor, BoostingTree};
 use crate::tokenizer::Token;
 
 /// Index of the largest value; the first one on ties (as torch.argmax).
@@ -15,11 +17,15 @@ pub(crate) fn argmax(v: &[f32]) -> usize {
 
 /// Greedy CTC over `logits` ([frames][classes] row-major, blank = classes - 1).
 pub fn ctc_greedy(logits: &[f32], classes: usize) -> Vec<Token> {
-    let blank = classes - 1;
+    fold(logits.chunks_exact(classes).map(argmax), classes - 1)
+}
+
+/// NeMo's CTC fold of per-frame labels: a token wherever a non-blank label differs from the
+/// previous frame's, at that frame.
+fn fold(labels: impl Iterator<Item = usize>, blank: usize) -> Vec<Token> {
     let mut out = Vec::new();
     let mut prev = blank;
-    for (frame, row) in logits.chunks_exact(classes).enumerate() {
-        let k = argmax(row);
+    for (frame, k) in labels.enumerate() {
         if k != blank && k != prev {
             out.push(Token {
                 id: k,
@@ -32,7 +38,36 @@ pub fn ctc_greedy(logits: &[f32], classes: usize) -> Vec<Token> {
     out
 }
 
-/// Row-wise log-softmax in f64 accumulation (for reporting CTC log-probabilities).
+/// Greedy CTC steered by a boosting tree, as NeMo's greedy_batch with `boosting_tree`
+/// (`GreedyBatchedCTCInfer._greedy_decode_logprobs_batched_fusion_models_torch`): per frame,
+/// the label of the plain log-probabilities decides blank or repeat; otherwise the frame takes
+/// the best non-blank label of the log-probabilities plus alpha x the tree's bonus, never the
+/// previous frame's label, and the tree moves past it. Blank and repeated frames leave the
+/// tree where it is.
+pub fn ctc_greedy_boosted(logits: &[f32], classes: usize, tree: &BoostingTree) -> Vec<Token> {
+    let blank = classes - 1;
+    assert_eq!(
+        tree.vocab_size(),
+        blank,
+        "the boosting tree's labels are the CTC head's non-blank classes"
+    );
+    let mut cursor = BoostCursor::new(tree);
+    let mut prev = blank;
+    let labels = logits.chunks_exact(classes).map(|row| {
+        // NeMo boosts the head's log-probabilities (its CTC decoder ends in a log-softmax).
+        let log_probs = log_softmax_rows(row, classes);
+        let mut k = argmax(&log_probs);
+        if k != blank && k != prev {
+            k = cursor.best(&log_probs[..blank], (prev != blank).then_some(prev));
+            cursor.emit(k);
+        }
+        prev = k;
+        k
+    });
+    fold(labels, blank)
+}
+
+/// Row-wise log-softmax in f64 accumulation (CTC log-probabilities, which boosting adds to).
 pub fn log_softmax_rows(logits: &[f32], classes: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(logits.len());
     for row in logits.chunks_exact(classes) {

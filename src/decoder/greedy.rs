@@ -5,6 +5,7 @@
 //! next emission; the joint runs once per step. An emission's prediction step also evaluates
 //! the joint of the frame the next step looks at (one graph per emission instead of two).
 
+use super::boosting::{BoostCursor, BoostingTree};
 use super::ctc::argmax;
 use super::hypothesis::Hypothesis;
 use super::nets::{JointInput, NetCounts, Nets, PredictInput};
@@ -46,12 +47,14 @@ impl<'m> GreedyTransducer<'m> {
     }
 
     /// Greedy decode of one utterance. `joint_enc` is `joint.enc(encoder output)`,
-    /// `[frames][joint_hidden]`. With `trace`, every step is recorded.
+    /// `[frames][joint_hidden]`. With `boost`, phrases steer the choice of non-blank labels
+    /// (NeMo's greedy_batch with `boosting_tree`). With `trace`, every step is recorded.
     pub fn decode(
         &mut self,
         backend: &mut Backend,
         joint_enc: &[f32],
         frames: usize,
+        boost: Option<&BoostingTree>,
         mut trace: Option<&mut Vec<Step>>,
     ) -> Result<Vec<Token>> {
         let nets = &mut self.nets;
@@ -59,7 +62,16 @@ impl<'m> GreedyTransducer<'m> {
         let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
         let max_symbols = self.max_symbols;
         let tdt = !durations.is_empty();
+        if let Some(tree) = boost
+            && tree.vocab_size() != blank
+        {
+            bail!(
+                "the boosting tree was built for {} labels, the model has {blank}",
+                tree.vocab_size()
+            );
+        }
         let mut hyp: Hypothesis = nets.start(backend)?;
+        let mut cursor = boost.map(BoostCursor::new);
         // Logits already evaluated (with the last emission's prediction) for a frame.
         let mut ready: Option<(usize, Vec<f32>)> = None;
         // NeMo's frame loop: up to max_symbols labels per visit of a frame; TDT moves by the
@@ -81,7 +93,14 @@ impl<'m> GreedyTransducer<'m> {
                         logits
                     }
                 };
-                let k = argmax(&logits[..classes]);
+                let mut k = argmax(&logits[..classes]);
+                // NeMo decides blank or not on the plain logits; a non-blank label is then
+                // the best of the logits plus alpha x the tree's bonus (durations untouched).
+                if k != blank
+                    && let Some(cursor) = &cursor
+                {
+                    k = cursor.best(&logits[..blank], None);
+                }
                 let d = if tdt {
                     durations[argmax(&logits[classes..classes + durations.len()])]
                 } else {
@@ -113,6 +132,9 @@ impl<'m> GreedyTransducer<'m> {
                         duration: d,
                     });
                     hyp.last = Some(k);
+                    if let Some(cursor) = &mut cursor {
+                        cursor.emit(k);
+                    }
                     // The frame the next step evaluates (as the loop below moves).
                     let stay = symbols < max_symbols;
                     let next = if tdt && d > 0 {

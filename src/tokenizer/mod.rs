@@ -252,6 +252,12 @@ impl Tokenizer {
         self.sentencepiece.is_some()
     }
 
+    /// The id [`encode`](Self::encode) gives text that no piece spells (`None` without the
+    /// SentencePiece model).
+    pub fn unknown_id(&self) -> Option<u32> {
+        self.sentencepiece.as_ref().map(SentencePiece::unknown_id)
+    }
+
     /// See [`detokenize`].
     pub fn detokenize(&self, ids: impl IntoIterator<Item = usize>) -> String {
         detokenize(&self.pieces, ids)

@@ -261,6 +261,11 @@ impl SentencePiece {
         &self.model
     }
 
+    /// The id of `<unk>`, what [`encode`](Self::encode) gives for text no piece spells.
+    pub fn unknown_id(&self) -> u32 {
+        self.unk
+    }
+
     /// `text` as ids.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let normalized = self

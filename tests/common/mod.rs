@@ -11,15 +11,6 @@ pub const MODELS: [&str; 4] = ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt", "tiny_ct
 /// Reference output directories: each model on the 10 s clip and on the 2 s clip.
 pub const CLIPS: [(&str, &str); 2] = [("", "speech_10s.wav"), ("_2s", "speech_2s.wav")];
 
-/// A JSON array of non-negative integers.
-pub fn ints(v: &serde_json::Value) -> Vec<usize> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not an array: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as usize)
-        .collect()
-}
-
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
@@ -76,6 +67,15 @@ pub fn npy(path: &Path) -> (Vec<usize>, Vec<f32>) {
 pub fn json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
+}
+
+/// A JSON array of non-negative integers (token ids, frames, durations).
+pub fn ints(v: &serde_json::Value) -> Vec<usize> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
 }
 
 /// ‖a − b‖ / ‖b‖.

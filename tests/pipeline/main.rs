@@ -5,6 +5,7 @@ mod common;
 
 mod audio;
 mod beam;
+mod boosting;
 mod convert;
 mod decoder;
 mod encoder;

@@ -1,0 +1,682 @@
+//! Phrase boosting as NeMo 3.0 does it ("GPU-PB"): the phrases, tokenised with the model's own
+//! SentencePiece model, make an Aho-Corasick trie with fail arcs (NeMo's `ContextGraph`,
+//! `context_biasing/context_graph_universal.py`), which is then laid out as a weighted acceptor
+//! with backoff arcs (NeMo's `GPUBoostingTreeModel`, `context_biasing/boosting_graph_batched.py`).
+//! A search keeps one tree state per hypothesis; [`BoostingTree::advance`] gives every label's
+//! bonus from that state and the state after emitting it. The decoders add `alpha` times the
+//! bonus to the non-blank scores (the greedy transducer and CTC searches of this module).
+//!
+//! The layout is NeMo's, state for state and arc for arc (same numbering, same f32 weights), so
+//! that every bonus, and the float sums behind it, are NeMo's. Bonuses are computed from the arcs
+//! when asked, not tabulated: a dense state x vocabulary table for 10,000 phrases on a 1024-piece
+//! vocabulary would be hundreds of MB.
+
+use crate::tokenizer::Tokenizer;
+use anyhow::{Result, bail, ensure};
+use std::collections::HashMap;
+
+/// What to boost and how much: NeMo's `greedy.boosting_tree` (`BoostingTreeModelConfig`) and
+/// `greedy.boosting_tree_alpha`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BoostingConfig {
+    /// The phrases, each as the user wrote it (tokenised as NeMo's `text_to_ids`). A phrase
+    /// given twice counts once.
+    pub phrases: Vec<String>,
+    /// Weight of the tree's bonus against the model's logits (CTC: log-probabilities).
+    pub alpha: f32,
+    /// Bonus of a phrase's first token.
+    pub context_score: f32,
+    /// Multiplies the bonus of every later token (which also gets `ln(position + 1)`).
+    pub depth_scaling: f32,
+    /// Bonus of a token that starts no phrase.
+    pub unk_score: f32,
+    /// When not 0: each phrase's token bonus is this divided by its length in characters
+    /// (rounded to 2 decimals, as NeMo), instead of `context_score`.
+    pub score_per_phrase: f32,
+    /// Icefall's weighting: every token gets the same bonus (no depth scaling) and a phrase's
+    /// last token also gets the whole phrase's bonus again.
+    pub uniform_weights: bool,
+}
+
+impl Default for BoostingConfig {
+    /// NeMo 3.0's defaults: `BoostingTreeModelConfig` in
+    /// `nemo/collections/asr/parts/context_biasing/boosting_graph_batched.py` (context_score
+    /// 1.0, depth_scaling 2.0, unk_score 0.0, score_per_phrase 0.0, uniform_weights false) and
+    /// `boosting_tree_alpha: 0.0` in `GreedyBatchedRNNTInferConfig` / `GreedyCTCInferConfig`
+    /// (`parts/submodules/rnnt_greedy_decoding.py`, `ctc_greedy_decoding.py`). An alpha of 0
+    /// means NeMo's default boosts nothing: a caller that wants boosting sets alpha.
+    fn default() -> BoostingConfig {
+        BoostingConfig {
+            phrases: Vec::new(),
+            alpha: 0.0,
+            context_score: 1.0,
+            depth_scaling: 2.0,
+            unk_score: 0.0,
+            score_per_phrase: 0.0,
+            uniform_weights: false,
+        }
+    }
+}
+
+/// NeMo's `final_eos_score` default: the final weight of a state that ends a phrase. It is not
+/// a [`BoostingConfig`] knob because no decoder of ours reads it (see
+/// [`BoostingTree::final_score`]).
+const FINAL_EOS_SCORE: f32 = 1.0;
+
+/// One state of the tree, as NeMo stores it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BoostState {
+    /// Its outgoing arcs are `arcs[arcs_start..arcs_end]`, sorted by label (the start state
+    /// has one arc per label, arc `l` for label `l`).
+    pub arcs_start: u32,
+    pub arcs_end: u32,
+    /// 1 for the start state, the trie depth + 1 for the others.
+    pub order: u32,
+    /// Where a label without an arc here is looked up next (the trie's fail arc).
+    pub backoff_to: u32,
+    /// Added to the bonus when backing off (it takes back the bonus of a phrase left unfinished).
+    pub backoff_w: f32,
+    /// `final_eos_score` for a state ending a phrase, else 0.
+    pub final_w: f32,
+}
+
+/// One arc of the tree.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BoostArc {
+    pub from: u32,
+    pub to: u32,
+    pub label: u32,
+    pub weight: f32,
+}
+
+/// The phrases' boosting tree, built once and read by any number of searches.
+#[derive(Clone, Debug)]
+pub struct BoostingTree {
+    states: Vec<BoostState>,
+    arcs: Vec<BoostArc>,
+    vocab: usize,
+    alpha: f32,
+    phrases: usize,
+}
+
+/// A trie node of NeMo's `ContextGraph`, with its scores in f64 as Python computes them.
+struct TrieNode {
+    token: u32,
+    parent: u32,
+    level: u32,
+    token_score: f64,
+    node_score: f64,
+    is_end: bool,
+    fail: u32,
+    children: Vec<u32>,
+}
+
+/// The trie with fail arcs (NeMo's `ContextGraph.build`); node 0 is the root, node ids are in
+/// creation order.
+struct ContextGraph {
+    nodes: Vec<TrieNode>,
+    child: HashMap<(u32, u32), u32>,
+}
+
+impl ContextGraph {
+    fn new() -> ContextGraph {
+        ContextGraph {
+            nodes: vec![TrieNode {
+                token: u32::MAX,
+                parent: 0,
+                level: 0,
+                token_score: 0.0,
+                node_score: 0.0,
+                is_end: false,
+                fail: 0,
+                children: Vec::new(),
+            }],
+            child: HashMap::new(),
+        }
+    }
+
+    /// Adds one phrase's tokens with its per-token score, as NeMo's `build` loop body. A node
+    /// shared with an earlier phrase keeps the larger token score of the two, and its node
+    /// score is recomputed from its parent's (its own descendants keep theirs: NeMo's order of
+    /// updates, kept because the backoff weights are differences of node scores).
+    fn add(&mut self, tokens: &[u32], context_score: f64, depth_scaling: f64, uniform: bool) {
+        let mut node = 0u32;
+        for (i, &token) in tokens.iter().enumerate() {
+            let last = i + 1 == tokens.len();
+            let parent_score = self.nodes[node as usize].node_score;
+            node = match self.child.get(&(node, token)) {
+                Some(&existing) => {
+                    let n = &mut self.nodes[existing as usize];
+                    n.token_score = context_score.max(n.token_score);
+                    n.node_score = parent_score + n.token_score;
+                    n.is_end |= last;
+                    existing
+                }
+                None => {
+                    let token_score = if i > 0 && !uniform {
+                        context_score * depth_scaling + ((i + 1) as f64).ln()
+                    } else {
+                        context_score
+                    };
+                    let id = self.nodes.len() as u32;
+                    self.nodes.push(TrieNode {
+                        token,
+                        parent: node,
+                        level: i as u32 + 1,
+                        token_score,
+                        node_score: parent_score + token_score,
+                        is_end: last,
+                        fail: 0,
+                        children: Vec::new(),
+                    });
+                    self.nodes[node as usize].children.push(id);
+                    self.child.insert((node, token), id);
+                    id
+                }
+            };
+        }
+    }
+
+    /// The fail arcs, breadth first from the root (NeMo's `_fill_fail_output`): the longest
+    /// proper suffix of a node's path that is also a path from the root.
+    fn fill_fail(&mut self) {
+        let mut queue = std::collections::VecDeque::new();
+        for &c in &self.nodes[0].children {
+            queue.push_back(c);
+        }
+        while let Some(current) = queue.pop_front() {
+            for ci in 0..self.nodes[current as usize].children.len() {
+                let node = self.nodes[current as usize].children[ci];
+                let token = self.nodes[node as usize].token;
+                let mut fail = self.nodes[current as usize].fail;
+                let fail = loop {
+                    if let Some(&next) = self.child.get(&(fail, token)) {
+                        break next;
+                    }
+                    if fail == 0 {
+                        break 0;
+                    }
+                    fail = self.nodes[fail as usize].fail;
+                };
+                self.nodes[node as usize].fail = fail;
+                queue.push_back(node);
+            }
+        }
+    }
+}
+
+/// `round(x, 2)` as Python does it: the correctly rounded 2-decimal value (ties to even on the
+/// exact binary value), which Rust's exact float formatting also gives.
+fn round2(x: f64) -> f64 {
+    format!("{x:.2}").parse().unwrap_or(x)
+}
+
+impl BoostingTree {
+    /// Tokenises `cfg.phrases` with the model's `tokenizer` and builds NeMo's tree from them
+    /// (`GPUBoostingTreeModel.from_config`). Errors name the phrase: an empty one, one that
+    /// tokenises to nothing or to `<unk>` alone, or a tokenizer without its SentencePiece model.
+    pub fn new(tokenizer: &Tokenizer, cfg: &BoostingConfig) -> Result<BoostingTree> {
+        if !tokenizer.can_encode() {
+            bail!(
+                "phrase boosting needs the model's SentencePiece tokenizer, which this model \
+                 file lacks (it was converted before the tokenizer was stored): convert the \
+                 .nemo again with this version"
+            );
+        }
+        ensure!(!cfg.phrases.is_empty(), "no phrases to boost");
+        let vocab = tokenizer.len();
+        let unknown = tokenizer.unknown_id();
+        let mut seen = std::collections::HashSet::new();
+        let mut graph = ContextGraph::new();
+        for (i, phrase) in cfg.phrases.iter().enumerate() {
+            let shown = || format!("boost phrase {} ({phrase:?})", i + 1);
+            if phrase.trim().is_empty() {
+                bail!("{} is empty", shown());
+            }
+            // NeMo keys its phrases by text: a repeated phrase adds nothing.
+            if !seen.insert(phrase.as_str()) {
+                continue;
+            }
+            let ids = tokenizer.encode(phrase)?;
+            if ids.is_empty() {
+                bail!("{} tokenises to nothing", shown());
+            }
+            // A bare word mark ("▁", which text in an unknown script also gets) spells nothing.
+            let spells = |id: &u32| {
+                Some(*id) != unknown && tokenizer.piece(*id as usize) != Some("\u{2581}")
+            };
+            if !ids.iter().any(spells) {
+                bail!(
+                    "{} has no piece in the model's vocabulary (it tokenises to <unk> only)",
+                    shown()
+                );
+            }
+            if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+                bail!("{}: token {bad} is outside the vocabulary", shown());
+            }
+            let per_phrase = round2(cfg.score_per_phrase as f64 / phrase.chars().count() as f64);
+            let score = if per_phrase == 0.0 {
+                cfg.context_score as f64
+            } else {
+                per_phrase
+            };
+            graph.add(&ids, score, cfg.depth_scaling as f64, cfg.uniform_weights);
+        }
+        graph.fill_fail();
+        let mut tree = BoostingTree::from_graph(&graph, vocab, cfg.unk_score, cfg.uniform_weights);
+        tree.alpha = cfg.alpha;
+        tree.phrases = seen.len();
+        Ok(tree)
+    }
+
+    /// NeMo's `from_context_graph`: the start state with one arc per label (to a first token's
+    /// state, else back to itself with `unk_score`), then the trie's nodes level by level, each
+    /// level in (parent node, token) order, each node one state reached by one arc.
+    fn from_graph(graph: &ContextGraph, vocab: usize, unk_score: f32, uniform: bool) -> Self {
+        let nodes = &graph.nodes;
+        let mut levels: Vec<Vec<u32>> = Vec::new();
+        for (id, n) in nodes.iter().enumerate().skip(1) {
+            let level = n.level as usize;
+            if levels.len() < level {
+                levels.resize_with(level, Vec::new);
+            }
+            levels[level - 1].push(id as u32);
+        }
+        for level in &mut levels {
+            level.sort_by_key(|&id| (nodes[id as usize].parent, nodes[id as usize].token));
+        }
+        let mut state_of = vec![u32::MAX; nodes.len()];
+        state_of[0] = 0;
+        let mut states = vec![BoostState {
+            arcs_start: 0,
+            arcs_end: vocab as u32,
+            order: 1,
+            backoff_to: 0,
+            backoff_w: 0.0,
+            final_w: 0.0,
+        }];
+        let mut arcs: Vec<BoostArc> = (0..vocab as u32)
+            .map(|label| BoostArc {
+                from: 0,
+                to: 0,
+                label,
+                weight: unk_score,
+            })
+            .collect();
+        for (depth, level) in levels.iter().enumerate() {
+            for &id in level {
+                let n = &nodes[id as usize];
+                let fail = &nodes[n.fail as usize];
+                let from = state_of[n.parent as usize];
+                let to = states.len() as u32;
+                state_of[id as usize] = to;
+                // A finished phrase keeps its bonus on backing off (except, past the first
+                // token, with uniform weights, where its last arc carries the whole phrase).
+                let keep = n.is_end && (depth == 0 || !uniform);
+                let backoff_w = if keep {
+                    0.0
+                } else {
+                    (fail.node_score - n.node_score) as f32
+                };
+                states.push(BoostState {
+                    arcs_start: 0,
+                    arcs_end: 0,
+                    order: states[from as usize].order + 1,
+                    backoff_to: state_of[n.fail as usize],
+                    backoff_w,
+                    final_w: if n.is_end { FINAL_EOS_SCORE } else { 0.0 },
+                });
+                if depth == 0 {
+                    arcs[n.token as usize] = BoostArc {
+                        from: 0,
+                        to,
+                        label: n.token,
+                        weight: n.token_score as f32,
+                    };
+                    continue;
+                }
+                let weight = if uniform && n.is_end {
+                    n.token_score + n.node_score
+                } else {
+                    n.token_score
+                };
+                let arc = arcs.len() as u32;
+                arcs.push(BoostArc {
+                    from,
+                    to,
+                    label: n.token,
+                    weight: weight as f32,
+                });
+                let s = &mut states[from as usize];
+                if s.arcs_start == 0 {
+                    s.arcs_start = arc;
+                }
+                s.arcs_end = arc + 1;
+            }
+        }
+        BoostingTree {
+            states,
+            arcs,
+            vocab,
+            alpha: 0.0,
+            phrases: 0,
+        }
+    }
+
+    /// The state before any token.
+    pub fn start(&self) -> u32 {
+        0
+    }
+
+    /// The weight of the bonus in the decoder's scores (`boosting_tree_alpha`).
+    pub fn alpha(&self) -> f32 {
+        self.alpha
+    }
+
+    /// Distinct phrases in the tree.
+    pub fn phrases(&self) -> usize {
+        self.phrases
+    }
+
+    /// Labels the tree knows (the model's vocabulary without the blank).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    pub fn states(&self) -> &[BoostState] {
+        &self.states
+    }
+
+    pub fn arcs(&self) -> &[BoostArc] {
+        &self.arcs
+    }
+
+    /// The arcs leaving `state`.
+    fn arcs_of(&self, state: u32) -> &[BoostArc] {
+        let s = &self.states[state as usize];
+        &self.arcs[s.arcs_start as usize..s.arcs_end as usize]
+    }
+
+    /// NeMo's `advance()` for one label: the bonus of emitting `label` in `state` (not yet
+    /// multiplied by alpha) and the state after it. The bonus is the first arc for `label`
+    /// found along the backoff chain plus the backoff weights passed on the way (f32 sums in
+    /// NeMo's order).
+    pub fn advance(&self, state: u32, label: usize) -> (f32, u32) {
+        let label = label as u32;
+        let mut backoff = 0.0f32;
+        let mut current = state;
+        loop {
+            let arcs = self.arcs_of(current);
+            let found = if current == 0 {
+                arcs.get(label as usize)
+            } else {
+                arcs.binary_search_by_key(&label, |a| a.label)
+                    .ok()
+                    .map(|i| &arcs[i])
+            };
+            if let Some(arc) = found {
+                return (backoff + arc.weight, arc.to);
+            }
+            if current == 0 {
+                // Only for a label outside the vocabulary: the start state has every other.
+                return (backoff + 0.0, 0);
+            }
+            let s = &self.states[current as usize];
+            backoff += s.backoff_w;
+            current = s.backoff_to;
+        }
+    }
+
+    /// [`advance`](Self::advance) for every non-blank label at once (what a beam search
+    /// needs): `scores` and `next` have the tree's [`vocab_size`](Self::vocab_size) entries.
+    /// One walk down the backoff chain, each label taken at the first state that has it.
+    pub fn advance_all(&self, state: u32, scores: &mut [f32], next: &mut [u32]) {
+        assert!(
+            scores.len() == self.vocab && next.len() == self.vocab,
+            "advance_all over {} labels needs {} scores and next states (got {}, {})",
+            self.vocab,
+            self.vocab,
+            scores.len(),
+            next.len()
+        );
+        const UNSET: u32 = u32::MAX;
+        next.fill(UNSET);
+        let mut backoff = 0.0f32;
+        let mut current = state;
+        loop {
+            for arc in self.arcs_of(current) {
+                let l = arc.label as usize;
+                if next[l] == UNSET {
+                    scores[l] = backoff + arc.weight;
+                    next[l] = arc.to;
+                }
+            }
+            if current == 0 {
+                break;
+            }
+            let s = &self.states[current as usize];
+            backoff += s.backoff_w;
+            current = s.backoff_to;
+        }
+    }
+
+    /// The final weight of `state`: `final_eos_score` (1.0, NeMo's default) where a phrase
+    /// ends, else 0 (NeMo's `get_final`). NeMo adds it only for an end-of-sentence token of
+    /// attention-decoder models (Canary); its greedy and beam searches for TDT, RNN-T and CTC
+    /// never read it, so neither do ours.
+    pub fn final_score(&self, state: u32) -> f32 {
+        self.states[state as usize].final_w
+    }
+}
+
+/// A search's position in the tree with the alpha-weighted bonus of every label from there,
+/// recomputed only when the state changes (on emission).
+pub struct BoostCursor<'t> {
+    tree: &'t BoostingTree,
+    state: u32,
+    bonus: Vec<f32>,
+    next: Vec<u32>,
+}
+
+impl<'t> BoostCursor<'t> {
+    pub fn new(tree: &'t BoostingTree) -> BoostCursor<'t> {
+        let mut cursor = BoostCursor {
+            tree,
+            state: tree.start(),
+            bonus: vec![0.0; tree.vocab],
+            next: vec![0; tree.vocab],
+        };
+        cursor.load(tree.start());
+        cursor
+    }
+
+    fn load(&mut self, state: u32) {
+        self.state = state;
+        self.tree
+            .advance_all(state, &mut self.bonus, &mut self.next);
+        // NeMo scales the bonus first, then adds it to the scores (both f32).
+        let alpha = self.tree.alpha;
+        for b in &mut self.bonus {
+            *b *= alpha;
+        }
+    }
+
+    pub fn state(&self) -> u32 {
+        self.state
+    }
+
+    /// `alpha` x the bonus of every non-blank label from the current state.
+    pub fn bonus(&self) -> &[f32] {
+        &self.bonus
+    }
+
+    /// The label with the highest `scores[l] + bonus[l]` over the non-blank labels (the first
+    /// on ties, as torch's max), skipping `exclude`.
+    pub fn best(&self, scores: &[f32], exclude: Option<usize>) -> usize {
+        let mut best = None::<(usize, f32)>;
+        for (l, (&s, &b)) in scores.iter().zip(&self.bonus).enumerate() {
+            if Some(l) == exclude {
+                continue;
+            }
+            let v = s + b;
+            if best.is_none_or(|(_, top)| v > top) {
+                best = Some((l, v));
+            }
+        }
+        best.map_or(0, |(l, _)| l)
+    }
+
+    /// Moves past an emitted non-blank `label`.
+    pub fn emit(&mut self, label: usize) {
+        let to = self.next[label];
+        if to != self.state {
+            self.load(to);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(phrases: &[&[u32]], cs: f64, ds: f64, uniform: bool) -> ContextGraph {
+        let mut g = ContextGraph::new();
+        for p in phrases {
+            g.add(p, cs, ds, uniform);
+        }
+        g.fill_fail();
+        g
+    }
+
+    #[test]
+    fn python_rounding_to_two_decimals() {
+        assert_eq!(round2(0.125), 0.12);
+        assert_eq!(round2(6.0 / 7.0), 0.86);
+        assert_eq!(round2(2.675), 2.67);
+        assert_eq!(round2(1.5), 1.5);
+    }
+
+    #[test]
+    fn fail_arcs_follow_the_longest_suffix() {
+        // "a b c" and "b c d": c's suffix "b c" is a path, so a-b-c fails to b-c.
+        let g = graph(&[&[1, 2, 3], &[2, 3, 4]], 1.0, 2.0, false);
+        let path = |toks: &[u32]| toks.iter().fold(0u32, |n, t| g.child[&(n, *t)]);
+        assert_eq!(g.nodes[path(&[1, 2, 3]) as usize].fail, path(&[2, 3]));
+        assert_eq!(g.nodes[path(&[1, 2]) as usize].fail, path(&[2]));
+        assert_eq!(g.nodes[path(&[2, 3, 4]) as usize].fail, 0);
+    }
+
+    #[test]
+    fn bonuses_follow_backoffs_and_all_labels_agree_with_one() {
+        let g = graph(&[&[1, 2, 3], &[2, 3, 4], &[1]], 1.0, 2.0, false);
+        let mut tree = BoostingTree::from_graph(&g, 6, -0.5, false);
+        tree.alpha = 1.0;
+        // From the start: the first tokens get context_score, the rest unk_score.
+        assert_eq!(tree.advance(0, 1).0, 1.0);
+        assert_eq!(tree.advance(0, 5), (-0.5, 0));
+        // After "1 2", label 3 continues with 2 + ln 3; label 5 backs off to the start state
+        // paying back the unfinished phrase's bonus.
+        let (_, s1) = tree.advance(0, 1);
+        let (_, s12) = tree.advance(s1, 2);
+        let (w, _) = tree.advance(s12, 3);
+        assert!((w - (2.0 + 3f32.ln())).abs() < 1e-6);
+        let (w, to) = tree.advance(s12, 5);
+        assert_eq!(to, 0);
+        assert!((w - (-(1.0 + 2.0 + 2f32.ln()) - 0.5)).abs() < 1e-5, "{w}");
+        let (mut scores, mut next) = (vec![0.0; 6], vec![0; 6]);
+        for state in 0..tree.states().len() as u32 {
+            tree.advance_all(state, &mut scores, &mut next);
+            for label in 0..6 {
+                assert_eq!(tree.advance(state, label), (scores[label], next[label]));
+            }
+        }
+    }
+
+    #[test]
+    fn cursor_picks_boosted_non_blank_labels() {
+        let g = graph(&[&[2]], 3.0, 2.0, false);
+        let mut tree = BoostingTree::from_graph(&g, 3, 0.0, false);
+        tree.alpha = 0.5;
+        let mut c = BoostCursor::new(&tree);
+        assert_eq!(c.best(&[1.0, 0.0, 0.0], None), 2);
+        assert_eq!(c.best(&[1.0, 0.0, 0.0], Some(2)), 0);
+        c.emit(2);
+        assert_eq!(c.state(), 1);
+        // A finished one-token phrase keeps its bonus.
+        assert_eq!(c.bonus(), &[0.0, 0.0, 1.5]);
+    }
+
+    fn tokenizer() -> Tokenizer {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/tokenizers/spe_bpe_v1024.model"
+        );
+        Tokenizer::with_sentencepiece(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn ten_thousand_phrases_build_without_dense_tables() {
+        let tok = tokenizer();
+        // Distinct made-up words, several pieces each.
+        let syllables = [
+            "ka", "lo", "mi", "ter", "pon", "dra", "vel", "sun", "qui", "zor",
+        ];
+        let phrases: Vec<String> = (0..10_000usize)
+            .map(|i| {
+                let mut w = String::new();
+                let mut n = i;
+                for _ in 0..4 {
+                    w.push_str(syllables[n % 10]);
+                    n /= 10;
+                }
+                format!("{w} {}", syllables[i % 7])
+            })
+            .collect();
+        let cfg = BoostingConfig {
+            phrases,
+            alpha: 1.0,
+            ..BoostingConfig::default()
+        };
+        let tree = BoostingTree::new(&tok, &cfg).unwrap();
+        assert_eq!(tree.phrases(), 10_000);
+        assert!(tree.states().len() > 10_000);
+        // Arcs: one per trie node beyond the first level, plus the start state's vocabulary.
+        assert_eq!(
+            tree.arcs().len(),
+            tree.states().len() - 1 + tok.len() - first_level(&tree)
+        );
+    }
+
+    fn first_level(tree: &BoostingTree) -> usize {
+        tree.states().iter().filter(|s| s.order == 2).count()
+    }
+
+    #[test]
+    fn bad_phrases_are_named() {
+        let tok = tokenizer();
+        let err = |phrases: &[&str]| {
+            let cfg = BoostingConfig {
+                phrases: phrases.iter().map(|s| s.to_string()).collect(),
+                alpha: 1.0,
+                ..BoostingConfig::default()
+            };
+            format!("{:#}", BoostingTree::new(&tok, &cfg).unwrap_err())
+        };
+        assert!(err(&["ok", ""]).contains("boost phrase 2 (\"\") is empty"));
+        assert!(err(&["  "]).contains("is empty"));
+        assert!(err(&[]).contains("no phrases"));
+        // "▁" and <unk>: nothing the vocabulary spells.
+        assert!(
+            err(&["日本"]).contains("boost phrase 1 (\"日本\") has no piece"),
+            "{}",
+            err(&["日本"])
+        );
+        let no_sp = Tokenizer::new(tok.pieces().to_vec());
+        let cfg = BoostingConfig {
+            phrases: vec!["hello".into()],
+            ..BoostingConfig::default()
+        };
+        let e = format!("{:#}", BoostingTree::new(&no_sp, &cfg).unwrap_err());
+        assert!(e.contains("convert the .nemo again"), "{e}");
+    }
+}
