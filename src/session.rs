@@ -334,7 +334,9 @@ impl Session {
 
     /// Beam search over an encoder pass with the head `choice` picks: NeMo's N-best list for
     /// `cfg`, best first. The settings are checked against the head before any graph runs
-    /// (beam size 0, a strategy the head cannot use).
+    /// (beam size 0, a strategy the head cannot use). The phrases of
+    /// [`set_boosting`](Self::set_boosting), if any, are boosted (strategies `malsd_batch` and
+    /// CTC's `beam_batch`; NeMo's other searches refuse a boosting tree, and so do ours).
     pub fn decode_beam(
         &mut self,
         enc: &Encoded,
@@ -343,18 +345,19 @@ impl Session {
     ) -> Result<Vec<NBest>> {
         let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
         let model = &self.model;
+        let boost = self.boosting.as_deref();
         if self.head(choice)? == Outputs::CtcLogits {
             cfg.check(BeamHead::Ctc)?;
             let classes = model.hparams.vocab_size + 1;
             let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
-            ctc_beam(&log_softmax_rows(logits, classes), classes, cfg)
+            ctc_beam(&log_softmax_rows(logits, classes), classes, cfg, boost)
         } else {
             let Some(head) = BeamHead::transducer_of(model.hparams.model_type) else {
                 bail!("internal: a transducer head on a CTC-only model");
             };
             cfg.check(head)?;
             let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
-            transducer_beam(&mut self.backend, model, joint_enc, enc.frames, cfg)
+            transducer_beam(&mut self.backend, model, joint_enc, enc.frames, cfg, boost)
         }
     }
 

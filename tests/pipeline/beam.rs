@@ -7,8 +7,35 @@
 use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::decoder::beam::{BeamConfig, BeamStrategy, NBest};
+use parakeet::decoder::boosting::{BoostingConfig, BoostingTree};
 use parakeet::session::{DecoderChoice, Session};
 use serde_json::Value;
+use std::sync::Arc;
+
+/// The case's boosting tree (NeMo's phrases and settings), or `None`.
+fn boost_tree(session: &Session, boost: &Value) -> Option<Arc<BoostingTree>> {
+    if boost.is_null() {
+        return None;
+    }
+    let f32_of = |key: &str| boost[key].as_f64().unwrap() as f32;
+    let cfg = BoostingConfig {
+        phrases: boost["phrases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap().to_owned())
+            .collect(),
+        alpha: f32_of("alpha"),
+        context_score: f32_of("context_score"),
+        depth_scaling: f32_of("depth_scaling"),
+        unk_score: f32_of("unk_score"),
+        score_per_phrase: f32_of("score_per_phrase"),
+        uniform_weights: boost["uniform_weights"].as_bool().unwrap(),
+    };
+    Some(Arc::new(
+        BoostingTree::new(&session.model().tokenizer, &cfg).unwrap(),
+    ))
+}
 
 fn fixture() -> Value {
     json(&fixtures().join("decoding/beam.json"))
@@ -81,10 +108,8 @@ fn beam_search_matches_nemo_nbest() {
                     skipped.push(format!("{what} (NeMo: {})", err.as_str().unwrap()));
                     continue;
                 }
-                if !case["boost"].is_null() {
-                    skipped.push(format!("{what} (boosting: not wired into beam search yet)"));
-                    continue;
-                }
+                let tree = boost_tree(&session, &case["boost"]);
+                session.set_boosting(tree);
                 let strategy: BeamStrategy = case["strategy"].as_str().unwrap().parse().unwrap();
                 let mut cfg =
                     BeamConfig::new(strategy, case["beam_size"].as_u64().unwrap() as usize);

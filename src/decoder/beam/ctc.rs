@@ -3,8 +3,11 @@
 //! repeat of the hypothesis' last label emits a token and earns `beam_beta`; the beam's best
 //! extensions are kept, those more than `beam_threshold` below the best are dropped, and
 //! hypotheses that became equal (same tokens, same last label) keep the best of their scores.
+//! With a boosting tree, an emitting label also earns alpha times the tree's bonus for it
+//! from the hypothesis' tree state, and moves that state.
 
-use super::{BeamConfig, BeamHead, NBest, TokenPath, extend_hash, rank, top_k};
+use super::{BeamConfig, BeamHead, NBest, TokenPath, check_boost, extend_hash, rank, top_k};
+use crate::decoder::boosting::BoostingTree;
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 
@@ -15,12 +18,20 @@ struct Slot {
     last: Option<usize>,
     tokens: TokenPath,
     hash: i64,
+    /// The boosting tree's state (the start state without a tree).
+    boost_state: u32,
 }
 
 /// Beam search over CTC log-probabilities (`[frames][classes]`, blank = classes - 1): the
 /// N-best list NeMo returns, best by raw score first (NeMo's CTC beam does not normalise).
-pub fn ctc_beam(log_probs: &[f32], classes: usize, cfg: &BeamConfig) -> Result<Vec<NBest>> {
+pub fn ctc_beam(
+    log_probs: &[f32],
+    classes: usize,
+    cfg: &BeamConfig,
+    boost: Option<&BoostingTree>,
+) -> Result<Vec<NBest>> {
     cfg.check(BeamHead::Ctc)?;
+    check_boost(boost, classes - 1)?;
     if classes < 2 || !log_probs.len().is_multiple_of(classes) {
         bail!(
             "CTC log-probabilities: {} values are not rows of {classes} classes",
@@ -34,11 +45,16 @@ pub fn ctc_beam(log_probs: &[f32], classes: usize, cfg: &BeamConfig) -> Result<V
         last: None,
         tokens: TokenPath::default(),
         hash: 0,
+        boost_state: boost.map_or(0, BoostingTree::start),
     }];
     let mut scores = Vec::with_capacity(beam * classes);
+    // Per slot: alpha x the tree's bonus of every non-blank label, and the states they lead to.
+    let mut bonus = vec![0.0f32; blank];
+    let mut bonus_next = vec![0u32; blank];
     for (frame, row) in log_probs.chunks_exact(classes).enumerate() {
         scores.clear();
         for slot in &slots {
+            let from = scores.len();
             scores.extend(row.iter().enumerate().map(|(label, &lp)| {
                 let s = lp + slot.score;
                 if label == blank || Some(label) == slot.last {
@@ -47,6 +63,15 @@ pub fn ctc_beam(log_probs: &[f32], classes: usize, cfg: &BeamConfig) -> Result<V
                     s + cfg.beam_beta
                 }
             }));
+            if let Some(tree) = boost {
+                tree.advance_all(slot.boost_state, &mut bonus, &mut bonus_next);
+                let alpha = tree.alpha();
+                for (label, s) in scores[from..from + blank].iter_mut().enumerate() {
+                    if Some(label) != slot.last {
+                        *s += alpha * bonus[label];
+                    }
+                }
+            }
         }
         let best = top_k(&scores, beam);
         let Some(&first) = best.first() else {
@@ -77,6 +102,10 @@ pub fn ctc_beam(log_probs: &[f32], classes: usize, cfg: &BeamConfig) -> Result<V
                     extend_hash(parent.hash, label)
                 } else {
                     parent.hash
+                },
+                boost_state: match boost {
+                    Some(tree) if emits => tree.advance(parent.boost_state, label).1,
+                    _ => parent.boost_state,
                 },
             });
         }
@@ -129,7 +158,7 @@ mod tests {
         let lp = [-5.0f32, -0.1, -5.0, -5.0, -0.1, -5.0];
         let mut cfg = BeamConfig::new(BeamStrategy::BeamBatch, 2);
         cfg.beam_beta = 0.5;
-        let nbest = ctc_beam(&lp, 3, &cfg).unwrap();
+        let nbest = ctc_beam(&lp, 3, &cfg, None).unwrap();
         let ids: Vec<usize> = nbest[0].tokens.iter().map(|t| t.id).collect();
         assert_eq!(ids, [1]);
         assert!((nbest[0].score - (-0.2 + 0.5)).abs() < 1e-6);

@@ -5,9 +5,14 @@
 //! the same frame) by adding their probabilities, and feeds the new labels through the
 //! prediction net. A hypothesis past the last frame is finished and competes with its score
 //! as it is; one that emitted `max_symbols_per_step` labels on a frame is forced to a blank.
+//!
+//! A boosting tree fuses as NeMo's late pruning with `lm_weighted_full` blank scoring: before
+//! the candidates are chosen, every non-blank label gains alpha x (its tree bonus + the log of
+//! the non-blank probability) and the blank's log-probability is scaled by 1 + alpha.
 
 use super::{BeamConfig, NBest, TokenPath, extend_hash, log_softmax, rank, top_k};
 use crate::backend::Backend;
+use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
 use crate::model::Model;
@@ -28,6 +33,8 @@ struct Slot {
     logits: Option<Vec<f32>>,
     /// A label emitted this step whose prediction-net update is still to run.
     unfed: Option<usize>,
+    /// The boosting tree's state (the start state without a tree).
+    boost_state: u32,
 }
 
 /// One proposed extension of a slot.
@@ -46,6 +53,7 @@ pub(super) fn search(
     joint_enc: &[f32],
     frames: usize,
     cfg: &BeamConfig,
+    boost: Option<&BoostingTree>,
 ) -> Result<Vec<NBest>> {
     let mut nets = Nets::new(model)?;
     let width = nets.frame_width(joint_enc, frames)?;
@@ -60,7 +68,9 @@ pub(super) fn search(
         on_frame: 0,
         logits: None,
         unfed: None,
+        boost_state: boost.map_or(0, BoostingTree::start),
     }];
+    let mut fusion = boost.map(|tree| Fusion::new(tree, blank));
     let active = |s: &Slot| s.hyp.frame < frames;
     while slots.iter().any(active) {
         // The joint for every active hypothesis whose logits the last prediction step did not
@@ -83,15 +93,8 @@ pub(super) fn search(
         let mut candidates = Vec::with_capacity(slots.len() * beam);
         for (i, slot) in slots.iter().enumerate() {
             if active(slot) {
-                propose(
-                    slot,
-                    i,
-                    cfg,
-                    blank,
-                    classes,
-                    durations.len(),
-                    &mut candidates,
-                )?;
+                let shape = (blank, classes, durations.len());
+                propose(slot, i, cfg, shape, fusion.as_mut(), &mut candidates)?;
             } else {
                 // Past the last frame: carried over as it is.
                 candidates.push(Candidate {
@@ -118,6 +121,7 @@ pub(super) fn search(
                 on_frame: parent.on_frame,
                 logits: None,
                 unfed: None,
+                boost_state: parent.boost_state,
             };
             slot.hyp.score = c.score;
             let advance = if tdt { durations[c.duration] } else { 0 };
@@ -138,6 +142,9 @@ pub(super) fn search(
                     slot.hyp.frame += advance;
                     slot.on_frame = if advance > 0 { 0 } else { slot.on_frame + 1 };
                     slot.unfed = Some(label);
+                    if let Some(tree) = boost {
+                        slot.boost_state = tree.advance(slot.boost_state, label).1;
+                    }
                 }
             }
             next.push(slot);
@@ -185,15 +192,17 @@ fn propose(
     slot: &Slot,
     index: usize,
     cfg: &BeamConfig,
-    blank: usize,
-    classes: usize,
-    n_durations: usize,
+    (blank, classes, n_durations): (usize, usize, usize),
+    fusion: Option<&mut Fusion>,
     out: &mut Vec<Candidate>,
 ) -> Result<()> {
     let Some(logits) = slot.logits.as_ref() else {
         bail!("internal: an active hypothesis without its joint output");
     };
-    let label_logp = log_softmax(&logits[..classes]);
+    let mut label_logp = log_softmax(&logits[..classes]);
+    if let Some(fusion) = fusion {
+        fusion.apply(slot.boost_state, &mut label_logp);
+    }
     let tdt = n_durations > 0;
     let duration_logp = if tdt {
         log_softmax(&logits[classes..classes + n_durations])
@@ -255,6 +264,42 @@ fn propose(
         });
     }
     Ok(())
+}
+
+/// A boosting tree fused into the label scores, with its scratch rows.
+struct Fusion<'t> {
+    tree: &'t BoostingTree,
+    bonus: Vec<f32>,
+    next: Vec<u32>,
+}
+
+impl<'t> Fusion<'t> {
+    fn new(tree: &'t BoostingTree, labels: usize) -> Fusion<'t> {
+        Fusion {
+            tree,
+            bonus: vec![0.0; labels],
+            next: vec![0; labels],
+        }
+    }
+
+    /// NeMo's late-pruning, `lm_weighted_full` fusion of the tree's bonuses from `state` into
+    /// one row of label log-probabilities (blank last), in NeMo's f32 order of operations.
+    fn apply(&mut self, state: u32, label_logp: &mut [f32]) {
+        // NeMo clamps the blank probability below 1 - 1e-2 (for bf16's sake).
+        const EPS: f32 = 1e-2;
+        let alpha = self.tree.alpha();
+        self.tree
+            .advance_all(state, &mut self.bonus, &mut self.next);
+        let Some((blank_logp, labels)) = label_logp.split_last_mut() else {
+            return;
+        };
+        let blank_p = blank_logp.exp().min(1.0 - EPS);
+        let non_blank_logp = (-blank_p).ln_1p();
+        for (lp, &bonus) in labels.iter_mut().zip(&self.bonus) {
+            *lp += non_blank_logp * alpha + bonus * alpha;
+        }
+        *blank_logp *= 1.0 + alpha;
+    }
 }
 
 /// Merges equal hypotheses (NeMo's `recombine_hyps_`): of each group with the same labels,

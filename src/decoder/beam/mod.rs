@@ -19,6 +19,7 @@ pub use ctc::ctc_beam;
 use path::TokenPath;
 
 use crate::backend::Backend;
+use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
 use crate::hparams::ModelType;
@@ -113,6 +114,14 @@ impl BeamStrategy {
             BeamHead::Rnnt => matches!(self, Beam | MalsdBatch),
             BeamHead::Ctc => matches!(self, BeamBatch),
         }
+    }
+
+    /// Whether NeMo fuses a boosting tree into this strategy.
+    pub fn boosts(self) -> bool {
+        matches!(
+            self,
+            BeamStrategy::MalsdBatch | BeamStrategy::MaesBatch | BeamStrategy::BeamBatch
+        )
     }
 
     fn names_for(head: BeamHead, pick: fn(BeamStrategy, BeamHead) -> bool) -> String {
@@ -246,6 +255,7 @@ pub fn transducer_beam(
     joint_enc: &[f32],
     frames: usize,
     cfg: &BeamConfig,
+    boost: Option<&BoostingTree>,
 ) -> Result<Vec<NBest>> {
     let Some(head) = BeamHead::transducer_of(model.hparams.model_type) else {
         bail!(
@@ -255,8 +265,15 @@ pub fn transducer_beam(
         );
     };
     cfg.check(head)?;
+    check_boost(boost, model.hparams.vocab_size)?;
+    if boost.is_some() && !cfg.strategy.boosts() {
+        bail!(
+            "beam strategy {} cannot boost phrases (NeMo refuses it too); use malsd_batch",
+            cfg.strategy
+        );
+    }
     match cfg.strategy {
-        BeamStrategy::MalsdBatch => malsd::search(backend, model, joint_enc, frames, cfg),
+        BeamStrategy::MalsdBatch => malsd::search(backend, model, joint_enc, frames, cfg, boost),
         BeamStrategy::Beam if head == BeamHead::Tdt => {
             tdt_default::search(backend, model, joint_enc, frames, cfg)
         }
@@ -296,6 +313,19 @@ fn feed_and_join(
     nets.joint(backend, &[input])?
         .pop()
         .ok_or_else(|| anyhow::anyhow!("internal: a joint step without its result"))
+}
+
+/// Why `boost` cannot steer a search over `vocab` non-blank labels, if it cannot.
+fn check_boost(boost: Option<&BoostingTree>, vocab: usize) -> Result<()> {
+    if let Some(tree) = boost
+        && tree.vocab_size() != vocab
+    {
+        bail!(
+            "the boosting phrases were tokenised for a {}-piece vocabulary; this model has {vocab}",
+            tree.vocab_size()
+        );
+    }
+    Ok(())
 }
 
 /// Log-softmax of one row in f32 (as NeMo's `F.log_softmax(dtype=float32)`), accumulated in
