@@ -1,8 +1,8 @@
 //! Beam search against NeMo 3.0: every beam case of `tests/fixtures/decoding/beam.json`
 //! (NeMo's N-best lists with beam size 4 for the four tiny models on both clips, through our
 //! f32 pipeline from the WAV): each hypothesis' tokens, timestamps, durations and text equal
-//! NeMo's, in NeMo's order, and scores within 1e-4. Cases NeMo itself refused (its error is in
-//! the fixture) are skipped and named.
+//! NeMo's, in NeMo's order, and scores within 1e-4 (two f32 steps where that is more). Cases
+//! NeMo itself refused (its error is in the fixture) are skipped and named.
 
 use crate::common::*;
 use parakeet::convert::OutType;
@@ -83,7 +83,10 @@ fn compare(session: &Session, ours: &[NBest], nemo: &[Value]) -> Result<(), Stri
             return Err(format!("#{rank}: text {text:?}, NeMo {}", n["text"]));
         }
         let score = n["score"].as_f64().unwrap();
-        if (h.score as f64 - score).abs() > 1e-4 {
+        // 1e-4, or two f32 steps where the score is so large that f32 cannot resolve 1e-4
+        // (boosted RNN-T scores reach -2000, where one step is 1.2e-4).
+        let ulp = (score.abs() as f32).next_up() as f64 - score.abs();
+        if (h.score as f64 - score).abs() > 1e-4f64.max(2.0 * ulp) {
             return Err(format!("#{rank}: score {}, NeMo {score}", h.score));
         }
     }

@@ -10,12 +10,11 @@
 //! the candidates are chosen, every non-blank label gains alpha x (its tree bonus + the log of
 //! the non-blank probability) and the blank's log-probability is scaled by 1 + alpha.
 
-use super::{BeamConfig, NBest, TokenPath, extend_hash, log_softmax, rank, top_k};
+use super::{BeamConfig, NBest, Projection, TokenPath, extend_hash, log_softmax, rank, top_k};
 use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
-use crate::model::Model;
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 
@@ -49,14 +48,16 @@ struct Candidate {
 
 pub(super) fn search(
     backend: &mut Backend,
-    model: &Model,
-    joint_enc: &[f32],
-    frames: usize,
+    mut nets: Nets,
+    input: Projection,
     cfg: &BeamConfig,
     boost: Option<&BoostingTree>,
 ) -> Result<Vec<NBest>> {
-    let mut nets = Nets::new(model)?;
-    let width = nets.frame_width(joint_enc, frames)?;
+    let Projection {
+        joint_enc,
+        frames,
+        width,
+    } = input;
     let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
     let tdt = !durations.is_empty();
     let beam = cfg.beam_size;

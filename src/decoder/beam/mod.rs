@@ -10,6 +10,7 @@
 //! holds one transcript per live hypothesis.
 
 mod ctc;
+mod maes;
 mod malsd;
 mod path;
 mod rnnt_default;
@@ -110,8 +111,8 @@ impl BeamStrategy {
     pub fn implemented(self, head: BeamHead) -> bool {
         use BeamStrategy::*;
         match head {
-            BeamHead::Tdt => matches!(self, Beam | MalsdBatch),
-            BeamHead::Rnnt => matches!(self, Beam | MalsdBatch),
+            BeamHead::Tdt => matches!(self, Beam | Maes | MalsdBatch),
+            BeamHead::Rnnt => matches!(self, Beam | Maes | MalsdBatch),
             BeamHead::Ctc => matches!(self, BeamBatch),
         }
     }
@@ -177,7 +178,7 @@ pub struct BeamConfig {
     /// `maes`: extra candidates considered beyond the beam.
     pub maes_expansion_beta: usize,
     /// `maes`: log-probability margin of a candidate to the best one.
-    pub maes_expansion_gamma: f32,
+    pub maes_expansion_gamma: f64,
     /// `tsd`: most label expansions per frame.
     pub tsd_max_sym_exp_per_step: usize,
     /// `alsd`: longest output, as a fraction of the frames.
@@ -272,14 +273,29 @@ pub fn transducer_beam(
             cfg.strategy
         );
     }
+    let nets = Nets::new(model)?;
+    let input = Projection {
+        width: nets.frame_width(joint_enc, frames)?,
+        joint_enc,
+        frames,
+    };
     match cfg.strategy {
-        BeamStrategy::MalsdBatch => malsd::search(backend, model, joint_enc, frames, cfg, boost),
+        BeamStrategy::MalsdBatch => malsd::search(backend, nets, input, cfg, boost),
         BeamStrategy::Beam if head == BeamHead::Tdt => {
-            tdt_default::search(backend, model, joint_enc, frames, cfg)
+            tdt_default::search(backend, nets, input, cfg)
         }
-        BeamStrategy::Beam => rnnt_default::search(backend, model, joint_enc, frames, cfg),
+        BeamStrategy::Beam => rnnt_default::search(backend, nets, input, cfg),
+        BeamStrategy::Maes => maes::search(backend, nets, input, cfg),
         other => bail!("internal: beam strategy {other} passed its check but has no search"),
     }
+}
+
+/// A transducer search's input: the encoder projection, `frames` rows of `width` values
+/// (checked against the nets).
+struct Projection<'a> {
+    joint_enc: &'a [f32],
+    frames: usize,
+    width: usize,
 }
 
 /// Feeds `hyp`'s pending label `unfed`, if any (`hyp.state` is the state before it), and

@@ -59,6 +59,20 @@ impl TokenPath {
         out
     }
 
+    /// The ids of the last `n` tokens, oldest first, and the path before them.
+    pub(super) fn split_tail(&self, n: usize) -> (TokenPath, Vec<usize>) {
+        let mut ids = Vec::with_capacity(n);
+        let mut at = self.head.clone();
+        for _ in 0..n.min(self.len) {
+            let Some(link) = at else { break };
+            ids.push(link.token.id);
+            at = link.prev.clone();
+        }
+        ids.reverse();
+        let len = self.len - ids.len();
+        (TokenPath { head: at, len }, ids)
+    }
+
     /// Whether both paths hold the same token ids (frames and durations aside).
     pub(super) fn same_ids(&self, other: &TokenPath) -> bool {
         if self.len != other.len {
@@ -100,6 +114,9 @@ mod tests {
         assert!(!a.same_ids(&b));
         assert!(a.same_ids(&root.push(token(2))));
         assert_eq!(a.len(), 2);
+        let (before, tail) = a.split_tail(1);
+        assert_eq!(tail, [2]);
+        assert!(before.same_ids(&root));
     }
 
     #[test]

@@ -8,11 +8,10 @@
 //! Each expansion depends on the one before, so this search runs one joint (with the
 //! prediction step, when one is due) per expansion, as NeMo does.
 
-use super::{BeamConfig, NBest, TokenPath, feed_and_join, log_softmax, top_k};
+use super::{BeamConfig, NBest, Projection, TokenPath, feed_and_join, log_softmax, top_k};
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::Nets;
-use crate::model::Model;
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 
@@ -28,13 +27,15 @@ struct Candidate {
 
 pub(super) fn search(
     backend: &mut Backend,
-    model: &Model,
-    joint_enc: &[f32],
-    frames: usize,
+    mut nets: Nets,
+    input: Projection,
     cfg: &BeamConfig,
 ) -> Result<Vec<NBest>> {
-    let mut nets = Nets::new(model)?;
-    let width = nets.frame_width(joint_enc, frames)?;
+    let Projection {
+        joint_enc,
+        frames,
+        width,
+    } = input;
     let (blank, classes) = (nets.blank(), nets.classes());
     // NeMo's vocabulary size excludes the blank.
     let beam = cfg.beam_size.min(blank);

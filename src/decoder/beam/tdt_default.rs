@@ -10,12 +10,12 @@
 //! reference search, not the fast one (`malsd_batch`).
 
 use super::{
-    BeamConfig, NBest, TokenPath, extend_hash, feed_and_join, log_add_exp, log_softmax, rank, top_k,
+    BeamConfig, NBest, Projection, TokenPath, extend_hash, feed_and_join, log_add_exp, log_softmax,
+    rank, top_k,
 };
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::Nets;
-use crate::model::Model;
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 
@@ -42,13 +42,15 @@ impl Candidate {
 
 pub(super) fn search(
     backend: &mut Backend,
-    model: &Model,
-    joint_enc: &[f32],
-    frames: usize,
+    mut nets: Nets,
+    input: Projection,
     cfg: &BeamConfig,
 ) -> Result<Vec<NBest>> {
-    let mut nets = Nets::new(model)?;
-    let width = nets.frame_width(joint_enc, frames)?;
+    let Projection {
+        joint_enc,
+        frames,
+        width,
+    } = input;
     let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
     let n_durations = durations.len();
     let Some(zero_duration) = durations.iter().position(|&d| d == 0) else {
