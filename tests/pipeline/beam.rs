@@ -141,3 +141,72 @@ fn beam_search_matches_nemo_nbest() {
     assert!(failed.is_empty(), "failed:\n  {}", failed.join("\n  "));
     assert!(passed.len() >= 2, "too few cases ran");
 }
+
+/// Settings a model cannot run are refused with a clear error before any graph runs.
+#[test]
+fn beam_settings_the_model_cannot_use_are_refused_before_any_graph() {
+    let refused = |model: &str, choice, cfg: BeamConfig, boost: bool, expect: &str| {
+        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        let features = session.features(&clip_samples("speech_2s.wav"));
+        let enc = session.encode(&features, false).unwrap();
+        if boost {
+            let phrases = serde_json::json!({
+                "phrases": ["the cat"], "alpha": 1.0, "context_score": 1.0,
+                "depth_scaling": 2.0, "unk_score": 0.0, "score_per_phrase": 0.0,
+                "uniform_weights": false
+            });
+            let tree = boost_tree(&session, &phrases);
+            session.set_boosting(tree);
+        }
+        let graphs = session.stats().graphs_computed;
+        let err = session.decode_beam(&enc, choice, &cfg).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains(expect), "{model}: {msg:?} lacks {expect:?}");
+        assert_eq!(session.stats().graphs_computed, graphs, "{model}: {msg}");
+    };
+    let cfg = |s: &str, n| BeamConfig::new(s.parse().unwrap(), n);
+    let tdt = DecoderChoice::Auto;
+    refused("tiny_tdt", tdt, cfg("malsd_batch", 0), false, "beam size 0");
+    refused(
+        "tiny_tdt",
+        tdt,
+        cfg("tsd", 4),
+        false,
+        "does not run on a TDT",
+    );
+    refused(
+        "tiny_tdt",
+        tdt,
+        cfg("beam_batch", 4),
+        false,
+        "does not run on a TDT",
+    );
+    refused(
+        "tiny_ctc",
+        tdt,
+        cfg("malsd_batch", 4),
+        false,
+        "does not run on a CTC",
+    );
+    refused(
+        "tiny_tdt",
+        DecoderChoice::Ctc,
+        cfg("beam_batch", 4),
+        false,
+        "no CTC head",
+    );
+    refused(
+        "tiny_rnnt",
+        tdt,
+        cfg("beam", 4),
+        true,
+        "cannot boost phrases",
+    );
+    refused(
+        "tiny_tdt",
+        tdt,
+        cfg("maes", 4),
+        true,
+        "cannot boost phrases",
+    );
+}
