@@ -80,8 +80,7 @@ impl Hyp {
 struct Search<'a, 'm> {
     nets: Nets<'m>,
     backend: &'a mut Backend,
-    joint_enc: &'a [f32],
-    width: usize,
+    input: Projection<'a>,
     frames: usize,
     blank: usize,
     classes: usize,
@@ -95,7 +94,7 @@ impl Search<'_, '_> {
         let need: Vec<usize> = (0..hyps.len())
             .filter(|&i| !matches!(&hyps[i].logits, Some((f, _)) if *f == t))
             .collect();
-        let enc = &self.joint_enc[t * self.width..(t + 1) * self.width];
+        let enc = self.input.at(t);
         let inputs: Vec<JointInput> = need
             .iter()
             .map(|&i| JointInput {
@@ -113,7 +112,7 @@ impl Search<'_, '_> {
     /// Feeds every pending label, in one graph, with the joint at each hypothesis' frame.
     fn feed_all(&mut self, hyps: &mut [Hyp]) -> Result<()> {
         let alpha = self.cfg.maes_prefix_alpha;
-        let (joint_enc, width, frames) = (self.joint_enc, self.width, self.frames);
+        let (input, frames) = (self.input, self.frames);
         let need: Vec<usize> = (0..hyps.len())
             .filter(|&i| hyps[i].unfed.is_some())
             .collect();
@@ -124,8 +123,7 @@ impl Search<'_, '_> {
                 PredictInput {
                     token: h.unfed.unwrap_or(self.blank),
                     state: &h.hyp.state,
-                    next_enc: (h.frame < frames)
-                        .then(|| &joint_enc[h.frame * width..(h.frame + 1) * width]),
+                    next_enc: (h.frame < frames).then(|| input.at(h.frame)),
                 }
             })
             .collect();
@@ -181,7 +179,7 @@ impl Search<'_, '_> {
                 let older: Vec<Vec<f32>> = curr.older[curr.older.len() + 1 - gap..].to_vec();
                 for (m, dec_out) in older.iter().enumerate() {
                     let input = JointInput {
-                        enc: &self.joint_enc[t * self.width..(t + 1) * self.width],
+                        enc: self.input.at(t),
                         pred_out: dec_out,
                     };
                     let Some(logits) = self.nets.joint(&mut *self.backend, &[input])?.pop() else {
@@ -248,11 +246,6 @@ pub(super) fn search(
     input: Projection,
     cfg: &BeamConfig,
 ) -> Result<Vec<NBest>> {
-    let Projection {
-        joint_enc,
-        frames,
-        width,
-    } = input;
     let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
     if blank < cfg.beam_size + cfg.maes_expansion_beta {
         bail!(
@@ -274,9 +267,8 @@ pub(super) fn search(
     let mut search = Search {
         nets,
         backend,
-        joint_enc,
-        width,
-        frames,
+        frames: input.frames,
+        input,
         blank,
         classes,
         durations,

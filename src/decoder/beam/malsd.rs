@@ -10,7 +10,9 @@
 //! the candidates are chosen, every non-blank label gains alpha x (its tree bonus + the log of
 //! the non-blank probability) and the blank's log-probability is scaled by 1 + alpha.
 
-use super::{BeamConfig, NBest, Projection, TokenPath, extend_hash, log_softmax, rank, top_k};
+use super::{
+    BeamConfig, NBest, Projection, TokenPath, extend_hash, fuse_boost, log_softmax, rank, top_k,
+};
 use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
@@ -53,15 +55,11 @@ pub(super) fn search(
     cfg: &BeamConfig,
     boost: Option<&BoostingTree>,
 ) -> Result<Vec<NBest>> {
-    let Projection {
-        joint_enc,
-        frames,
-        width,
-    } = input;
+    let frames = input.frames;
     let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
     let tdt = !durations.is_empty();
     let beam = cfg.beam_size;
-    let enc = |t: usize| &joint_enc[t * width..(t + 1) * width];
+    let enc = |t: usize| input.at(t);
     let mut slots = vec![Slot {
         hyp: nets.start(backend)?,
         tokens: TokenPath::default(),
@@ -283,23 +281,12 @@ impl<'t> Fusion<'t> {
         }
     }
 
-    /// NeMo's late-pruning, `lm_weighted_full` fusion of the tree's bonuses from `state` into
-    /// one row of label log-probabilities (blank last), in NeMo's f32 order of operations.
+    /// NeMo's late-pruning fusion of the tree's bonuses from `state` into one row.
     fn apply(&mut self, state: u32, label_logp: &mut [f32]) {
-        // NeMo clamps the blank probability below 1 - 1e-2 (for bf16's sake).
-        const EPS: f32 = 1e-2;
-        let alpha = self.tree.alpha();
         self.tree
             .advance_all(state, &mut self.bonus, &mut self.next);
-        let Some((blank_logp, labels)) = label_logp.split_last_mut() else {
-            return;
-        };
-        let blank_p = blank_logp.exp().min(1.0 - EPS);
-        let non_blank_logp = (-blank_p).ln_1p();
-        for (lp, &bonus) in labels.iter_mut().zip(&self.bonus) {
-            *lp += non_blank_logp * alpha + bonus * alpha;
-        }
-        *blank_logp *= 1.0 + alpha;
+        // NeMo clamps the blank probability below 1 - 1e-2 here (for bf16's sake).
+        fuse_boost(label_logp, &self.bonus, self.tree.alpha(), 1e-2);
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod ctc;
 mod maes;
+mod maes_batch;
 mod malsd;
 mod path;
 mod rnnt_default;
@@ -112,7 +113,7 @@ impl BeamStrategy {
         use BeamStrategy::*;
         match head {
             BeamHead::Tdt => matches!(self, Beam | Maes | MalsdBatch),
-            BeamHead::Rnnt => matches!(self, Beam | Maes | MalsdBatch),
+            BeamHead::Rnnt => matches!(self, Beam | Maes | MalsdBatch | MaesBatch),
             BeamHead::Ctc => matches!(self, BeamBatch),
         }
     }
@@ -286,16 +287,25 @@ pub fn transducer_beam(
         }
         BeamStrategy::Beam => rnnt_default::search(backend, nets, input, cfg),
         BeamStrategy::Maes => maes::search(backend, nets, input, cfg),
+        BeamStrategy::MaesBatch => maes_batch::search(backend, nets, input, cfg, boost),
         other => bail!("internal: beam strategy {other} passed its check but has no search"),
     }
 }
 
 /// A transducer search's input: the encoder projection, `frames` rows of `width` values
 /// (checked against the nets).
+#[derive(Clone, Copy)]
 struct Projection<'a> {
     joint_enc: &'a [f32],
     frames: usize,
     width: usize,
+}
+
+impl<'a> Projection<'a> {
+    /// Frame `t`'s row.
+    fn at(&self, t: usize) -> &'a [f32] {
+        &self.joint_enc[t * self.width..(t + 1) * self.width]
+    }
 }
 
 /// Feeds `hyp`'s pending label `unfed`, if any (`hyp.state` is the state before it), and
@@ -342,6 +352,21 @@ fn check_boost(boost: Option<&BoostingTree>, vocab: usize) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// NeMo's `lm_weighted_full` fusion of a boosting tree into one row of label
+/// log-probabilities (blank last), in NeMo's f32 order of operations: every non-blank label
+/// gains alpha x (the log of the non-blank probability, the blank's clamped below 1 - `eps`)
+/// plus alpha x its tree bonus; the blank's log-probability is scaled by 1 + alpha.
+fn fuse_boost(row: &mut [f32], bonus: &[f32], alpha: f32, eps: f32) {
+    let Some((blank_logp, labels)) = row.split_last_mut() else {
+        return;
+    };
+    let non_blank_logp = (-blank_logp.exp().min(1.0 - eps)).ln_1p();
+    for (lp, &b) in labels.iter_mut().zip(bonus) {
+        *lp += non_blank_logp * alpha + b * alpha;
+    }
+    *blank_logp *= 1.0 + alpha;
 }
 
 /// Log-softmax of one row in f32 (as NeMo's `F.log_softmax(dtype=float32)`), accumulated in

@@ -31,11 +31,7 @@ pub(super) fn search(
     input: Projection,
     cfg: &BeamConfig,
 ) -> Result<Vec<NBest>> {
-    let Projection {
-        joint_enc,
-        frames,
-        width,
-    } = input;
+    let frames = input.frames;
     let (blank, classes) = (nets.blank(), nets.classes());
     // NeMo's vocabulary size excludes the blank.
     let beam = cfg.beam_size.min(blank);
@@ -47,7 +43,7 @@ pub(super) fn search(
         score: 0.0,
     }];
     for t in 0..frames {
-        let enc = &joint_enc[t * width..(t + 1) * width];
+        let enc = input.at(t);
         let mut expanding = std::mem::take(&mut kept);
         loop {
             let Some(at) = first_best(&expanding) else {

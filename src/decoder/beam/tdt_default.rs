@@ -46,11 +46,7 @@ pub(super) fn search(
     input: Projection,
     cfg: &BeamConfig,
 ) -> Result<Vec<NBest>> {
-    let Projection {
-        joint_enc,
-        frames,
-        width,
-    } = input;
+    let frames = input.frames;
     let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
     let n_durations = durations.len();
     let Some(zero_duration) = durations.iter().position(|&d| d == 0) else {
@@ -80,7 +76,7 @@ pub(super) fn search(
         kept = later.into_iter().filter(|c| c.frame > t).collect();
         while let Some(at) = first_best(&waiting) {
             let mut best = waiting.remove(at);
-            let enc = &joint_enc[t * width..(t + 1) * width];
+            let enc = input.at(t);
             let logits = feed_and_join(&mut nets, backend, &mut best.hyp, &mut best.unfed, enc)?;
             let label_logp = log_softmax(&logits[..classes]);
             let duration_logp = log_softmax(&logits[classes..classes + n_durations]);
