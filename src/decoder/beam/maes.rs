@@ -10,7 +10,10 @@
 //! both through f32, as here. Every round runs one joint graph and one prediction graph for
 //! all the hypotheses it expands.
 
-use super::{BeamConfig, NBest, Projection, TokenPath, extend_hash, log_softmax, top_k};
+use super::{
+    BeamConfig, NBest, Projection, TokenPath, extend_hash, log_add_exp64, log_softmax, rank_f64,
+    top_k,
+};
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
@@ -195,15 +198,6 @@ impl Search<'_, '_> {
     }
 }
 
-/// NumPy's `logaddexp` in f64.
-fn log_add_exp64(a: f64, b: f64) -> f64 {
-    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
-    if hi == f64::NEG_INFINITY {
-        return hi;
-    }
-    hi + (lo - hi).exp().ln_1p()
-}
-
 /// The first of the best-scored (as Python's `max`).
 fn first_best(scores: impl Iterator<Item = f64>) -> Option<(usize, f64)> {
     let mut best: Option<(usize, f64)> = None;
@@ -220,24 +214,6 @@ fn best_n(mut hyps: Vec<Hyp>, n: usize) -> Vec<Hyp> {
     hyps.sort_by(|a, b| b.score.total_cmp(&a.score));
     hyps.truncate(n);
     hyps
-}
-
-/// NeMo's ranking (score per sequence length when normalised), then the N-best list.
-fn finish(mut hyps: Vec<Hyp>, score_norm: bool) -> Vec<NBest> {
-    let key = |h: &Hyp| {
-        if score_norm {
-            h.score / h.seq_len() as f64
-        } else {
-            h.score
-        }
-    };
-    hyps.sort_by(|a, b| key(b).total_cmp(&key(a)));
-    hyps.into_iter()
-        .map(|h| NBest {
-            tokens: h.tokens.to_vec(),
-            score: h.score as f32,
-        })
-        .collect()
 }
 
 pub(super) fn search(
@@ -279,7 +255,8 @@ pub(super) fn search(
     } else {
         search_tdt(&mut search, start)?
     };
-    Ok(finish(kept, cfg.score_norm))
+    let ranked = kept.into_iter().map(|h| (h.tokens, h.score)).collect();
+    Ok(rank_f64(ranked, cfg.score_norm))
 }
 
 fn search_rnnt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {

@@ -15,6 +15,7 @@ mod maes_batch;
 mod malsd;
 mod path;
 mod rnnt_default;
+mod rnnt_sync;
 mod tdt_default;
 
 pub use ctc::ctc_beam;
@@ -108,16 +109,6 @@ impl BeamStrategy {
         }
     }
 
-    /// The strategies this build runs for a head (a subset of [`Self::nemo_accepts`]).
-    pub fn implemented(self, head: BeamHead) -> bool {
-        use BeamStrategy::*;
-        match head {
-            BeamHead::Tdt => matches!(self, Beam | Maes | MalsdBatch),
-            BeamHead::Rnnt => matches!(self, Beam | Maes | MalsdBatch | MaesBatch),
-            BeamHead::Ctc => matches!(self, BeamBatch),
-        }
-    }
-
     /// Whether NeMo fuses a boosting tree into this strategy.
     pub fn boosts(self) -> bool {
         matches!(
@@ -126,10 +117,10 @@ impl BeamStrategy {
         )
     }
 
-    fn names_for(head: BeamHead, pick: fn(BeamStrategy, BeamHead) -> bool) -> String {
+    fn names_for(head: BeamHead) -> String {
         STRATEGY_NAMES
             .iter()
-            .filter(|(s, _)| pick(*s, head))
+            .filter(|(s, _)| s.nemo_accepts(head))
             .map(|(_, n)| *n)
             .collect::<Vec<_>>()
             .join(", ")
@@ -183,7 +174,7 @@ pub struct BeamConfig {
     /// `tsd`: most label expansions per frame.
     pub tsd_max_sym_exp_per_step: usize,
     /// `alsd`: longest output, as a fraction of the frames.
-    pub alsd_max_target_len: f32,
+    pub alsd_max_target_len: f64,
     /// CTC `beam_batch`: score added per emitted token (NeMo's `beam_beta`, default 1.0).
     pub beam_beta: f32,
     /// CTC `beam_batch`: candidates this far below the step's best are dropped.
@@ -219,15 +210,21 @@ impl BeamConfig {
                 "beam strategy {} does not run on a {} decoder; NeMo's strategies for it: {}",
                 self.strategy,
                 head.name(),
-                BeamStrategy::names_for(head, BeamStrategy::nemo_accepts)
+                BeamStrategy::names_for(head)
             );
         }
-        if !self.strategy.implemented(head) {
+        let maes = matches!(self.strategy, BeamStrategy::Maes | BeamStrategy::MaesBatch);
+        // NeMo's RNN-T `maes` needs two rounds (its last one adds the blanks).
+        let fewest_rounds = if self.strategy == BeamStrategy::Maes && head == BeamHead::Rnnt {
+            2
+        } else {
+            1
+        };
+        if maes && self.maes_num_steps < fewest_rounds {
             bail!(
-                "beam strategy {} on a {} decoder is not implemented yet; available: {}",
-                self.strategy,
-                head.name(),
-                BeamStrategy::names_for(head, BeamStrategy::implemented)
+                "maes_num_steps must be at least {fewest_rounds} for {self_strategy} on {head_name}",
+                self_strategy = self.strategy,
+                head_name = head.name()
             );
         }
         if head != BeamHead::Ctc && self.max_symbols_per_step == 0 {
@@ -287,6 +284,8 @@ pub fn transducer_beam(
         }
         BeamStrategy::Beam => rnnt_default::search(backend, nets, input, cfg),
         BeamStrategy::Maes => maes::search(backend, nets, input, cfg),
+        BeamStrategy::Tsd => rnnt_sync::tsd(backend, nets, input, cfg),
+        BeamStrategy::Alsd => rnnt_sync::alsd(backend, nets, input, cfg),
         BeamStrategy::MaesBatch => maes_batch::search(backend, nets, input, cfg, boost),
         other => bail!("internal: beam strategy {other} passed its check but has no search"),
     }
@@ -387,6 +386,15 @@ fn log_add_exp(a: f32, b: f32) -> f32 {
     (hi as f64 + ((lo - hi) as f64).exp().ln_1p()) as f32
 }
 
+/// NumPy's `logaddexp` in f64 (NeMo's Python-float searches).
+fn log_add_exp64(a: f64, b: f64) -> f64 {
+    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
+    if hi == f64::NEG_INFINITY {
+        return hi;
+    }
+    hi + (lo - hi).exp().ln_1p()
+}
+
 /// NeMo's transcript hash (a 64-bit linear congruential step per emitted label), used with
 /// the last label and the length to recognise equal hypotheses.
 fn extend_hash(hash: i64, label: usize) -> i64 {
@@ -403,6 +411,25 @@ fn top_k(values: &[f32], k: usize) -> Vec<usize> {
     order.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
     order.truncate(k);
     order
+}
+
+/// [`rank`] for the searches NeMo scores in Python floats: ranked in f64 on `(tokens,
+/// score)` pairs, then reported in f32.
+fn rank_f64(mut hyps: Vec<(TokenPath, f64)>, score_norm: bool) -> Vec<NBest> {
+    let key = |(tokens, score): &(TokenPath, f64)| {
+        if score_norm {
+            score / (tokens.len() as f64 + 1.0)
+        } else {
+            *score
+        }
+    };
+    hyps.sort_by(|a, b| key(b).total_cmp(&key(a)));
+    hyps.into_iter()
+        .map(|(tokens, score)| NBest {
+            tokens: tokens.to_vec(),
+            score: score as f32,
+        })
+        .collect()
 }
 
 /// Ranks finished hypotheses NeMo's way: by score per (emitted tokens + 1) when `score_norm`

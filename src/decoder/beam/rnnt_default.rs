@@ -8,7 +8,9 @@
 //! Each expansion depends on the one before, so this search runs one joint (with the
 //! prediction step, when one is due) per expansion, as NeMo does.
 
-use super::{BeamConfig, NBest, Projection, TokenPath, feed_and_join, log_softmax, top_k};
+use super::{
+    BeamConfig, NBest, Projection, TokenPath, feed_and_join, log_softmax, rank_f64, top_k,
+};
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::Nets;
@@ -83,22 +85,8 @@ pub(super) fn search(
             }
         }
     }
-    // NeMo's ranking, in f64: score per (tokens + 1) when normalised.
-    let key = |c: &Candidate| {
-        if cfg.score_norm {
-            c.score / (c.tokens.len() as f64 + 1.0)
-        } else {
-            c.score
-        }
-    };
-    kept.sort_by(|a, b| key(b).total_cmp(&key(a)));
-    Ok(kept
-        .into_iter()
-        .map(|c| NBest {
-            tokens: c.tokens.to_vec(),
-            score: c.score as f32,
-        })
-        .collect())
+    let ranked = kept.into_iter().map(|c| (c.tokens, c.score)).collect();
+    Ok(rank_f64(ranked, cfg.score_norm))
 }
 
 /// The first of the best-scored candidates (as Python's `max`).
