@@ -1,13 +1,16 @@
 //! Beam search with N-best lists, each strategy NeMo 3.0 runs, equal to NeMo's hypotheses:
-//! the batched label-looping search `malsd_batch` for TDT and RNN-T ([`malsd`]), the
-//! frame-by-frame `beam` of TDT ([`tdt_default`]) and RNN-T ([`rnnt_default`]) and CTC's
-//! batched `beam_batch` ([`ctc`]).
+//! the batched label-looping search `malsd_batch` for TDT and RNN-T (`malsd`), `maes` for
+//! TDT and RNN-T (`maes`), RNN-T's `maes_batch` (`maes_batch`), `tsd` and `alsd`
+//! (`rnnt_sync`), the frame-by-frame `beam` of TDT (`tdt_default`) and RNN-T
+//! (`rnnt_default`), and CTC's batched `beam_batch` (`ctc`). Phrase boosting fuses into
+//! the strategies NeMo fuses it into (`malsd_batch`, `maes_batch`, `beam_batch`).
 //!
-//! The transducer searches step their live hypotheses through the [`Nets`](super::nets::Nets)
-//! together: one joint graph and one prediction graph per step serve the whole beam. A
-//! hypothesis keeps only its decoder state, its score and its tokens; the tokens of a beam
-//! share their common prefix ([`TokenPath`]), so a fork copies nothing and an hour of audio
-//! holds one transcript per live hypothesis.
+//! The searches step their hypotheses through the [`Nets`](super::nets::Nets) together: one
+//! joint graph and one prediction graph per step serve the whole beam (NeMo's `beam` expands
+//! one hypothesis at a time by design, so it runs one graph per expansion). A hypothesis
+//! keeps only its decoder state, its score and its tokens; the tokens of a beam share their
+//! common prefix (`TokenPath`), so a fork copies nothing and an hour of audio holds one
+//! transcript per live hypothesis.
 
 mod ctc;
 mod maes;
@@ -238,8 +241,10 @@ impl BeamConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct NBest {
     /// The emitted tokens with NeMo's timestamps for the strategy: `malsd_batch` gives each
-    /// token's frame and TDT duration; TDT `beam` gives NeMo's frame + duration as the frame
-    /// and no duration (0); CTC gives the token's first frame.
+    /// token's frame and TDT duration; TDT's `beam` and `maes` give NeMo's frame + duration
+    /// as the frame and no duration (0); RNN-T's `beam`, `tsd` and `maes` give the frame,
+    /// `alsd` its step, `maes_batch` the hypothesis' blanks so far; CTC gives the token's
+    /// first frame.
     pub tokens: Vec<Token>,
     /// The raw log-probability sum (NeMo's `score`, not normalised; the list is ranked by
     /// NeMo's criterion, see [`BeamConfig::score_norm`]).
