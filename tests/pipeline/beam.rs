@@ -195,3 +195,35 @@ fn beam_settings_the_model_cannot_use_are_refused_before_any_graph() {
         refused(model, choice, cfg, boost, expect);
     }
 }
+
+/// A long utterance (the clip's encoder output eight times over) decodes in the compute
+/// buffer of the short one, with the beam's hypotheses and a transcript that grows with it.
+#[test]
+fn a_long_utterance_decodes_in_the_same_memory() {
+    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let features = session.features(&clip_samples("speech_10s.wav"));
+    let enc = session.encode(&features, false).unwrap();
+    let cfg = BeamConfig::new("malsd_batch".parse().unwrap(), 4);
+    let short = session
+        .decode_beam(&enc, DecoderChoice::Auto, &cfg)
+        .unwrap();
+    let buffer = session.compute_buffer_bytes();
+    let long = parakeet::encoder::Encoded {
+        frames: enc.frames * 8,
+        d_model: enc.d_model,
+        joint_enc: enc.joint_enc.as_ref().map(|j| j.repeat(8)),
+        ..Default::default()
+    };
+    let nbest = session
+        .decode_beam(&long, DecoderChoice::Auto, &cfg)
+        .unwrap();
+    assert_eq!(session.compute_buffer_bytes(), buffer);
+    assert_eq!(nbest.len(), 4);
+    let (n_short, n_long) = (short[0].tokens.len(), nbest[0].tokens.len());
+    assert!(
+        n_long > 6 * n_short && n_long < 10 * n_short,
+        "{n_short} -> {n_long} tokens"
+    );
+    let frames: Vec<usize> = nbest[0].tokens.iter().map(|t| t.frame).collect();
+    assert!(frames.is_sorted() && frames.last() < Some(&long.frames));
+}
