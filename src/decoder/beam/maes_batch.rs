@@ -56,7 +56,7 @@ pub(super) fn search(
     boost: Option<&BoostingTree>,
 ) -> Result<Vec<NBest>> {
     let frames = input.frames;
-    let (blank, classes) = (nets.blank(), nets.classes());
+    let blank = nets.blank();
     let beam = cfg.beam_size;
     let expansions = cfg.beam_size + cfg.maes_expansion_beta;
     let gamma = cfg.maes_expansion_gamma as f32;
@@ -83,7 +83,7 @@ pub(super) fn search(
     let mut bonus_next = vec![0u32; blank];
     for t in 0..frames {
         let enc = input.at(t);
-        let mut logps = joint_logps(&mut nets, backend, &slots, enc, classes)?;
+        let mut logps = feed_and_join(&mut nets, backend, &mut slots, &[], enc)?;
         let mut fused = |slot: &Slot, lp: &[f32]| -> Vec<f32> {
             let mut row = lp.to_vec();
             if let Some(tree) = boost {
@@ -161,8 +161,7 @@ pub(super) fn search(
             }
             slots = next;
             started = true;
-            feed(&mut nets, backend, &mut slots, &extended)?;
-            logps = joint_logps(&mut nets, backend, &slots, enc, classes)?;
+            logps = feed_and_join(&mut nets, backend, &mut slots, &extended, enc)?;
             for (e, &x) in expanding.iter_mut().zip(&extended) {
                 *e &= x;
             }
@@ -186,55 +185,55 @@ pub(super) fn search(
     Ok(rank(hyps, cfg.score_norm))
 }
 
-/// Log-probabilities at `enc` for every live slot, in one graph (zeros for dead slots, whose
-/// scores make them irrelevant).
-fn joint_logps(
+/// Feeds the new label of every live slot `fed` marks (none when `fed` is empty) and returns every live slot's label
+/// log-probabilities at `enc`, in one graph (zeros for dead slots, whose scores make them
+/// irrelevant).
+fn feed_and_join(
     nets: &mut Nets,
     backend: &mut Backend,
-    slots: &[Slot],
+    slots: &mut [Slot],
+    fed: &[bool],
     enc: &[f32],
-    classes: usize,
 ) -> Result<Vec<Vec<f32>>> {
-    let live: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].live()).collect();
-    let inputs: Vec<JointInput> = live
+    let classes = nets.classes();
+    let mut feeding: Vec<(usize, usize)> = Vec::new();
+    let mut joining: Vec<usize> = Vec::new();
+    for (i, slot) in slots.iter().enumerate() {
+        match slot.hyp.last {
+            Some(label) if fed.get(i) == Some(&true) && slot.live() => feeding.push((i, label)),
+            _ if slot.live() => joining.push(i),
+            _ => {}
+        }
+    }
+    let inputs: Vec<PredictInput> = feeding
+        .iter()
+        .map(|&(i, token)| PredictInput {
+            token,
+            state: &slots[i].hyp.state,
+            next_enc: Some(enc),
+        })
+        .collect();
+    let extra: Vec<JointInput> = joining
         .iter()
         .map(|&i| JointInput {
             enc,
             pred_out: &slots[i].hyp.pred_out,
         })
         .collect();
+    let (predictions, joints) = nets.predict_and_join(backend, &inputs, &extra)?;
     let mut out = vec![vec![0.0; classes]; slots.len()];
-    for (&i, logits) in live.iter().zip(nets.joint(backend, &inputs)?) {
+    for (&i, logits) in joining.iter().zip(joints) {
         out[i] = log_softmax(&logits[..classes]);
     }
-    Ok(out)
-}
-
-/// Feeds the new label of every live slot `extended` marks, in one graph.
-fn feed(
-    nets: &mut Nets,
-    backend: &mut Backend,
-    slots: &mut [Slot],
-    extended: &[bool],
-) -> Result<()> {
-    let need: Vec<usize> = (0..slots.len())
-        .filter(|&i| extended[i] && slots[i].live())
-        .collect();
-    let inputs: Vec<PredictInput> = need
-        .iter()
-        .filter_map(|&i| {
-            Some(PredictInput {
-                token: slots[i].hyp.last?,
-                state: &slots[i].hyp.state,
-                next_enc: None,
-            })
-        })
-        .collect();
-    for (&i, p) in need.iter().zip(nets.predict(backend, &inputs)?) {
+    for (&(i, _), p) in feeding.iter().zip(predictions) {
+        let Some(logits) = p.logits else {
+            anyhow::bail!("internal: a prediction step without its joint");
+        };
+        out[i] = log_softmax(&logits[..classes]);
         slots[i].hyp.state = p.state;
         slots[i].hyp.pred_out = p.pred_out;
     }
-    Ok(())
+    Ok(out)
 }
 
 /// NeMo's `recombine_prefixes`: every live slot adds (log-sum) the probability of reaching it

@@ -150,10 +150,20 @@ pub(super) fn search(
         }
         slots = recombine(next, tdt);
 
-        // The prediction net for every new label, in one graph; it also gives the joint at
-        // the frame each of those hypotheses looks at next.
+        // The prediction net for every new label and the joint at the frame every active
+        // hypothesis looks at next, in one graph.
         let unfed: Vec<usize> = (0..slots.len())
             .filter(|&i| slots[i].unfed.is_some())
+            .collect();
+        let moved: Vec<usize> = (0..slots.len())
+            .filter(|&i| slots[i].unfed.is_none() && slots[i].logits.is_none() && active(&slots[i]))
+            .collect();
+        let extra: Vec<JointInput> = moved
+            .iter()
+            .map(|&i| JointInput {
+                enc: enc(slots[i].hyp.frame),
+                pred_out: &slots[i].hyp.pred_out,
+            })
             .collect();
         let inputs: Vec<PredictInput> = unfed
             .iter()
@@ -166,7 +176,10 @@ pub(super) fn search(
                 }
             })
             .collect();
-        let predictions = nets.predict(backend, &inputs)?;
+        let (predictions, joints) = nets.predict_and_join(backend, &inputs, &extra)?;
+        for (&i, logits) in moved.iter().zip(joints) {
+            slots[i].logits = Some(logits);
+        }
         for (&i, p) in unfed.iter().zip(predictions) {
             let s = &mut slots[i];
             s.hyp.state = p.state;

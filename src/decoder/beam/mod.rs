@@ -409,13 +409,20 @@ fn extend_hash(hash: i64, label: usize) -> i64 {
         .wrapping_add(label as i64)
 }
 
-/// Indices of the `k` largest values, largest first; equal values keep index order (the
-/// candidates are few and NeMo's ties are measure-zero events).
+/// Indices of the `k` largest values, largest first; equal values keep index order (NeMo's
+/// ties are measure-zero events). One pass keeping the best `k` so far: a beam's `k` is a
+/// handful against a vocabulary (times durations) of thousands.
 fn top_k(values: &[f32], k: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..values.len()).collect();
-    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
-    order.truncate(k);
-    order
+    let mut best: Vec<usize> = Vec::with_capacity(k + 1);
+    for (i, &v) in values.iter().enumerate() {
+        if best.len() == k && best.last().is_none_or(|&b| v.total_cmp(&values[b]).is_le()) {
+            continue;
+        }
+        let at = best.partition_point(|&b| values[b].total_cmp(&v).is_ge());
+        best.insert(at, i);
+        best.truncate(k);
+    }
+    best
 }
 
 /// [`rank`] for the searches NeMo scores in Python floats: ranked in f64 on `(tokens,
@@ -502,6 +509,16 @@ mod tests {
         assert_eq!(ranked[0].score, -6.0); // -1.5 per token beats -2.0
         let ranked = rank(vec![hyp(0, -2.0), hyp(3, -6.0)], false);
         assert_eq!(ranked[0].score, -2.0);
+    }
+
+    #[test]
+    fn top_k_is_a_stable_descending_sort_cut_to_k() {
+        let values = [0.5f32, 2.0, f32::NEG_INFINITY, 2.0, -1.0, 0.5, 3.0];
+        let mut sorted: Vec<usize> = (0..values.len()).collect();
+        sorted.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
+        for k in 0..=values.len() + 1 {
+            assert_eq!(top_k(&values, k), sorted[..k.min(values.len())], "k = {k}");
+        }
     }
 
     #[test]

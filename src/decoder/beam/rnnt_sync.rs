@@ -52,8 +52,7 @@ impl Hyp {
 }
 
 /// Feeds every pending label and returns each hypothesis' label log-probabilities at its
-/// frame row `enc[i]`: one prediction graph (which also joins the fed ones) and one joint
-/// graph for the rest.
+/// frame row `enc[i]`, in one graph.
 fn score_all(
     nets: &mut Nets,
     backend: &mut Backend,
@@ -73,23 +72,26 @@ fn score_all(
             next_enc: Some(enc[i]),
         })
         .collect();
-    for (&i, p) in unfed.iter().zip(nets.predict(backend, &inputs)?) {
-        let h = &mut hyps[i];
-        h.hyp.state = p.state;
-        h.hyp.pred_out = p.pred_out;
-        h.unfed = None;
-        logits[i] = p.logits;
-    }
-    let rest: Vec<usize> = (0..hyps.len()).filter(|&i| logits[i].is_none()).collect();
-    let inputs: Vec<JointInput> = rest
+    let rest: Vec<usize> = (0..hyps.len())
+        .filter(|&i| hyps[i].unfed.is_none())
+        .collect();
+    let extra: Vec<JointInput> = rest
         .iter()
         .map(|&i| JointInput {
             enc: enc[i],
             pred_out: &hyps[i].hyp.pred_out,
         })
         .collect();
-    for (&i, l) in rest.iter().zip(nets.joint(backend, &inputs)?) {
+    let (predictions, joints) = nets.predict_and_join(backend, &inputs, &extra)?;
+    for (&i, l) in rest.iter().zip(joints) {
         logits[i] = Some(l);
+    }
+    for (&i, p) in unfed.iter().zip(predictions) {
+        let h = &mut hyps[i];
+        h.hyp.state = p.state;
+        h.hyp.pred_out = p.pred_out;
+        h.unfed = None;
+        logits[i] = p.logits;
     }
     logits
         .into_iter()
