@@ -174,7 +174,9 @@ pub(super) fn alsd(
     let frames = input.frames;
     let u_max = (cfg.alsd_max_target_len * frames as f64) as usize;
     let mut kept = vec![start(&mut nets, backend)?];
-    let mut finished: Vec<Hyp> = Vec::new();
+    // Only tokens and score: up to a beam of these per step of the last frame, an hour's
+    // worth of decoder states would not fit.
+    let mut finished: Vec<(TokenPath, f64)> = Vec::new();
     for step in 0..frames + u_max {
         // Each hypothesis looks at frame step - (its labels); past the last frame it drops.
         let mut live: Vec<Hyp> = Vec::new();
@@ -198,7 +200,7 @@ pub(super) fn alsd(
                 ..h.clone()
             };
             if t == frames - 1 {
-                finished.push(ended.clone());
+                finished.push((ended.tokens.clone(), ended.score));
             }
             next.push(ended);
             for k in top_k(&lp[..blank], beam) {
@@ -217,7 +219,7 @@ pub(super) fn alsd(
             })
             .collect()
     } else {
-        finish(finished, cfg)
+        rank_f64(finished, cfg.score_norm)
     })
 }
 
