@@ -5,7 +5,7 @@
 //! (`rnnt_default`), and CTC's batched `beam_batch` (`ctc`). Phrase boosting fuses into
 //! the strategies NeMo fuses it into (`malsd_batch`, `maes_batch`, `beam_batch`).
 //!
-//! The searches step their hypotheses through the [`Nets`](super::nets::Nets) together: one
+//! The searches step their hypotheses through the [`Nets`] together: one
 //! joint graph and one prediction graph per step serve the whole beam (NeMo's `beam` expands
 //! one hypothesis at a time by design, so it runs one graph per expansion). A hypothesis
 //! keeps only its decoder state, its score and its tokens; the tokens of a beam share their
