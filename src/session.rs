@@ -6,9 +6,10 @@
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, Stats};
+use crate::decoder::beam::{BeamConfig, BeamHead, NBest, ctc_beam, transducer_beam};
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::confidence::{ConfidenceConfig, ctc_frames};
-use crate::decoder::ctc::{ctc_greedy, ctc_greedy_boosted};
+use crate::decoder::ctc::{ctc_greedy, ctc_greedy_boosted, log_softmax_rows};
 use crate::decoder::greedy::{GreedyTransducer, Step};
 use crate::encoder::{
     AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
@@ -386,6 +387,35 @@ impl Session {
             token_confidence,
             times,
         })
+    }
+
+    /// Beam search over an encoder pass with the head `choice` picks: NeMo's N-best list for
+    /// `cfg`, best first. The settings are checked against the head before any graph runs
+    /// (beam size 0, a strategy the head cannot use). The phrases of
+    /// [`set_boosting`](Self::set_boosting), if any, are boosted (strategies `malsd_batch` and
+    /// CTC's `beam_batch`; NeMo's other searches refuse a boosting tree, and so do ours).
+    pub fn decode_beam(
+        &mut self,
+        enc: &Encoded,
+        choice: DecoderChoice,
+        cfg: &BeamConfig,
+    ) -> Result<Vec<NBest>> {
+        let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
+        let model = &self.model;
+        let boost = self.boosting.as_deref();
+        if self.head(choice)? == Outputs::CtcLogits {
+            cfg.check(BeamHead::Ctc)?;
+            let classes = model.hparams.vocab_size + 1;
+            let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
+            ctc_beam(&log_softmax_rows(logits, classes), classes, cfg, boost)
+        } else {
+            let Some(head) = BeamHead::transducer_of(model.hparams.model_type) else {
+                bail!("internal: a transducer head on a CTC-only model");
+            };
+            cfg.check(head)?;
+            let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
+            transducer_beam(&mut self.backend, model, joint_enc, enc.frames, cfg, boost)
+        }
     }
 
     /// Transcribe 16 kHz mono samples: the whole file in one encoder pass and one decoder

@@ -77,13 +77,7 @@ impl<'m> GreedyTransducer<'m> {
         let nets = &mut self.nets;
         let (confidence, steps) = (self.confidence.as_ref(), &mut self.steps);
         steps.clear();
-        let width = nets.enc_width();
-        if joint_enc.len() != frames * width {
-            bail!(
-                "encoder projection holds {} values, expected {frames} x {width}",
-                joint_enc.len()
-            );
-        }
+        let width = nets.frame_width(joint_enc, frames)?;
         let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
         let max_symbols = self.max_symbols;
         let tdt = !durations.is_empty();

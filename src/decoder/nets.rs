@@ -105,6 +105,19 @@ impl<'m> Nets<'m> {
         self.joint.enc.weight.shape()[1]
     }
 
+    /// The width of one frame of `joint_enc` (`[frames][enc_width]`), or why it does not
+    /// hold `frames` frames.
+    pub fn frame_width(&self, joint_enc: &[f32], frames: usize) -> Result<usize> {
+        let width = self.enc_width();
+        if joint_enc.len() != frames * width {
+            bail!(
+                "encoder projection holds {} values, expected {frames} x {width}",
+                joint_enc.len()
+            );
+        }
+        Ok(width)
+    }
+
     pub fn counts(&self) -> NetCounts {
         self.counts
     }
@@ -139,10 +152,28 @@ impl<'m> Nets<'m> {
         backend: &mut Backend,
         inputs: &[PredictInput],
     ) -> Result<Vec<Prediction>> {
+        Ok(self.predict_and_join(backend, inputs, &[])?.0)
+    }
+
+    /// [`predict`](Self::predict) with the joint of `extra` (hypotheses not fed a token) in
+    /// the same graph: a beam step's one graph. Without `extra` the graph is `predict`'s.
+    pub fn predict_and_join(
+        &mut self,
+        backend: &mut Backend,
+        inputs: &[PredictInput],
+        extra: &[JointInput],
+    ) -> Result<(Vec<Prediction>, Vec<Vec<f32>>)> {
         let (pred, joint, h) = (self.pred, self.joint, self.hidden);
         let n = inputs.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), self.joint(backend, extra)?));
+        }
+        let width = self.enc_width();
+        if extra
+            .iter()
+            .any(|i| i.pred_out.len() != width || i.enc.len() != width)
+        {
+            bail!("joint: encoder and prediction rows of different widths");
         }
         for input in inputs {
             let fits = input.state.layers.len() == pred.lstm.len()
@@ -163,6 +194,7 @@ impl<'m> Nets<'m> {
         let mut state_ids = Vec::with_capacity(pred.lstm.len());
         let mut fresh_gates: Vec<(usize, CaptureId)> = Vec::new();
         let mut logits_id = None;
+        let mut extra_id = None;
         let mut out = backend.compute(|g| {
             // Tokens whose input product this graph computes, each once.
             let mut made: Vec<(usize, Tensor)> = Vec::new();
@@ -223,6 +255,13 @@ impl<'m> Nets<'m> {
                 let logits = joint_net(g, joint, &enc, p_used);
                 logits_id = Some(g.capture("logits", logits));
             }
+            if !extra.is_empty() {
+                let rows: Vec<f32> = extra.iter().flat_map(|i| i.pred_out).copied().collect();
+                let extra_pred = g.input_f32_owned(rows, &[width, extra.len()]);
+                let enc: Vec<&[f32]> = extra.iter().map(|i| i.enc).collect();
+                let logits = joint_net(g, joint, &enc, extra_pred);
+                extra_id = Some(g.capture("extra_logits", logits));
+            }
             Ok(p)
         })?;
         for (token, id) in fresh_gates {
@@ -245,10 +284,14 @@ impl<'m> Nets<'m> {
         }
         .into_iter();
         let mut logits_of = with_enc.iter().map(|&(i, _)| i).peekable();
+        let extra_logits = match extra_id {
+            Some(id) => split_columns(out.take(id)?, extra.len()),
+            None => Vec::new(),
+        };
         let pred_outs = split_columns(out.output, n);
         self.counts.predictor_steps += n as u64;
-        self.counts.joint_steps += with_enc.len() as u64;
-        Ok(states
+        self.counts.joint_steps += (with_enc.len() + extra.len()) as u64;
+        let predictions = states
             .into_iter()
             .zip(pred_outs)
             .enumerate()
@@ -257,7 +300,8 @@ impl<'m> Nets<'m> {
                 pred_out,
                 logits: logits_of.next_if_eq(&i).and_then(|_| logits.next()),
             })
-            .collect())
+            .collect();
+        Ok((predictions, extra_logits))
     }
 
     /// The joint's logits (tokens, then TDT's durations) for each input, in one graph.

@@ -423,11 +423,17 @@ fn bad_decoding_flags_exit_2_and_write_nothing() {
     let cases: [(&[&str], &str); 7] = [
         (&["--boost", ""], "is empty"),
         (&["--boost", "\u{65e5}\u{672c}"], "spells nothing"),
-        (&["--boost-file", not_utf8.to_str().unwrap()], "line 2 is not UTF-8"),
+        (
+            &["--boost-file", not_utf8.to_str().unwrap()],
+            "line 2 is not UTF-8",
+        ),
         (&["--boost-file", missing.to_str().unwrap()], "missing.txt"),
         (&["--confidence", "entropy_shannon_lin"], "--confidence"),
         (&["--confidence-alpha", "0"], "--confidence-alpha"),
-        (&["--confidence-aggregation", "median"], "--confidence-aggregation"),
+        (
+            &["--confidence-aggregation", "median"],
+            "--confidence-aggregation",
+        ),
     ];
     for (flags, says) in cases {
         let mut extra = vec!["-f", "json", "-q", "-o", out_dir.to_str().unwrap()];

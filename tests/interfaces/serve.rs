@@ -630,7 +630,11 @@ fn boost_fields_boost_like_the_cli() {
             .env_remove("PARAKEET_MODEL")
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
     let plain = cli(&[]);

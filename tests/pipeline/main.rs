@@ -4,6 +4,7 @@
 mod common;
 
 mod audio;
+mod beam;
 mod boosting;
 mod confidence;
 mod convert;

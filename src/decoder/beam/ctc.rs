@@ -1,0 +1,166 @@
+//! NeMo's CTC `beam_batch` (batched CTC beam search without a language model): per frame,
+//! every hypothesis is extended by every label; a label that is neither the blank nor a
+//! repeat of the hypothesis' last label emits a token and earns `beam_beta`; the beam's best
+//! extensions are kept, those more than `beam_threshold` below the best are dropped, and
+//! hypotheses that became equal (same tokens, same last label) keep the best of their scores.
+//! With a boosting tree, an emitting label also earns alpha times the tree's bonus for it
+//! from the hypothesis' tree state, and moves that state.
+
+use super::{BeamConfig, BeamHead, NBest, TokenPath, check_boost, extend_hash, rank, top_k};
+use crate::decoder::boosting::BoostingTree;
+use crate::tokenizer::Token;
+use anyhow::{Result, bail};
+
+#[derive(Clone)]
+struct Slot {
+    score: f32,
+    /// The last frame's label, blank included (`None` before the first frame).
+    last: Option<usize>,
+    tokens: TokenPath,
+    hash: i64,
+    /// The boosting tree's state (the start state without a tree).
+    boost_state: u32,
+}
+
+/// Beam search over CTC log-probabilities (`[frames][classes]`, blank = classes - 1): the
+/// N-best list NeMo returns, best by raw score first (NeMo's CTC beam does not normalise).
+pub fn ctc_beam(
+    log_probs: &[f32],
+    classes: usize,
+    cfg: &BeamConfig,
+    boost: Option<&BoostingTree>,
+) -> Result<Vec<NBest>> {
+    cfg.check(BeamHead::Ctc)?;
+    check_boost(boost, classes - 1)?;
+    if classes < 2 || !log_probs.len().is_multiple_of(classes) {
+        bail!(
+            "CTC log-probabilities: {} values are not rows of {classes} classes",
+            log_probs.len()
+        );
+    }
+    let blank = classes - 1;
+    let beam = cfg.beam_size;
+    let mut slots = vec![Slot {
+        score: 0.0,
+        last: None,
+        tokens: TokenPath::default(),
+        hash: 0,
+        boost_state: boost.map_or(0, BoostingTree::start),
+    }];
+    let mut scores = Vec::with_capacity(beam * classes);
+    // Per slot: alpha x the tree's bonus of every non-blank label, and the states they lead to.
+    let mut bonus = vec![0.0f32; blank];
+    let mut bonus_next = vec![0u32; blank];
+    for (frame, row) in log_probs.chunks_exact(classes).enumerate() {
+        scores.clear();
+        for slot in &slots {
+            let from = scores.len();
+            scores.extend(row.iter().enumerate().map(|(label, &lp)| {
+                let s = lp + slot.score;
+                if label == blank || Some(label) == slot.last {
+                    s
+                } else {
+                    s + cfg.beam_beta
+                }
+            }));
+            if let Some(tree) = boost {
+                tree.advance_all(slot.boost_state, &mut bonus, &mut bonus_next);
+                let alpha = tree.alpha();
+                for (label, s) in scores[from..from + blank].iter_mut().enumerate() {
+                    if Some(label) != slot.last {
+                        *s += alpha * bonus[label];
+                    }
+                }
+            }
+        }
+        let best = top_k(&scores, beam);
+        let Some(&first) = best.first() else {
+            bail!("internal: no candidate on frame {frame}");
+        };
+        let floor = scores[first] - cfg.beam_threshold;
+        let mut next: Vec<Slot> = Vec::with_capacity(best.len());
+        for k in best {
+            let score = scores[k];
+            if score <= floor || score == f32::NEG_INFINITY {
+                continue;
+            }
+            let (parent, label) = (&slots[k / classes], k % classes);
+            let emits = label != blank && Some(label) != parent.last;
+            next.push(Slot {
+                score,
+                last: Some(label),
+                tokens: if emits {
+                    parent.tokens.push(Token {
+                        id: label,
+                        frame,
+                        duration: 0,
+                    })
+                } else {
+                    parent.tokens.clone()
+                },
+                hash: if emits {
+                    extend_hash(parent.hash, label)
+                } else {
+                    parent.hash
+                },
+                boost_state: match boost {
+                    Some(tree) if emits => tree.advance(parent.boost_state, label).1,
+                    _ => parent.boost_state,
+                },
+            });
+        }
+        slots = recombine(next);
+    }
+    let hyps = slots
+        .into_iter()
+        .map(|s| NBest {
+            tokens: s.tokens.to_vec(),
+            score: s.score,
+        })
+        .collect();
+    Ok(rank(hyps, false))
+}
+
+/// Of hypotheses with the same tokens and last label, the first best stays (with its own
+/// score: NeMo's CTC recombination takes the maximum, not the sum).
+fn recombine(slots: Vec<Slot>) -> Vec<Slot> {
+    let equal = |a: &Slot, b: &Slot| {
+        a.hash == b.hash
+            && a.last == b.last
+            && a.tokens.len() == b.tokens.len()
+            && a.tokens.same_ids(&b.tokens)
+    };
+    let keep: Vec<bool> = (0..slots.len())
+        .map(|i| {
+            !(0..slots.len()).any(|j| {
+                j != i
+                    && equal(&slots[i], &slots[j])
+                    && (slots[j].score > slots[i].score
+                        || (slots[j].score == slots[i].score && j < i))
+            })
+        })
+        .collect();
+    slots
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(s, k)| k.then_some(s))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decoder::beam::BeamStrategy;
+
+    #[test]
+    fn folds_repeats_and_sums_beta() {
+        // Two frames, classes 0, 1, blank: "1 1" folds to one token.
+        let lp = [-5.0f32, -0.1, -5.0, -5.0, -0.1, -5.0];
+        let mut cfg = BeamConfig::new(BeamStrategy::BeamBatch, 2);
+        cfg.beam_beta = 0.5;
+        let nbest = ctc_beam(&lp, 3, &cfg, None).unwrap();
+        let ids: Vec<usize> = nbest[0].tokens.iter().map(|t| t.id).collect();
+        assert_eq!(ids, [1]);
+        assert!((nbest[0].score - (-0.2 + 0.5)).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,529 @@
+//! Beam search with N-best lists, each strategy NeMo 3.0 runs, equal to NeMo's hypotheses:
+//! the batched label-looping search `malsd_batch` for TDT and RNN-T (`malsd`), `maes` for
+//! TDT and RNN-T (`maes`), RNN-T's `maes_batch` (`maes_batch`), `tsd` and `alsd`
+//! (`rnnt_sync`), the frame-by-frame `beam` of TDT (`tdt_default`) and RNN-T
+//! (`rnnt_default`), and CTC's batched `beam_batch` (`ctc`). Phrase boosting fuses into
+//! the strategies NeMo fuses it into (`malsd_batch`, `maes_batch`, `beam_batch`).
+//!
+//! The searches step their hypotheses through the [`Nets`] together: one
+//! joint graph and one prediction graph per step serve the whole beam (NeMo's `beam` expands
+//! one hypothesis at a time by design, so it runs one graph per expansion). A hypothesis
+//! keeps only its decoder state, its score and its tokens; the tokens of a beam share their
+//! common prefix (`TokenPath`), so a fork copies nothing and an hour of audio holds one
+//! transcript per live hypothesis.
+
+mod ctc;
+mod maes;
+mod maes_batch;
+mod malsd;
+mod path;
+mod rnnt_default;
+mod rnnt_sync;
+mod tdt_default;
+
+pub use ctc::ctc_beam;
+use path::TokenPath;
+
+use crate::backend::Backend;
+use crate::decoder::boosting::BoostingTree;
+use crate::decoder::hypothesis::Hypothesis;
+use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::hparams::ModelType;
+use crate::model::Model;
+use crate::tokenizer::Token;
+use anyhow::{Result, bail};
+use std::fmt;
+use std::str::FromStr;
+
+/// A beam search, by NeMo's name for it (`decoding.strategy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BeamStrategy {
+    /// NeMo's `beam` (search_type `default`): one hypothesis expanded at a time, frame by
+    /// frame (TDT and RNN-T).
+    Beam,
+    /// Time-synchronous decoding (RNN-T).
+    Tsd,
+    /// Alignment-length synchronous decoding (RNN-T).
+    Alsd,
+    /// Modified adaptive expansion search (TDT and RNN-T).
+    Maes,
+    /// Batched modified ALSD, NeMo's recommended transducer beam (TDT and RNN-T).
+    MalsdBatch,
+    /// Batched modified adaptive expansion search (RNN-T).
+    MaesBatch,
+    /// Batched CTC beam search without a language model.
+    BeamBatch,
+}
+
+/// Which decoder a beam search runs over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BeamHead {
+    Tdt,
+    Rnnt,
+    Ctc,
+}
+
+impl BeamHead {
+    /// The transducer of a model (TDT or RNN-T), or `None` for a CTC-only model.
+    pub fn transducer_of(model_type: ModelType) -> Option<BeamHead> {
+        match model_type {
+            ModelType::Tdt | ModelType::TdtCtc => Some(BeamHead::Tdt),
+            ModelType::Rnnt | ModelType::RnntCtc => Some(BeamHead::Rnnt),
+            ModelType::Ctc => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            BeamHead::Tdt => "TDT",
+            BeamHead::Rnnt => "RNN-T",
+            BeamHead::Ctc => "CTC",
+        }
+    }
+}
+
+const STRATEGY_NAMES: [(BeamStrategy, &str); 7] = [
+    (BeamStrategy::Beam, "beam"),
+    (BeamStrategy::Tsd, "tsd"),
+    (BeamStrategy::Alsd, "alsd"),
+    (BeamStrategy::Maes, "maes"),
+    (BeamStrategy::MalsdBatch, "malsd_batch"),
+    (BeamStrategy::MaesBatch, "maes_batch"),
+    (BeamStrategy::BeamBatch, "beam_batch"),
+];
+
+impl BeamStrategy {
+    /// What NeMo runs when only a beam size is given: `malsd_batch` for transducers (the
+    /// strategy NeMo recommends and picks for its batched beam), `beam_batch` for CTC.
+    pub fn default_for(head: BeamHead) -> BeamStrategy {
+        match head {
+            BeamHead::Tdt | BeamHead::Rnnt => BeamStrategy::MalsdBatch,
+            BeamHead::Ctc => BeamStrategy::BeamBatch,
+        }
+    }
+
+    /// The strategies NeMo 3.0 accepts for a head.
+    pub fn nemo_accepts(self, head: BeamHead) -> bool {
+        use BeamStrategy::*;
+        match head {
+            BeamHead::Tdt => matches!(self, Beam | Maes | MalsdBatch),
+            BeamHead::Rnnt => matches!(self, Beam | Tsd | Alsd | Maes | MalsdBatch | MaesBatch),
+            BeamHead::Ctc => matches!(self, BeamBatch),
+        }
+    }
+
+    /// Whether NeMo fuses a boosting tree into this strategy.
+    pub fn boosts(self) -> bool {
+        matches!(
+            self,
+            BeamStrategy::MalsdBatch | BeamStrategy::MaesBatch | BeamStrategy::BeamBatch
+        )
+    }
+
+    fn names_for(head: BeamHead) -> String {
+        STRATEGY_NAMES
+            .iter()
+            .filter(|(s, _)| s.nemo_accepts(head))
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl fmt::Display for BeamStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = STRATEGY_NAMES
+            .iter()
+            .find(|(s, _)| s == self)
+            .map_or("?", |(_, n)| n);
+        f.write_str(name)
+    }
+}
+
+impl FromStr for BeamStrategy {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<BeamStrategy> {
+        match STRATEGY_NAMES.iter().find(|(_, n)| *n == s) {
+            Some((strategy, _)) => Ok(*strategy),
+            None => bail!(
+                "unknown beam strategy {s:?}; NeMo's are {}",
+                STRATEGY_NAMES.map(|(_, n)| n).join(", ")
+            ),
+        }
+    }
+}
+
+/// A beam search's settings, NeMo's `decoding.beam` with NeMo's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeamConfig {
+    pub strategy: BeamStrategy,
+    /// Hypotheses kept (`beam_size`).
+    pub beam_size: usize,
+    /// Rank the N-best by score per emitted token (NeMo's `score_norm`, default true;
+    /// NeMo's CTC `beam_batch` always ranks by the raw score).
+    pub score_norm: bool,
+    /// Labels a transducer hypothesis may emit on one frame before a blank is forced
+    /// (`max_symbols_per_step`, batched strategies).
+    pub max_symbols_per_step: usize,
+    /// `maes` / `maes_batch`: expansion steps per frame.
+    pub maes_num_steps: usize,
+    /// `maes`: prefix search depth.
+    pub maes_prefix_alpha: usize,
+    /// `maes`: extra candidates considered beyond the beam.
+    pub maes_expansion_beta: usize,
+    /// `maes`: log-probability margin of a candidate to the best one.
+    pub maes_expansion_gamma: f64,
+    /// `tsd`: most label expansions per frame.
+    pub tsd_max_sym_exp_per_step: usize,
+    /// `alsd`: longest output, as a fraction of the frames.
+    pub alsd_max_target_len: f64,
+    /// CTC `beam_batch`: score added per emitted token (NeMo's `beam_beta`, default 1.0).
+    pub beam_beta: f32,
+    /// CTC `beam_batch`: candidates this far below the step's best are dropped.
+    pub beam_threshold: f32,
+}
+
+impl BeamConfig {
+    /// `strategy` with `beam_size` hypotheses and NeMo's defaults for the rest.
+    pub fn new(strategy: BeamStrategy, beam_size: usize) -> BeamConfig {
+        BeamConfig {
+            strategy,
+            beam_size,
+            score_norm: true,
+            max_symbols_per_step: 10,
+            maes_num_steps: 2,
+            maes_prefix_alpha: 1,
+            maes_expansion_beta: 2,
+            maes_expansion_gamma: 2.3,
+            tsd_max_sym_exp_per_step: 50,
+            alsd_max_target_len: 1.0,
+            beam_beta: 1.0,
+            beam_threshold: 20.0,
+        }
+    }
+
+    /// Why these settings cannot run on `head`, if they cannot: checked before any graph.
+    pub fn check(&self, head: BeamHead) -> Result<()> {
+        if self.beam_size == 0 {
+            bail!("beam size 0: a beam search keeps at least one hypothesis");
+        }
+        if !self.strategy.nemo_accepts(head) {
+            bail!(
+                "beam strategy {} does not run on a {} decoder; NeMo's strategies for it: {}",
+                self.strategy,
+                head.name(),
+                BeamStrategy::names_for(head)
+            );
+        }
+        let maes = matches!(self.strategy, BeamStrategy::Maes | BeamStrategy::MaesBatch);
+        // NeMo's RNN-T `maes` needs two rounds (its last one adds the blanks).
+        let fewest_rounds = if self.strategy == BeamStrategy::Maes && head == BeamHead::Rnnt {
+            2
+        } else {
+            1
+        };
+        if maes && self.maes_num_steps < fewest_rounds {
+            bail!(
+                "maes_num_steps must be at least {fewest_rounds} for {self_strategy} on {head_name}",
+                self_strategy = self.strategy,
+                head_name = head.name()
+            );
+        }
+        if head != BeamHead::Ctc && self.max_symbols_per_step == 0 {
+            bail!("max_symbols_per_step must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// One hypothesis of an N-best list.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NBest {
+    /// The emitted tokens with NeMo's timestamps for the strategy: `malsd_batch` gives each
+    /// token's frame and TDT duration; TDT's `beam` and `maes` give NeMo's frame + duration
+    /// as the frame and no duration (0); RNN-T's `beam`, `tsd` and `maes` give the frame,
+    /// `alsd` its step, `maes_batch` the hypothesis' blanks so far; CTC gives the token's
+    /// first frame.
+    pub tokens: Vec<Token>,
+    /// The raw log-probability sum (NeMo's `score`, not normalised; the list is ranked by
+    /// NeMo's criterion, see [`BeamConfig::score_norm`]).
+    pub score: f32,
+}
+
+/// Beam search over a transducer's encoder projection `joint_enc` (`[frames][joint_hidden]`):
+/// the N-best list NeMo returns, best first.
+pub fn transducer_beam(
+    backend: &mut Backend,
+    model: &Model,
+    joint_enc: &[f32],
+    frames: usize,
+    cfg: &BeamConfig,
+    boost: Option<&BoostingTree>,
+) -> Result<Vec<NBest>> {
+    let Some(head) = BeamHead::transducer_of(model.hparams.model_type) else {
+        bail!(
+            "{}: this model has no transducer decoder (it is {})",
+            model.path.display(),
+            model.hparams.model_type.name()
+        );
+    };
+    cfg.check(head)?;
+    check_boost(boost, model.hparams.vocab_size)?;
+    if boost.is_some() && !cfg.strategy.boosts() {
+        bail!(
+            "beam strategy {} cannot boost phrases (NeMo refuses it too); use malsd_batch",
+            cfg.strategy
+        );
+    }
+    let nets = Nets::new(model)?;
+    let input = Projection {
+        width: nets.frame_width(joint_enc, frames)?,
+        joint_enc,
+        frames,
+    };
+    match cfg.strategy {
+        BeamStrategy::MalsdBatch => malsd::search(backend, nets, input, cfg, boost),
+        BeamStrategy::Beam if head == BeamHead::Tdt => {
+            tdt_default::search(backend, nets, input, cfg)
+        }
+        BeamStrategy::Beam => rnnt_default::search(backend, nets, input, cfg),
+        BeamStrategy::Maes => maes::search(backend, nets, input, cfg),
+        BeamStrategy::Tsd => rnnt_sync::tsd(backend, nets, input, cfg),
+        BeamStrategy::Alsd => rnnt_sync::alsd(backend, nets, input, cfg),
+        BeamStrategy::MaesBatch => maes_batch::search(backend, nets, input, cfg, boost),
+        other => bail!("internal: beam strategy {other} passed its check but has no search"),
+    }
+}
+
+/// A transducer search's input: the encoder projection, `frames` rows of `width` values
+/// (checked against the nets).
+#[derive(Clone, Copy)]
+struct Projection<'a> {
+    joint_enc: &'a [f32],
+    frames: usize,
+    width: usize,
+}
+
+impl<'a> Projection<'a> {
+    /// Frame `t`'s row.
+    fn at(&self, t: usize) -> &'a [f32] {
+        &self.joint_enc[t * self.width..(t + 1) * self.width]
+    }
+}
+
+/// Feeds `hyp`'s pending label `unfed`, if any (`hyp.state` is the state before it), and
+/// returns the joint's output at the frame projection `enc`: one graph either way.
+fn feed_and_join(
+    nets: &mut Nets,
+    backend: &mut Backend,
+    hyp: &mut Hypothesis,
+    unfed: &mut Option<usize>,
+    enc: &[f32],
+) -> Result<Vec<f32>> {
+    if let Some(token) = unfed.take() {
+        let input = PredictInput {
+            token,
+            state: &hyp.state,
+            next_enc: Some(enc),
+        };
+        let Some(p) = nets.predict(backend, &[input])?.pop() else {
+            bail!("internal: a prediction step without its result");
+        };
+        hyp.state = p.state;
+        hyp.pred_out = p.pred_out;
+        return p
+            .logits
+            .ok_or_else(|| anyhow::anyhow!("internal: a prediction step without its joint"));
+    }
+    let input = JointInput {
+        enc,
+        pred_out: &hyp.pred_out,
+    };
+    nets.joint(backend, &[input])?
+        .pop()
+        .ok_or_else(|| anyhow::anyhow!("internal: a joint step without its result"))
+}
+
+/// Why `boost` cannot steer a search over `vocab` non-blank labels, if it cannot.
+fn check_boost(boost: Option<&BoostingTree>, vocab: usize) -> Result<()> {
+    if let Some(tree) = boost
+        && tree.vocab_size() != vocab
+    {
+        bail!(
+            "the boosting phrases were tokenised for a {}-piece vocabulary; this model has {vocab}",
+            tree.vocab_size()
+        );
+    }
+    Ok(())
+}
+
+/// NeMo's `lm_weighted_full` fusion of a boosting tree into one row of label
+/// log-probabilities (blank last), in NeMo's f32 order of operations: every non-blank label
+/// gains alpha x (the log of the non-blank probability, the blank's clamped below 1 - `eps`)
+/// plus alpha x its tree bonus; the blank's log-probability is scaled by 1 + alpha.
+fn fuse_boost(row: &mut [f32], bonus: &[f32], alpha: f32, eps: f32) {
+    let Some((blank_logp, labels)) = row.split_last_mut() else {
+        return;
+    };
+    let non_blank_logp = (-blank_logp.exp().min(1.0 - eps)).ln_1p();
+    for (lp, &b) in labels.iter_mut().zip(bonus) {
+        *lp += non_blank_logp * alpha + b * alpha;
+    }
+    *blank_logp *= 1.0 + alpha;
+}
+
+/// Log-softmax of one row in f32 (as NeMo's `F.log_softmax(dtype=float32)`), accumulated in
+/// f64.
+fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
+    let lse = sum.ln() as f32;
+    row.iter().map(|&x| x - max - lse).collect()
+}
+
+/// `log(exp(a) + exp(b))`, as torch's logaddexp: -inf on both sides stays -inf.
+fn log_add_exp(a: f32, b: f32) -> f32 {
+    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
+    if hi == f32::NEG_INFINITY {
+        return hi;
+    }
+    (hi as f64 + ((lo - hi) as f64).exp().ln_1p()) as f32
+}
+
+/// NumPy's `logaddexp` in f64 (NeMo's Python-float searches).
+fn log_add_exp64(a: f64, b: f64) -> f64 {
+    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
+    if hi == f64::NEG_INFINITY {
+        return hi;
+    }
+    hi + (lo - hi).exp().ln_1p()
+}
+
+/// NeMo's transcript hash (a 64-bit linear congruential step per emitted label), used with
+/// the last label and the length to recognise equal hypotheses.
+fn extend_hash(hash: i64, label: usize) -> i64 {
+    const MULTIPLIER: i64 = 6364136223846793005;
+    hash.wrapping_mul(MULTIPLIER)
+        .wrapping_add(1)
+        .wrapping_add(label as i64)
+}
+
+/// Indices of the `k` largest values, largest first; equal values keep index order (NeMo's
+/// ties are measure-zero events). One pass keeping the best `k` so far: a beam's `k` is a
+/// handful against a vocabulary (times durations) of thousands.
+fn top_k(values: &[f32], k: usize) -> Vec<usize> {
+    let mut best: Vec<usize> = Vec::with_capacity(k + 1);
+    for (i, &v) in values.iter().enumerate() {
+        if best.len() == k && best.last().is_none_or(|&b| v.total_cmp(&values[b]).is_le()) {
+            continue;
+        }
+        let at = best.partition_point(|&b| values[b].total_cmp(&v).is_ge());
+        best.insert(at, i);
+        best.truncate(k);
+    }
+    best
+}
+
+/// [`rank`] for the searches NeMo scores in Python floats: ranked in f64 on `(tokens,
+/// score)` pairs, then reported in f32.
+fn rank_f64(mut hyps: Vec<(TokenPath, f64)>, score_norm: bool) -> Vec<NBest> {
+    let key = |(tokens, score): &(TokenPath, f64)| {
+        if score_norm {
+            score / (tokens.len() as f64 + 1.0)
+        } else {
+            *score
+        }
+    };
+    hyps.sort_by(|a, b| key(b).total_cmp(&key(a)));
+    hyps.into_iter()
+        .map(|(tokens, score)| NBest {
+            tokens: tokens.to_vec(),
+            score: score as f32,
+        })
+        .collect()
+}
+
+/// Ranks finished hypotheses NeMo's way: by score per (emitted tokens + 1) when `score_norm`
+/// (the + 1 counts NeMo's start symbol), else by score; best first.
+fn rank(mut hyps: Vec<NBest>, score_norm: bool) -> Vec<NBest> {
+    let key = |h: &NBest| {
+        if score_norm {
+            h.score / (h.tokens.len() as f32 + 1.0)
+        } else {
+            h.score
+        }
+    };
+    hyps.sort_by(|a, b| key(b).total_cmp(&key(a)));
+    hyps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategy_names_round_trip() {
+        for (s, n) in STRATEGY_NAMES {
+            assert_eq!(n.parse::<BeamStrategy>().unwrap(), s);
+            assert_eq!(s.to_string(), n);
+        }
+        assert!("modified_beam".parse::<BeamStrategy>().is_err());
+    }
+
+    #[test]
+    fn checks_say_what_is_wrong() {
+        let err = |s, n, head| BeamConfig::new(s, n).check(head).unwrap_err().to_string();
+        assert!(err(BeamStrategy::MalsdBatch, 0, BeamHead::Tdt).contains("beam size 0"));
+        assert!(err(BeamStrategy::MalsdBatch, 4, BeamHead::Ctc).contains("does not run on a CTC"));
+        assert!(err(BeamStrategy::Tsd, 4, BeamHead::Tdt).contains("does not run on a TDT"));
+        assert!(err(BeamStrategy::BeamBatch, 4, BeamHead::Rnnt).contains("RNN-T"));
+        for head in [BeamHead::Tdt, BeamHead::Rnnt, BeamHead::Ctc] {
+            BeamConfig::new(BeamStrategy::default_for(head), 4)
+                .check(head)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn hash_wraps_like_torch_int64() {
+        // torch: (0 * M + 1 + 5) = 6; then 6 * M + 1 + 7 wraps in int64.
+        let h = extend_hash(extend_hash(0, 5), 7);
+        assert_eq!(h, 6i64.wrapping_mul(6364136223846793005).wrapping_add(8));
+    }
+
+    #[test]
+    fn ranking_normalises_by_length_plus_one() {
+        let hyp = |n: usize, score: f32| NBest {
+            tokens: vec![
+                Token {
+                    id: 0,
+                    frame: 0,
+                    duration: 0
+                };
+                n
+            ],
+            score,
+        };
+        let ranked = rank(vec![hyp(0, -2.0), hyp(3, -6.0)], true);
+        assert_eq!(ranked[0].score, -6.0); // -1.5 per token beats -2.0
+        let ranked = rank(vec![hyp(0, -2.0), hyp(3, -6.0)], false);
+        assert_eq!(ranked[0].score, -2.0);
+    }
+
+    #[test]
+    fn top_k_is_a_stable_descending_sort_cut_to_k() {
+        let values = [0.5f32, 2.0, f32::NEG_INFINITY, 2.0, -1.0, 0.5, 3.0];
+        let mut sorted: Vec<usize> = (0..values.len()).collect();
+        sorted.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
+        for k in 0..=values.len() + 1 {
+            assert_eq!(top_k(&values, k), sorted[..k.min(values.len())], "k = {k}");
+        }
+    }
+
+    #[test]
+    fn log_add_exp_handles_minus_infinity() {
+        assert_eq!(log_add_exp(f32::NEG_INFINITY, -1.0), -1.0);
+        assert!((log_add_exp(0.0, 0.0) - 2f32.ln()).abs() < 1e-7);
+    }
+}

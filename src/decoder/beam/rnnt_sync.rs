@@ -1,0 +1,237 @@
+//! NeMo's synchronous RNN-T searches: `tsd` (time-synchronous decoding: on every frame, up to
+//! `tsd_max_sym_exp_per_step` rounds in which the beam's hypotheses each take a blank, which
+//! ends their frame, or one of their best labels) and `alsd` (alignment-length synchronous
+//! decoding: step i looks at frame i - (labels so far) of each hypothesis, for up to
+//! frames + `alsd_max_target_len` x frames steps). Both score in Python floats (f64) as NeMo
+//! and run one prediction and one joint graph per step for the whole beam.
+
+use super::{
+    BeamConfig, NBest, Projection, TokenPath, extend_hash, log_add_exp64, log_softmax, rank_f64,
+    top_k,
+};
+use crate::backend::Backend;
+use crate::decoder::hypothesis::Hypothesis;
+use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::tokenizer::Token;
+use anyhow::Result;
+
+#[derive(Clone)]
+struct Hyp {
+    /// Decoder state after the last fed label.
+    hyp: Hypothesis,
+    /// A label emitted but not yet fed (`hyp.state` is the state before it).
+    unfed: Option<usize>,
+    tokens: TokenPath,
+    hash: i64,
+    score: f64,
+}
+
+impl Hyp {
+    fn same_tokens(&self, other: &Hyp) -> bool {
+        self.hash == other.hash
+            && self.tokens.len() == other.tokens.len()
+            && self.tokens.same_ids(&other.tokens)
+    }
+
+    fn child(&self, label: usize, stamp: usize, score: f64) -> Hyp {
+        Hyp {
+            hyp: Hypothesis {
+                last: Some(label),
+                ..self.hyp.clone()
+            },
+            unfed: Some(label),
+            tokens: self.tokens.push(Token {
+                id: label,
+                frame: stamp,
+                duration: 0,
+            }),
+            hash: extend_hash(self.hash, label),
+            score,
+        }
+    }
+}
+
+/// Feeds every pending label and returns each hypothesis' label log-probabilities at its
+/// frame row `enc[i]`, in one graph.
+fn score_all(
+    nets: &mut Nets,
+    backend: &mut Backend,
+    hyps: &mut [Hyp],
+    enc: &[&[f32]],
+) -> Result<Vec<Vec<f32>>> {
+    let classes = nets.classes();
+    let mut logits: Vec<Option<Vec<f32>>> = vec![None; hyps.len()];
+    let unfed: Vec<usize> = (0..hyps.len())
+        .filter(|&i| hyps[i].unfed.is_some())
+        .collect();
+    let inputs: Vec<PredictInput> = unfed
+        .iter()
+        .map(|&i| PredictInput {
+            token: hyps[i].unfed.unwrap_or(classes - 1),
+            state: &hyps[i].hyp.state,
+            next_enc: Some(enc[i]),
+        })
+        .collect();
+    let rest: Vec<usize> = (0..hyps.len())
+        .filter(|&i| hyps[i].unfed.is_none())
+        .collect();
+    let extra: Vec<JointInput> = rest
+        .iter()
+        .map(|&i| JointInput {
+            enc: enc[i],
+            pred_out: &hyps[i].hyp.pred_out,
+        })
+        .collect();
+    let (predictions, joints) = nets.predict_and_join(backend, &inputs, &extra)?;
+    for (&i, l) in rest.iter().zip(joints) {
+        logits[i] = Some(l);
+    }
+    for (&i, p) in unfed.iter().zip(predictions) {
+        let h = &mut hyps[i];
+        h.hyp.state = p.state;
+        h.hyp.pred_out = p.pred_out;
+        h.unfed = None;
+        logits[i] = p.logits;
+    }
+    logits
+        .into_iter()
+        .map(|l| {
+            let l = l.ok_or_else(|| anyhow::anyhow!("internal: a hypothesis without its joint"))?;
+            Ok(log_softmax(&l[..classes]))
+        })
+        .collect()
+}
+
+fn start(nets: &mut Nets, backend: &mut Backend) -> Result<Hyp> {
+    Ok(Hyp {
+        hyp: nets.start(backend)?,
+        unfed: None,
+        tokens: TokenPath::default(),
+        hash: 0,
+        score: 0.0,
+    })
+}
+
+/// Best first, stable, at most `n`.
+fn best_n(mut hyps: Vec<Hyp>, n: usize) -> Vec<Hyp> {
+    hyps.sort_by(|a, b| b.score.total_cmp(&a.score));
+    hyps.truncate(n);
+    hyps
+}
+
+/// The N-best list, ranked NeMo's way.
+fn finish(hyps: Vec<Hyp>, cfg: &BeamConfig) -> Vec<NBest> {
+    rank_f64(
+        hyps.into_iter().map(|h| (h.tokens, h.score)).collect(),
+        cfg.score_norm,
+    )
+}
+
+pub(super) fn tsd(
+    backend: &mut Backend,
+    mut nets: Nets,
+    input: Projection,
+    cfg: &BeamConfig,
+) -> Result<Vec<NBest>> {
+    let blank = nets.blank();
+    let beam = cfg.beam_size.min(blank);
+    let mut kept = vec![start(&mut nets, backend)?];
+    for t in 0..input.frames {
+        let mut ended: Vec<Hyp> = Vec::new();
+        let mut expanding = std::mem::take(&mut kept);
+        for _ in 0..cfg.tsd_max_sym_exp_per_step {
+            let enc = vec![input.at(t); expanding.len()];
+            let logp = score_all(&mut nets, backend, &mut expanding, &enc)?;
+            let known = ended.len();
+            for (h, lp) in expanding.iter().zip(&logp) {
+                let score = h.score + lp[blank] as f64;
+                match ended[..known].iter().position(|e| e.same_tokens(h)) {
+                    Some(at) => ended[at].score = log_add_exp64(ended[at].score, score),
+                    None => ended.push(Hyp { score, ..h.clone() }),
+                }
+            }
+            let mut next = Vec::with_capacity(expanding.len() * beam);
+            for (h, lp) in expanding.iter().zip(&logp) {
+                for k in top_k(&lp[..blank], beam) {
+                    next.push(h.child(k, t, h.score + lp[k] as f64));
+                }
+            }
+            expanding = best_n(next, beam);
+        }
+        kept = best_n(ended, beam);
+    }
+    Ok(finish(kept, cfg))
+}
+
+pub(super) fn alsd(
+    backend: &mut Backend,
+    mut nets: Nets,
+    input: Projection,
+    cfg: &BeamConfig,
+) -> Result<Vec<NBest>> {
+    let blank = nets.blank();
+    let beam = cfg.beam_size.min(blank);
+    let frames = input.frames;
+    let u_max = (cfg.alsd_max_target_len * frames as f64) as usize;
+    let mut kept = vec![start(&mut nets, backend)?];
+    // Only tokens and score: up to a beam of these per step of the last frame, an hour's
+    // worth of decoder states would not fit.
+    let mut finished: Vec<(TokenPath, f64)> = Vec::new();
+    for step in 0..frames + u_max {
+        // Each hypothesis looks at frame step - (its labels); past the last frame it drops.
+        let mut live: Vec<Hyp> = Vec::new();
+        let mut at: Vec<usize> = Vec::new();
+        for h in std::mem::take(&mut kept) {
+            let t = step - h.tokens.len().min(step);
+            if t < frames {
+                live.push(h);
+                at.push(t);
+            }
+        }
+        if live.is_empty() {
+            break;
+        }
+        let enc: Vec<&[f32]> = at.iter().map(|&t| input.at(t)).collect();
+        let logp = score_all(&mut nets, backend, &mut live, &enc)?;
+        let mut next: Vec<Hyp> = Vec::new();
+        for ((h, lp), &t) in live.iter().zip(&logp).zip(&at) {
+            let ended = Hyp {
+                score: h.score + lp[blank] as f64,
+                ..h.clone()
+            };
+            if t == frames - 1 {
+                finished.push((ended.tokens.clone(), ended.score));
+            }
+            next.push(ended);
+            for k in top_k(&lp[..blank], beam) {
+                next.push(h.child(k, step, h.score + lp[k] as f64));
+            }
+        }
+        kept = recombine(best_n(next, beam));
+    }
+    Ok(if finished.is_empty() {
+        // NeMo returns the last beam as it stands (best score first) when no hypothesis
+        // reached the last frame.
+        kept.into_iter()
+            .map(|h| NBest {
+                tokens: h.tokens.to_vec(),
+                score: h.score as f32,
+            })
+            .collect()
+    } else {
+        rank_f64(finished, cfg.score_norm)
+    })
+}
+
+/// NeMo's `recombine_hypotheses`: a later hypothesis with the same labels adds its
+/// probability to the first one's and leaves.
+fn recombine(hyps: Vec<Hyp>) -> Vec<Hyp> {
+    let mut out: Vec<Hyp> = Vec::with_capacity(hyps.len());
+    for h in hyps {
+        match out.iter_mut().find(|o| o.same_tokens(&h)) {
+            Some(o) => o.score = log_add_exp64(o.score, h.score),
+            None => out.push(h),
+        }
+    }
+    out
+}
