@@ -46,7 +46,8 @@ def main():
             for head, clips in ref["segmentation"].items()
         }
         out = {"model": model, "cases": cases, "segmentation": seg}
-        path = out_dir / f"confidence_{model}.json"
+        path = out_dir / model / "confidence.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, separators=(",", ":")))
         print(f"{path}: {len(cases)} cases, {path.stat().st_size} bytes")
 

@@ -3,6 +3,7 @@
 //! `Session` decodes with. Every check happens here, before any audio is
 //! read: a bad flag is one clear error and nothing is written.
 
+use crate::decoder::beam::{BeamConfig, BeamHead, BeamStrategy};
 use crate::decoder::boosting::{BoostingConfig, BoostingTree};
 use crate::decoder::confidence::{Aggregation, ConfidenceConfig, Measure};
 use crate::tokenizer::Tokenizer;
@@ -160,5 +161,70 @@ impl BoostArgs {
         let tree =
             BoostingTree::new(tokenizer, &self.config(phrases)).context("phrase boosting")?;
         Ok(Some(Arc::new(tree)))
+    }
+}
+
+/// Beam search flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BeamArgs {
+    /// Beam search keeping N hypotheses instead of greedy decoding.
+    #[arg(long, value_name = "N")]
+    pub beam: Option<usize>,
+    /// NeMo's beam search: TDT `malsd_batch` (default), `beam`, `maes`; RNN-T also `tsd`,
+    /// `alsd`, `maes_batch`; CTC `beam_batch` (default). Boosting runs inside `malsd_batch`,
+    /// `maes_batch` and `beam_batch` only, as in NeMo.
+    #[arg(long, value_name = "NAME")]
+    pub beam_strategy: Option<String>,
+    /// Keep the K best hypotheses as JSON `alternatives` (text, tokens, score; best first);
+    /// at most the beam size.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub nbest: usize,
+}
+
+impl BeamArgs {
+    /// Whether a beam search was asked for.
+    pub fn any(&self) -> bool {
+        self.beam.is_some()
+    }
+
+    /// The checks that need no model: sizes, the strategy's name. Errors name the flag.
+    pub fn check(&self) -> Result<()> {
+        match self.beam {
+            None if self.beam_strategy.is_some() => bail!("--beam-strategy needs --beam N"),
+            None if self.nbest != 1 => bail!(
+                "--nbest {} needs --beam N with N >= {}",
+                self.nbest,
+                self.nbest
+            ),
+            Some(0) => bail!("--beam 0: a beam search keeps at least one hypothesis"),
+            Some(n) if self.nbest == 0 || self.nbest > n => {
+                bail!(
+                    "--nbest {} must be between 1 and the beam size ({n})",
+                    self.nbest
+                )
+            }
+            _ => {}
+        }
+        if let Some(name) = &self.beam_strategy {
+            name.parse::<BeamStrategy>()
+                .map_err(|e| anyhow::anyhow!("--beam-strategy: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The beam search for a decoder `head` (NeMo's default strategy for it unless one is
+    /// named) and the N-best count, or `None` for greedy decoding.
+    pub fn plan(&self, head: BeamHead) -> Result<Option<(BeamConfig, usize)>> {
+        self.check()?;
+        let Some(beam_size) = self.beam else {
+            return Ok(None);
+        };
+        let strategy = match &self.beam_strategy {
+            Some(name) => name
+                .parse::<BeamStrategy>()
+                .map_err(|e| anyhow::anyhow!("--beam-strategy: {e}"))?,
+            None => BeamStrategy::default_for(head),
+        };
+        Ok(Some((BeamConfig::new(strategy, beam_size), self.nbest)))
     }
 }

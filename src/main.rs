@@ -4,14 +4,14 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
 use parakeet::convert::{OutType, convert_with_progress};
-use parakeet::decoding_flags::{BoostArgs, ConfidenceArgs};
+use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
 use parakeet::encoder::AttentionChoice;
 use parakeet::hparams::Attention;
 use parakeet::kernels::cpu::Isa;
 use parakeet::layout::Layout;
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
-use parakeet::session::{DecoderChoice, Session};
+use parakeet::session::{BeamPlan, DecoderChoice, Session};
 use parakeet::transcript::{StageTimes, Transcript};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -111,6 +111,8 @@ struct TranscribeArgs {
     confidence: ConfidenceArgs,
     #[command(flatten)]
     boost: BoostArgs,
+    #[command(flatten)]
+    beam: BeamArgs,
 }
 
 /// Exit codes: 0 all good, 1 some inputs failed, 2 usage or model errors.
@@ -462,7 +464,22 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let shows_confidence = formats
         .iter()
         .any(|f| matches!(f, Format::Json | Format::Tsv));
-    let confidence = args.confidence.resolve(shows_confidence)?;
+    args.beam.check()?;
+    if args.beam.any()
+        && args
+            .confidence
+            .confidence
+            .as_deref()
+            .is_some_and(|m| m != "none")
+    {
+        bail!(
+            "--confidence: confidence is computed by greedy decoding only (as NeMo does), not with --beam"
+        );
+    }
+    // Confidence comes from greedy decoding's steps: a beam search has none to show.
+    let confidence = args
+        .confidence
+        .resolve(shows_confidence && !args.beam.any())?;
     let boost_phrases = args.boost.phrases()?;
     let (mut jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
     if jobs.is_empty() {
@@ -510,6 +527,11 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     session.set_confidence(confidence)?;
     let tree = args.boost.tree(&session.model().tokenizer, boost_phrases)?;
     session.set_boosting(tree);
+    let beam = args.beam.plan(session.beam_head(args.decoder)?)?;
+    session.set_beam(
+        args.decoder,
+        beam.map(|(config, nbest)| BeamPlan { config, nbest }),
+    )?;
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()

@@ -17,7 +17,7 @@ use crate::encoder::{
 use crate::hparams::Attention;
 use crate::model::Model;
 use crate::tokenizer::Token;
-use crate::transcript::{DecodingSummary, StageTimes, Transcript};
+use crate::transcript::{Alternative, DecodingSummary, StageTimes, Transcript};
 use anyhow::{Result, bail};
 use std::path::Path;
 use std::sync::Arc;
@@ -40,6 +40,8 @@ pub struct Decoded {
     pub tokens: Vec<Token>,
     /// NeMo's token confidence, when the session computes it.
     pub token_confidence: Option<Vec<f64>>,
+    /// A beam search's N best, best first (`tokens` are the first's); empty for greedy.
+    pub alternatives: Vec<NBest>,
     pub times: StageTimes,
 }
 
@@ -58,6 +60,17 @@ pub struct Session {
     confidence: Option<ConfidenceConfig>,
     /// Phrases every decode boosts (shared: one tree serves every session of a server).
     boosting: Option<Arc<BoostingTree>>,
+    /// A beam search instead of greedy decoding.
+    beam: Option<BeamPlan>,
+}
+
+/// A beam search a session runs in place of greedy decoding, and how many of its hypotheses
+/// a transcript keeps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeamPlan {
+    pub config: BeamConfig,
+    /// Hypotheses kept as the transcript's alternatives (1 to the beam size).
+    pub nbest: usize,
 }
 
 /// Told the stage of the utterance being transcribed ("features", "encoder", "decoder") and
@@ -130,6 +143,7 @@ impl Session {
             progress: None,
             confidence: None,
             boosting: None,
+            beam: None,
         })
     }
 
@@ -300,6 +314,44 @@ impl Session {
         Ok(())
     }
 
+    /// The decoder a beam search runs over for `choice`.
+    pub fn beam_head(&self, choice: DecoderChoice) -> Result<BeamHead> {
+        if self.head(choice)? == Outputs::CtcLogits {
+            return Ok(BeamHead::Ctc);
+        }
+        BeamHead::transducer_of(self.model.hparams.model_type)
+            .ok_or_else(|| anyhow::anyhow!("internal: a transducer head on a CTC-only model"))
+    }
+
+    /// Decode by `plan`'s beam search from now on (`None`: greedy), on the head `choice`
+    /// picks. Checked here, before any audio: the beam and N-best sizes, the strategy against
+    /// the head, boosting (set first) against the strategy, confidence (greedy only, as NeMo).
+    pub fn set_beam(&mut self, choice: DecoderChoice, plan: Option<BeamPlan>) -> Result<()> {
+        if let Some(plan) = &plan {
+            plan.config.check(self.beam_head(choice)?)?;
+            if plan.nbest == 0 || plan.nbest > plan.config.beam_size {
+                bail!(
+                    "--nbest {} must be between 1 and the beam size ({})",
+                    plan.nbest,
+                    plan.config.beam_size
+                );
+            }
+            if self.boosting.is_some() && !plan.config.strategy.boosts() {
+                bail!(
+                    "beam strategy {} cannot boost phrases (NeMo refuses it too); use malsd_batch (transducers) or beam_batch (CTC)",
+                    plan.config.strategy
+                );
+            }
+            if self.confidence.is_some() {
+                bail!(
+                    "confidence is computed by greedy decoding only (as NeMo does), not with a beam search"
+                );
+            }
+        }
+        self.beam = plan;
+        Ok(())
+    }
+
     /// What [`transcribe`](Self::transcribe) reports of its decoding for `choice`.
     fn summary(&self, choice: DecoderChoice) -> DecodingSummary {
         let hp = &self.model.hparams;
@@ -312,8 +364,11 @@ impl Session {
             } else {
                 "tdt"
             },
-            strategy: "greedy_batch".into(),
-            beam_size: 1,
+            strategy: self
+                .beam
+                .as_ref()
+                .map_or("greedy_batch".into(), |b| b.config.strategy.to_string()),
+            beam_size: self.beam.as_ref().map_or(1, |b| b.config.beam_size),
             boosted_phrases: self.boosting.as_ref().map_or(0, |t| t.phrases()),
             boosting_alpha: self.boosting.as_ref().map_or(0.0, |t| t.alpha()),
             confidence: self
@@ -342,6 +397,18 @@ impl Session {
     ) -> Result<Decoded> {
         let mut times = StageTimes::default();
         let graphs_before = self.backend.stats().graphs_computed;
+        if let Some(plan) = self.beam.clone() {
+            let mut nbest = self.decode_beam(enc, choice, &plan.config)?;
+            nbest.truncate(plan.nbest);
+            times.decoder_graphs = self.backend.stats().graphs_computed - graphs_before;
+            let tokens = nbest.first().map(|b| b.tokens.clone()).unwrap_or_default();
+            return Ok(Decoded {
+                tokens,
+                token_confidence: None,
+                alternatives: nbest,
+                times,
+            });
+        }
         let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
         let vocab = self.model.hparams.vocab_size;
         let blank = self.model.hparams.blank_id();
@@ -385,6 +452,7 @@ impl Session {
         Ok(Decoded {
             tokens,
             token_confidence,
+            alternatives: Vec::new(),
             times,
         })
     }
@@ -427,6 +495,7 @@ impl Session {
         let Decoded {
             tokens,
             token_confidence,
+            alternatives,
             times,
         } = decoded;
         let tokenizer = &self.model.tokenizer;
@@ -447,7 +516,14 @@ impl Session {
             words,
             token_confidence: token_confidence.map(|tc| tc.into_iter().map(|c| c as f32).collect()),
             decoding: self.summary(choice),
-            alternatives: Vec::new(),
+            alternatives: alternatives
+                .into_iter()
+                .map(|b| Alternative {
+                    text: tokenizer.detokenize(b.tokens.iter().map(|t| t.id)),
+                    tokens: b.tokens,
+                    score: b.score,
+                })
+                .collect(),
             tokens,
             audio_seconds,
             frame_seconds,

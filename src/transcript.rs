@@ -47,7 +47,7 @@ pub struct Transcript {
     pub attention: Attention,
     /// How the decoder searched, for the output's metadata.
     pub decoding: DecodingSummary,
-    /// A beam search's N best after the first (which is this transcript), best first.
+    /// A beam search's N best, best first (the first is this transcript); empty for greedy.
     pub alternatives: Vec<Alternative>,
     pub times: StageTimes,
 }

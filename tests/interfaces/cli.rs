@@ -420,7 +420,7 @@ fn bad_decoding_flags_exit_2_and_write_nothing() {
     std::fs::write(&not_utf8, b"data\n\xff\xfe name\n").unwrap();
     let missing = root.join("missing.txt");
     let out_dir = root.join("out");
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--boost", ""], "is empty"),
         (&["--boost", "\u{65e5}\u{672c}"], "spells nothing"),
         (
@@ -434,6 +434,20 @@ fn bad_decoding_flags_exit_2_and_write_nothing() {
             &["--confidence-aggregation", "median"],
             "--confidence-aggregation",
         ),
+        (&["--beam", "0"], "--beam 0"),
+        (&["--beam", "2", "--nbest", "3"], "--nbest 3"),
+        (
+            &["--beam", "2", "--beam-strategy", "tsd"],
+            "does not run on a TDT",
+        ),
+        (
+            &["--beam", "2", "--beam-strategy", "maes", "--boost", "data"],
+            "cannot boost",
+        ),
+        (
+            &["--beam", "2", "--confidence", "max_prob"],
+            "greedy decoding only",
+        ),
     ];
     for (flags, says) in cases {
         let mut extra = vec!["-f", "json", "-q", "-o", out_dir.to_str().unwrap()];
@@ -444,5 +458,53 @@ fn bad_decoding_flags_exit_2_and_write_nothing() {
         assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
         assert!(err.contains(says), "{flags:?}: {err}");
         assert!(!out_dir.exists(), "{flags:?} wrote {}", out_dir.display());
+    }
+}
+
+/// `--beam 4 --nbest 4` writes NeMo's N-best list (malsd_batch, the default transducer
+/// search, boosted too) as the JSON's `alternatives`, best first, the first being the
+/// transcript; the decoding block says what ran.
+#[test]
+fn beam_nbest_in_json_equals_nemo() {
+    let root = scratch("beam-nbest");
+    let clip = reference("").join("speech_10s.wav");
+    let model = gguf("tiny_tdt_ctc", parakeet::convert::OutType::F32);
+    let reference = json(&fixtures().join("decoding/beam.json"));
+    let cases = [
+        ("tdt:malsd_batch", vec![]),
+        (
+            "tdt:malsd_batch+boost:C_3plus|S1_a1_cs1_ds2",
+            vec![
+                "--boost", "data", "--boost", "date", "--boost", "dinner", "--boost", "the cat",
+            ],
+        ),
+    ];
+    for (case, flags) in cases {
+        let out_dir = root.join(case.replace([':', '|', '+'], "_"));
+        let mut extra = vec!["--beam", "4", "--nbest", "4", "-f", "json", "-q", "-o"];
+        extra.push(out_dir.to_str().unwrap());
+        extra.extend(flags.iter().copied());
+        let out = transcribe(&clip, &model, &extra, &root);
+        assert!(out.status.success(), "{case}: {}", text(&out.stderr));
+        let ours = json(&out_dir.join("speech_10s.json"));
+        let nemo = reference["tiny_tdt_ctc"][case]["clips"]["speech_10s.wav"]
+            .as_array()
+            .unwrap();
+        let alternatives = ours["alternatives"].as_array().unwrap();
+        assert_eq!(alternatives.len(), nemo.len().min(4), "{case}");
+        for (a, n) in alternatives.iter().zip(nemo) {
+            assert_eq!(a["tokens"], n["tokens"], "{case}");
+            assert_eq!(a["text"], n["text"], "{case}");
+            let (s, ns) = (a["score"].as_f64().unwrap(), n["score"].as_f64().unwrap());
+            assert!(
+                (s - ns).abs() <= 1e-4 * ns.abs().max(1.0),
+                "{case}: {s} vs {ns}"
+            );
+        }
+        assert_eq!(ours["text"], nemo[0]["text"], "{case}");
+        assert_eq!(ours["decoding"]["strategy"], "malsd_batch");
+        assert_eq!(ours["decoding"]["beam_size"], 4);
+        assert_eq!(ours["decoding"]["boosted_phrases"], flags.len() / 2);
+        assert!(ours["tokens"][0].get("confidence").is_none(), "{case}");
     }
 }

@@ -57,7 +57,7 @@ fn max_abs_diff(ours: &[f64], nemo: &[f64]) -> f64 {
 fn confidence_matches_nemo_for_every_method() {
     let mut checked = 0;
     for model in MODELS {
-        let fixture = json(&fixtures().join(format!("decoding/confidence_{model}.json")));
+        let fixture = json(&fixtures().join(format!("decoding/{model}/confidence.json")));
         let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
         let cases = fixture["cases"].as_object().unwrap();
         assert!(!cases.is_empty(), "{model}: no cases");
@@ -129,7 +129,7 @@ fn confidence_matches_nemo_for_every_method() {
 #[test]
 fn words_group_tokens_as_nemo() {
     for model in MODELS {
-        let fixture = json(&fixtures().join(format!("decoding/confidence_{model}.json")));
+        let fixture = json(&fixtures().join(format!("decoding/{model}/confidence.json")));
         for (head, clips) in fixture["segmentation"].as_object().unwrap() {
             for (clip, seg) in clips.as_object().unwrap() {
                 let pieces: Vec<&str> = seg["pieces"]
