@@ -777,6 +777,9 @@ fn print_profile(p: &Profile, session: &Session, wall: Duration) {
             p.stages.decoder_graphs,
             p.stages.decoder.as_secs_f64() * 1e6 / p.stages.decoder_steps as f64
         )
+    } else if p.stages.decoder_graphs > 0 {
+        // A beam search (its steps serve several hypotheses: graphs are the comparable unit).
+        format!("beam search, {} graphs", p.stages.decoder_graphs)
     } else {
         String::from("CTC greedy")
     };

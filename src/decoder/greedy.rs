@@ -125,14 +125,17 @@ impl<'m> GreedyTransducer<'m> {
                 } else {
                     0
                 };
-                if let Some(c) = confidence {
+                if let Some(c) = confidence
+                    && (k != blank || !c.exclude_blank)
+                {
                     // NeMo's label-looping record: one entry per joint evaluation, measured
-                    // over the labels (and, apart, the durations) of the unbiased logits.
+                    // over the labels (and, apart, the durations) of the unbiased logits. With
+                    // blanks excluded only emissions count, so only they are measured.
                     steps.push(ScoredStep {
                         frame: t,
                         label: k,
                         label_confidence: c.of_logits(&logits[..classes], classes),
-                        duration_confidence: tdt.then(|| {
+                        duration_confidence: (tdt && c.tdt_include_duration).then(|| {
                             c.of_logits(&logits[classes..classes + durations.len()], classes)
                         }),
                     });

@@ -16,7 +16,7 @@ pub mod panel;
 pub mod qgemm;
 pub mod sgemm;
 mod stem;
-mod vmath;
+pub mod vmath;
 
 use crate::backend::{Graph, Tensor, Weight};
 use linear::Fused;
