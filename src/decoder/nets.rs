@@ -364,8 +364,8 @@ fn joint_net<'g>(g: &mut Graph<'g>, joint: &Joint, enc: &[&[f32]], pred: Tensor<
 }
 
 /// One LSTM cell step (PyTorch gate order i, f, g, o; both biases) for every column, from the
-/// input's gate product `gx = weight_ih · x` ([4H, N]): the hidden state's product for all
-/// columns at once, then the pointwise rest as one node per column.
+/// input's gate product `gx = weight_ih · x` ([4H, N]): the hidden state's product and the
+/// pointwise rest for all columns at once (two nodes, whatever the beam).
 fn lstm_step<'g>(
     g: &mut Graph<'g>,
     w: &LstmLayer,
@@ -373,15 +373,10 @@ fn lstm_step<'g>(
     h: Tensor<'g>,
     c: Tensor<'g>,
 ) -> (Tensor<'g>, Tensor<'g>) {
+    let n = h.ne(1);
     let gh = g.linear(h, &w.weight_hh, None);
-    let (mut h1, mut c1) = (Vec::new(), Vec::new());
-    for j in 0..h.ne(1) {
-        let (gx, gh, c) = (column(g, gx, j), column(g, gh, j), column(g, c, j));
-        let out = g.lstm_pointwise(gx, gh, (&w.bias_ih, &w.bias_hh), c); // [H, 2]: h1, c1
-        h1.push(g.rows(out, 0, 1));
-        c1.push(g.rows(out, 1, 1));
-    }
-    (stack_columns(g, &h1), stack_columns(g, &c1))
+    let out = g.lstm_pointwise(gx, gh, (&w.bias_ih, &w.bias_hh), c); // [H, 2N]: h1, c1
+    (g.rows(out, 0, n), g.rows(out, n, n))
 }
 
 /// Column `j` of a `[rows, N]` tensor: the tensor itself when it has one column (the graph of a
