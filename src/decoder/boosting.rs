@@ -497,15 +497,31 @@ pub struct BoostCursor<'t> {
     state: u32,
     bonus: Vec<f32>,
     next: Vec<u32>,
+    /// The start state's arc weight and target for every label (it has one arc per label),
+    /// when it does: every row is those behind the few arcs of a state's backoff chain.
+    start_row: Option<(Vec<f32>, Vec<u32>)>,
+    /// Labels a state's chain set before the start state's row (a few per emission).
+    claimed: Vec<u32>,
 }
 
 impl<'t> BoostCursor<'t> {
     pub fn new(tree: &'t BoostingTree) -> BoostCursor<'t> {
+        let start = tree.arcs_of(tree.start());
+        let dense = start.len() == tree.vocab
+            && start.iter().enumerate().all(|(l, a)| a.label as usize == l);
+        let start_row = dense.then(|| {
+            (
+                start.iter().map(|a| a.weight).collect(),
+                start.iter().map(|a| a.to).collect(),
+            )
+        });
         let mut cursor = BoostCursor {
             tree,
             state: tree.start(),
             bonus: vec![0.0; tree.vocab],
             next: vec![0; tree.vocab],
+            start_row,
+            claimed: Vec::new(),
         };
         cursor.load(tree.start());
         cursor
@@ -513,12 +529,52 @@ impl<'t> BoostCursor<'t> {
 
     fn load(&mut self, state: u32) {
         self.state = state;
-        self.tree
-            .advance_all(state, &mut self.bonus, &mut self.next);
         // NeMo scales the bonus first, then adds it to the scores (both f32).
         let alpha = self.tree.alpha;
-        for b in &mut self.bonus {
-            *b *= alpha;
+        let Some((start_w, start_to)) = &self.start_row else {
+            self.tree
+                .advance_all(state, &mut self.bonus, &mut self.next);
+            for b in &mut self.bonus {
+                *b *= alpha;
+            }
+            return;
+        };
+        // advance_all's walk, with the start state's full row written in one pass: the chain's
+        // own arcs (first found wins) and the backoff sum, in the same f32 order.
+        let tree = self.tree;
+        self.claimed.clear();
+        let mut backoff = 0.0f32;
+        let mut current = state;
+        while current != 0 {
+            for arc in tree.arcs_of(current) {
+                if !self.claimed.contains(&arc.label) {
+                    self.claimed.push(arc.label);
+                    let l = arc.label as usize;
+                    self.bonus[l] = (backoff + arc.weight) * alpha;
+                    self.next[l] = arc.to;
+                }
+            }
+            let s = &tree.states[current as usize];
+            backoff += s.backoff_w;
+            current = s.backoff_to;
+        }
+        let chain: Vec<(usize, f32, u32)> = self
+            .claimed
+            .iter()
+            .map(|&l| (l as usize, self.bonus[l as usize], self.next[l as usize]))
+            .collect();
+        for ((b, n), (&w, &to)) in self
+            .bonus
+            .iter_mut()
+            .zip(self.next.iter_mut())
+            .zip(start_w.iter().zip(start_to))
+        {
+            *b = (backoff + w) * alpha;
+            *n = to;
+        }
+        for (l, b, n) in chain {
+            self.bonus[l] = b;
+            self.next[l] = n;
         }
     }
 
@@ -674,6 +730,20 @@ mod tests {
             tree.arcs().len(),
             tree.states().len() - 1 + tok.len() - first_level(&tree)
         );
+        // The cursor's rows (the start state's row plus the chain's arcs) are alpha x
+        // advance_all's, bit for bit, in every state.
+        let mut tree = tree;
+        tree.alpha = 0.7;
+        let mut cursor = BoostCursor::new(&tree);
+        let (mut scores, mut next) = (vec![0.0; tree.vocab], vec![0; tree.vocab]);
+        for state in (0..tree.states().len() as u32).step_by(7) {
+            cursor.load(state);
+            tree.advance_all(state, &mut scores, &mut next);
+            let scaled: Vec<u32> = scores.iter().map(|&b| (b * 0.7).to_bits()).collect();
+            let ours: Vec<u32> = cursor.bonus().iter().map(|b| b.to_bits()).collect();
+            assert_eq!(ours, scaled, "state {state}");
+            assert_eq!(cursor.next, next, "state {state}");
+        }
     }
 
     fn first_level(tree: &BoostingTree) -> usize {

@@ -221,17 +221,33 @@ fn propose(
     } else {
         Vec::new()
     };
-    // Joint (label, duration) log-probabilities, label-major (RNN-T: labels alone).
-    let joint: Vec<f32> = if tdt {
-        label_logp
-            .iter()
-            .flat_map(|&l| duration_logp.iter().map(move |&d| l + d))
-            .collect()
-    } else {
-        label_logp.clone()
-    };
+    // The best (label, duration) pairs by joint log-probability, as NeMo's top-k over the
+    // label-major [labels x durations] matrix (index = label * durations + duration). A pair in
+    // that top-k has its label among the `beam` best labels (each better label with the same
+    // duration scores at least as much), so only those labels' rows are looked at: 4 x 5
+    // candidates instead of 5125.
     let per_label = n_durations.max(1);
-    let top = top_k(&joint, cfg.beam_size);
+    let (top, joint_of): (Vec<usize>, Vec<f32>) = if tdt {
+        let mut labels = top_k(&label_logp, cfg.beam_size);
+        labels.sort_unstable();
+        let (mut index, mut value) = (Vec::new(), Vec::new());
+        for &l in &labels {
+            for (d, &dl) in duration_logp.iter().enumerate() {
+                index.push(l * per_label + d);
+                value.push(label_logp[l] + dl);
+            }
+        }
+        // Positions are in index order, so top_k's ties go to the lower index, as before.
+        let best = top_k(&value, cfg.beam_size);
+        (
+            best.iter().map(|&p| index[p]).collect(),
+            best.iter().map(|&p| value[p]).collect(),
+        )
+    } else {
+        let best = top_k(&label_logp, cfg.beam_size);
+        let values = best.iter().map(|&k| label_logp[k]).collect();
+        (best, values)
+    };
     // A blank must advance: duration index 0 becomes 1 (its score stays the one of index 0).
     let split = |k: usize| {
         let (label, duration) = (k / per_label, k % per_label);
@@ -266,13 +282,13 @@ fn propose(
         });
         return Ok(());
     }
-    for k in top {
+    for (k, joint) in top.into_iter().zip(joint_of) {
         let (label, duration) = split(k);
         out.push(Candidate {
             parent: index,
             label: Some(label),
             duration,
-            score: slot.hyp.score + joint[k],
+            score: slot.hyp.score + joint,
         });
     }
     Ok(())
