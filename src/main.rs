@@ -465,17 +465,6 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .iter()
         .any(|f| matches!(f, Format::Json | Format::Tsv));
     args.beam.check()?;
-    if args.beam.any()
-        && args
-            .confidence
-            .confidence
-            .as_deref()
-            .is_some_and(|m| m != "none")
-    {
-        bail!(
-            "--confidence: confidence is computed by greedy decoding only (as NeMo does), not with --beam"
-        );
-    }
     // Confidence comes from greedy decoding's steps: a beam search has none to show.
     let confidence = args
         .confidence

@@ -336,12 +336,7 @@ impl Session {
                     plan.config.beam_size
                 );
             }
-            if self.boosting.is_some() && !plan.config.strategy.boosts() {
-                bail!(
-                    "beam strategy {} cannot boost phrases (NeMo refuses it too); use malsd_batch (transducers) or beam_batch (CTC)",
-                    plan.config.strategy
-                );
-            }
+            plan.config.check_boosting(self.boosting.is_some())?;
             if self.confidence.is_some() {
                 bail!(
                     "confidence is computed by greedy decoding only (as NeMo does), not with a beam search"

@@ -539,13 +539,28 @@ impl<'t> BoostCursor<'t> {
             }
             return;
         };
-        // advance_all's walk, with the start state's full row written in one pass: the chain's
-        // own arcs (first found wins) and the backoff sum, in the same f32 order.
+        // advance_all's walk with the start state's full row written in one pass: first the
+        // backoff sum down the chain, then the row at that sum, then the chain's own arcs over
+        // it (the first found wins), each sum in advance_all's f32 order.
         let tree = self.tree;
+        let chain = || {
+            std::iter::successors(Some((state, 0.0f32)), |&(current, backoff)| {
+                let s = &tree.states[current as usize];
+                (current != 0).then_some((s.backoff_to, backoff + s.backoff_w))
+            })
+        };
+        let total = chain().last().map_or(0.0, |(_, backoff)| backoff);
+        for ((b, n), (&w, &to)) in self
+            .bonus
+            .iter_mut()
+            .zip(self.next.iter_mut())
+            .zip(start_w.iter().zip(start_to))
+        {
+            *b = (total + w) * alpha;
+            *n = to;
+        }
         self.claimed.clear();
-        let mut backoff = 0.0f32;
-        let mut current = state;
-        while current != 0 {
+        for (current, backoff) in chain().take_while(|&(current, _)| current != 0) {
             for arc in tree.arcs_of(current) {
                 if !self.claimed.contains(&arc.label) {
                     self.claimed.push(arc.label);
@@ -554,27 +569,6 @@ impl<'t> BoostCursor<'t> {
                     self.next[l] = arc.to;
                 }
             }
-            let s = &tree.states[current as usize];
-            backoff += s.backoff_w;
-            current = s.backoff_to;
-        }
-        let chain: Vec<(usize, f32, u32)> = self
-            .claimed
-            .iter()
-            .map(|&l| (l as usize, self.bonus[l as usize], self.next[l as usize]))
-            .collect();
-        for ((b, n), (&w, &to)) in self
-            .bonus
-            .iter_mut()
-            .zip(self.next.iter_mut())
-            .zip(start_w.iter().zip(start_to))
-        {
-            *b = (backoff + w) * alpha;
-            *n = to;
-        }
-        for (l, b, n) in chain {
-            self.bonus[l] = b;
-            self.next[l] = n;
         }
     }
 

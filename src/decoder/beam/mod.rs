@@ -235,6 +235,18 @@ impl BeamConfig {
         }
         Ok(())
     }
+
+    /// Why these settings cannot follow a boosting tree, if `boosting` and they cannot: NeMo
+    /// fuses one into `malsd_batch`, `maes_batch` and CTC's `beam_batch` only.
+    pub fn check_boosting(&self, boosting: bool) -> Result<()> {
+        if boosting && !self.strategy.boosts() {
+            bail!(
+                "beam strategy {} cannot boost phrases (NeMo refuses it too); use malsd_batch (transducers) or beam_batch (CTC)",
+                self.strategy
+            );
+        }
+        Ok(())
+    }
 }
 
 /// One hypothesis of an N-best list.
@@ -270,12 +282,7 @@ pub fn transducer_beam(
     };
     cfg.check(head)?;
     check_boost(boost, model.hparams.vocab_size)?;
-    if boost.is_some() && !cfg.strategy.boosts() {
-        bail!(
-            "beam strategy {} cannot boost phrases (NeMo refuses it too); use malsd_batch",
-            cfg.strategy
-        );
-    }
+    cfg.check_boosting(boost.is_some())?;
     let nets = Nets::new(model)?;
     let input = Projection {
         width: nets.frame_width(joint_enc, frames)?,
