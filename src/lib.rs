@@ -23,5 +23,6 @@ pub mod model_source;
 pub mod output;
 pub mod server;
 pub mod session;
+pub mod stream;
 pub mod tokenizer;
 pub mod transcript;
