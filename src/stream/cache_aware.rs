@@ -74,12 +74,15 @@ pub struct CacheAwareStream {
     frames_done: usize,
     /// The utterance being spoken.
     tokens: Vec<Token>,
-    /// The model's end-of-utterance piece, if it has one.
-    eou: Option<usize>,
+    /// The model's end-of-utterance and end-of-backchannel pieces (`<EOU>`, `<EOB>`).
+    markers: Vec<usize>,
     records: Vec<ChunkRecord>,
 }
 
 /// The models that stream, for the error a non-streaming model gets.
+/// The pieces that end an utterance (nvidia/parakeet_realtime_eou_120m-v1).
+const END_MARKERS: [&str; 2] = ["<EOU>", "<EOB>"];
+
 const STREAMING_MODELS: &str = "NeMo's cache-aware FastConformers (att_context_style \
      chunked_limited, causal_downsampling, conv_context_size causal), e.g. \
      nvidia/nemotron-speech-streaming-en-0.6b, nvidia/parakeet_realtime_eou_120m-v1, \
@@ -145,7 +148,14 @@ impl CacheAwareStream {
             _ => HeadState::Transducer(None),
         };
         let mel = StreamingMel::new(&model.window, &model.filterbank, session.mel_config());
-        let eou = model.tokenizer.pieces().iter().position(|p| p == "<EOU>");
+        let markers = model
+            .tokenizer
+            .pieces()
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| END_MARKERS.contains(&p.as_str()))
+            .map(|(id, _)| id)
+            .collect();
         Ok(CacheAwareStream {
             encoder: EncoderState::streaming(&model, params),
             n_mels: e.feat_in,
@@ -162,7 +172,7 @@ impl CacheAwareStream {
             head,
             frames_done: 0,
             tokens: Vec::new(),
-            eou,
+            markers,
             records: Vec::new(),
         })
     }
@@ -277,25 +287,42 @@ impl CacheAwareStream {
         Ok(())
     }
 
-    /// Adds a chunk's tokens to the utterance: a `Partial` when it gained any, a `Final` at
-    /// each end-of-utterance token (which is not part of the text).
+    /// Adds a chunk's tokens to the utterance: a `Partial` when it gained any; a `Final` when
+    /// they hold an end marker, after which the encoder's caches and the decoder start afresh
+    /// (as NeMo's voice agent resets its streaming state on `<EOU>` / `<EOB>`).
     fn emit(&mut self, tokens: Vec<Token>, events: &mut Vec<StreamEvent>) {
-        let mut grew = false;
-        for t in tokens {
-            if Some(t.id) == self.eou {
-                if !self.tokens.is_empty() {
-                    events.push(StreamEvent::Final(self.utterance()));
-                }
-                self.tokens.clear();
-                grew = false;
-                continue;
+        let (kept, ended) = end_of_utterance(tokens, &self.markers);
+        let grew = !kept.is_empty();
+        self.tokens.extend(kept);
+        if !ended {
+            if grew {
+                events.push(StreamEvent::Partial(self.utterance()));
             }
-            self.tokens.push(t);
-            grew = true;
+            return;
         }
-        if grew {
-            events.push(StreamEvent::Partial(self.utterance()));
+        if !self.tokens.is_empty() {
+            events.push(StreamEvent::Final(self.utterance()));
         }
+        self.tokens.clear();
+        self.restart_model_state();
+    }
+
+    /// The encoder's caches and the decoder's state as at the start of a stream.
+    fn restart_model_state(&mut self) {
+        let model = self.session.model().clone();
+        self.encoder = EncoderState::streaming(&model, self.params);
+        self.head = match self.head {
+            HeadState::Transducer(_) => HeadState::Transducer(None),
+            HeadState::Ctc { .. } => HeadState::Ctc {
+                previous: model.hparams.blank_id(),
+            },
+        };
+    }
+
+    /// Test hook: treat `ids` as end-of-utterance pieces (the tiny reference models have none).
+    #[doc(hidden)]
+    pub fn set_end_markers(&mut self, ids: Vec<usize>) {
+        self.markers = ids;
     }
 
     /// The utterance so far.
@@ -327,16 +354,22 @@ impl CacheAwareStream {
         self.features_base = 0;
         self.next = 0;
         self.step = 0;
-        self.encoder = EncoderState::streaming(&model, self.params);
-        self.head = match self.head {
-            HeadState::Transducer(_) => HeadState::Transducer(None),
-            HeadState::Ctc { .. } => HeadState::Ctc {
-                previous: model.hparams.blank_id(),
-            },
-        };
+        self.restart_model_state();
         self.frames_done = 0;
         self.tokens.clear();
     }
+}
+
+/// A chunk's tokens without the end markers among them, and whether there was one (the
+/// utterance then ends with this chunk).
+fn end_of_utterance(tokens: Vec<Token>, markers: &[usize]) -> (Vec<Token>, bool) {
+    let before = tokens.len();
+    let kept: Vec<Token> = tokens
+        .into_iter()
+        .filter(|t| !markers.contains(&t.id))
+        .collect();
+    let ended = kept.len() < before;
+    (kept, ended)
 }
 
 impl LiveTranscriber for CacheAwareStream {
@@ -392,5 +425,35 @@ impl LiveTranscriber for CacheAwareStream {
         }
         self.reset();
         Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(ids: &[usize]) -> Vec<Token> {
+        ids.iter()
+            .enumerate()
+            .map(|(frame, &id)| Token {
+                id,
+                frame,
+                duration: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_end_marker_ends_the_utterance_and_is_not_part_of_it() {
+        let ids = |t: &[Token]| t.iter().map(|t| t.id).collect::<Vec<_>>();
+        let (kept, ended) = end_of_utterance(tokens(&[5, 7, 9]), &[99, 100]);
+        assert_eq!((ids(&kept), ended), (vec![5, 7, 9], false));
+        let (kept, ended) = end_of_utterance(tokens(&[5, 99, 7]), &[99, 100]);
+        assert_eq!((ids(&kept), ended), (vec![5, 7], true));
+        assert_eq!(kept[1].frame, 2, "tokens keep their frames");
+        let (kept, ended) = end_of_utterance(tokens(&[100]), &[99, 100]);
+        assert_eq!((ids(&kept), ended), (vec![], true));
+        let (kept, ended) = end_of_utterance(tokens(&[]), &[]);
+        assert_eq!((ids(&kept), ended), (vec![], false));
     }
 }

@@ -252,3 +252,84 @@ fn check_encoder(run: &Run, dir: &std::path::Path, what: &str) {
     println!("{what}: stream_encoder_out rel err {err:.2e}");
     assert!(err <= TOL, "{what}: stream_encoder_out rel err {err:.2e}");
 }
+
+/// An end-of-utterance piece ends the utterance there with a `Final` (without the piece) and
+/// the next tokens start a new one. The tiny models have no `<EOU>`: one of their pieces is
+/// made the marker.
+#[test]
+fn an_end_of_utterance_token_gives_a_final_and_a_new_utterance() {
+    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), 2).unwrap();
+    let config = CacheAwareConfig {
+        att_context: Some([70, 13]),
+        record_chunks: true,
+        ..CacheAwareConfig::default()
+    };
+    let mut stream = CacheAwareStream::new(session, config).unwrap();
+    // NeMo's chunk 0 emits [46, 29, 29, 27, ...] (result.json): 27 ends the utterance.
+    stream.set_end_markers(vec![27]);
+    let samples = clip_samples("speech_10s.wav");
+    let mut events = stream.accept(&samples).unwrap();
+    events.extend(stream.finish().unwrap());
+    let records = stream.take_records();
+    assert_eq!(records[0].new_tokens[..4], [46, 29, 29, 27]);
+    let StreamEvent::Final(first) = &events[0] else {
+        panic!("the first chunk ends an utterance: {:?}", events[0]);
+    };
+    let ids: Vec<usize> = first.tokens.iter().map(|t| t.id).collect();
+    let want: Vec<usize> = records[0]
+        .new_tokens
+        .iter()
+        .copied()
+        .filter(|&id| id != 27)
+        .collect();
+    assert_eq!(ids, want, "the chunk's tokens without the marker");
+    // After the Final a new utterance grows from empty.
+    let later: Vec<&StreamEvent> = events[1..].iter().collect();
+    assert!(!later.is_empty());
+    for e in later {
+        let u = match e {
+            StreamEvent::Partial(u) | StreamEvent::Final(u) => u,
+        };
+        assert!(u.tokens.iter().all(|t| t.id != 27), "markers never appear");
+        assert!(
+            u.tokens.iter().all(|t| t.frame >= 14),
+            "later utterances start later"
+        );
+    }
+}
+
+#[test]
+fn non_streaming_models_and_unknown_lookaheads_are_refused() {
+    let session = Session::load(&gguf("tiny_tdt", OutType::F32), 1).unwrap();
+    let e = CacheAwareStream::new(session, CacheAwareConfig::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("not a cache-aware streaming model") && e.contains("nemotron-speech-streaming"),
+        "{e}"
+    );
+    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), 1).unwrap();
+    let config = CacheAwareConfig {
+        att_context: Some([70, 2]),
+        ..CacheAwareConfig::default()
+    };
+    let e = CacheAwareStream::new(session, config)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("att_context 70,2 is not one of the model's lookaheads (70,13 70,6 70,1 70,0)"),
+        "{e}"
+    );
+    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), 1).unwrap();
+    let config = CacheAwareConfig {
+        decoder: DecoderChoice::Ctc,
+        ..CacheAwareConfig::default()
+    };
+    let e = CacheAwareStream::new(session, config)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("no CTC head"), "{e}");
+}
