@@ -277,6 +277,36 @@ fn info(model: &Path) -> Result<()> {
         e.xscaling,
         e.attention
     )?;
+    if !hp.preprocessor.normalize_per_feature {
+        outln!("features:     raw log-mel (normalize NA)")?;
+    }
+    for (i, &context) in e.att_context_sizes.iter().enumerate() {
+        let Some(s) = e.streaming(context) else {
+            continue;
+        };
+        let ms = |feature_frames: usize| {
+            feature_frames as f64 * hp.preprocessor.hop_length as f64 * 1000.0
+                / hp.preprocessor.sample_rate as f64
+        };
+        outln!(
+            "streaming:    att_context [{}, {}]{}: chunk {} ms ({}/{} mel frames, shift {}/{}), {} \
+             encoder frames a chunk, attention cache {} frames, conv cache {}, pre-encode cache \
+             {} mel frames, drop_extra_pre_encoded {}",
+            context[0],
+            context[1],
+            if i == 0 { " (default)" } else { "" },
+            ms(s.shift_size[1]),
+            s.chunk_size[0],
+            s.chunk_size[1],
+            s.shift_size[0],
+            s.shift_size[1],
+            s.valid_out_len,
+            s.last_channel_cache_size,
+            s.last_time_cache_size,
+            s.pre_encode_cache_size,
+            s.drop_extra_pre_encoded
+        )?;
+    }
     if hp.model_type.has_transducer() {
         outln!(
             "decoder:      LSTM {} x {}, joint {}, max symbols {}{}",

@@ -48,3 +48,7 @@ pub trait LiveTranscriber {
     /// has text) and resets, so the next `accept` starts a new stream at time 0.
     fn finish(&mut self) -> Result<Vec<StreamEvent>>;
 }
+
+mod cache_aware;
+
+pub use cache_aware::{CacheAwareConfig, CacheAwareStream, ChunkRecord};

@@ -508,3 +508,23 @@ fn beam_nbest_in_json_equals_nemo() {
         assert!(ours["tokens"][0].get("confidence").is_none(), "{case}");
     }
 }
+
+/// `info` on a cache-aware streaming model lists every lookahead's schedule and caches (NeMo's
+/// `streaming_cfg`: chunk 1+8R / 8(R+1) mel frames, 70-frame attention cache, 9 pre-encode
+/// frames, 2 subsampled frames dropped).
+#[test]
+fn info_shows_the_streaming_parameters() {
+    let root = scratch("info-stream");
+    let model = gguf("tiny_stream_rnnt", parakeet::convert::OutType::F32);
+    let s = text(&parakeet(&["info", model.to_str().unwrap()], &root).stdout);
+    for want in [
+        "attention chunked [70, 13]",
+        "raw log-mel (normalize NA)",
+        "att_context [70, 13] (default): chunk 1120 ms (105/112 mel frames, shift 105/112), 14 \
+         encoder frames a chunk, attention cache 70 frames, conv cache 8, pre-encode cache 9 mel \
+         frames, drop_extra_pre_encoded 2",
+        "att_context [70, 0]: chunk 80 ms (1/8 mel frames",
+    ] {
+        assert!(s.contains(want), "{want}: {s}");
+    }
+}
