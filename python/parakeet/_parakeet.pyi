@@ -1,6 +1,7 @@
 """Type hints of the native module (re-exported by ``parakeet``)."""
 
 import os
+import pathlib
 from typing import List, Optional, Sequence, Union, overload
 
 import numpy as np
@@ -96,8 +97,8 @@ class Model:
     @property
     def name(self) -> str: ...
     @property
-    def path(self) -> str:
-        """The GGUF file loaded."""
+    def path(self) -> pathlib.Path:
+        """The GGUF file loaded (the cached conversion for a .nemo or a hub id)."""
     @property
     def sample_rate(self) -> int: ...
     @property
