@@ -108,6 +108,8 @@ pub struct ConvertReport {
     pub q4_0_tensors: usize,
     /// q8_0 tensors repacked into the `q8_0x8` layout.
     pub repacked_tensors: usize,
+    /// q4_0 tensors repacked into the `q4_0x8` layout.
+    pub repacked_q4_tensors: usize,
     /// Size of the written GGUF.
     pub bytes: u64,
     pub elapsed: Duration,
@@ -128,8 +130,8 @@ pub fn convert_with_progress(
     convert_impl(nemo, out, ty, true, progress)
 }
 
-/// [`convert`] without the `q8_0x8` layout (q8_0 matrices in ggml's own order; f32 ones are
-/// still panel-packed): the files written before that layout existed, which must keep loading
+/// [`convert`] without the `q8_0x8` and `q4_0x8` layouts (quantized matrices in ggml's own
+/// order; f32 ones are still panel-packed): the files written before that layout existed, which must keep loading
 /// and working.
 pub fn convert_ggml_layout(nemo: &Path, out: &Path, ty: OutType) -> Result<ConvertReport> {
     convert_impl(nemo, out, ty, false, |_, _| {})
@@ -184,6 +186,7 @@ fn convert_impl(
         panel16_tensors: 0,
         q4_0_tensors: 0,
         repacked_tensors: 0,
+        repacked_q4_tensors: 0,
         bytes: 0,
         elapsed: Duration::ZERO,
     };
@@ -200,6 +203,7 @@ fn convert_impl(
         match layout {
             Layout::Panel16 => report.panel16_tensors += 1,
             Layout::Q8_0x8 => report.repacked_tensors += 1,
+            Layout::Q4_0x8 => report.repacked_q4_tensors += 1,
             Layout::Plain => {}
         }
         report.params += ne.iter().product::<usize>();
