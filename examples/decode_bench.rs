@@ -16,23 +16,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::cpu_seconds;
+
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// CPU seconds of the whole process: with one thread the decoder's own work, free of the time
-/// other processes take the cores (wall time is reported beside it).
-fn cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -200,7 +200,7 @@ macro_rules! outln {
 fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
     let r = convert_with_progress(input, output, ty, |_, _| {})?;
     eprintln!(
-        "{} -> {}: {:?} ({} tensors, {:.1}M params; f32 {} ({} panel-packed), f16 {}, q8_0 {} ({} as q8_0x8), q4_0 {}), {:.1} MiB in {:.2} s",
+        "{} -> {}: {:?} ({} tensors, {:.1}M params; f32 {} ({} panel-packed), f16 {}, q8_0 {} ({} as q8_0x8), q4_0 {} ({} as q4_0x8)), {:.1} MiB in {:.2} s",
         input.display(),
         output.display(),
         r.model_type,
@@ -212,6 +212,7 @@ fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
         r.q8_0_tensors,
         r.repacked_tensors,
         r.q4_0_tensors,
+        r.repacked_q4_tensors,
         r.bytes as f64 / (1 << 20) as f64,
         r.elapsed.as_secs_f64()
     );
@@ -333,7 +334,7 @@ fn info(model: &Path) -> Result<()> {
             let kind = match w.layout() {
                 Layout::Plain => w.dtype().name().to_string(),
                 Layout::Panel16 => format!("{} panel16", w.dtype().name()),
-                Layout::Q8_0x8 => "q8_0x8".to_string(),
+                Layout::Q8_0x8 | Layout::Q4_0x8 => w.layout().name().to_string(),
             };
             let entry = by_type.entry(kind).or_default();
             entry.0 += 1;
