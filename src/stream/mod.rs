@@ -6,6 +6,13 @@
 //! `stream` command, the server's WebSocket endpoint) speak only this trait, so they neither
 //! know nor care how the chunks are scheduled or which head decodes.
 
+pub mod input;
+#[cfg(feature = "mic")]
+pub mod mic;
+pub mod open;
+pub mod pump;
+pub mod render;
+
 use crate::tokenizer::{Token, Word};
 use anyhow::Result;
 

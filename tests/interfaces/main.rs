@@ -5,4 +5,7 @@ mod common;
 
 mod cli;
 mod hub;
+mod live_double;
+mod realtime;
 mod serve;
+mod stream;
