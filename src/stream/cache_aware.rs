@@ -79,11 +79,11 @@ pub struct CacheAwareStream {
     records: Vec<ChunkRecord>,
 }
 
-/// The models that stream, for the error a non-streaming model gets.
 /// The pieces that end an utterance (nvidia/parakeet_realtime_eou_120m-v1).
 const END_MARKERS: [&str; 2] = ["<EOU>", "<EOB>"];
 
-const STREAMING_MODELS: &str = "NeMo's cache-aware FastConformers (att_context_style \
+/// The models that stream, for the error a non-streaming model gets.
+pub const STREAMING_MODELS: &str = "NeMo's cache-aware FastConformers (att_context_style \
      chunked_limited, causal_downsampling, conv_context_size causal), e.g. \
      nvidia/nemotron-speech-streaming-en-0.6b, nvidia/parakeet_realtime_eou_120m-v1, \
      nvidia/stt_en_fastconformer_hybrid_large_streaming_multi";
@@ -99,7 +99,8 @@ impl CacheAwareStream {
         let default = e.att_context_sizes.first().copied();
         let Some(params) = default.and_then(|c| e.streaming(c)) else {
             bail!(
-                "{shown}: not a cache-aware streaming model (attention {}); models that stream: \
+                "{shown} cannot stream: not a cache-aware streaming model (attention {}); models \
+                 that stream: \
                  {STREAMING_MODELS}",
                 e.attention
             );

@@ -58,4 +58,4 @@ pub trait LiveTranscriber {
 
 mod cache_aware;
 
-pub use cache_aware::{CacheAwareConfig, CacheAwareStream, ChunkRecord};
+pub use cache_aware::{CacheAwareConfig, CacheAwareStream, ChunkRecord, STREAMING_MODELS};

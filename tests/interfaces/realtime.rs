@@ -24,7 +24,7 @@ fn config() -> RealtimeConfig {
 }
 
 /// Serves the endpoint on 127.0.0.1 (any free port) on a thread of its own.
-fn start(config: RealtimeConfig, factory: TranscriberFactory) -> SocketAddr {
+pub(crate) fn start(config: RealtimeConfig, factory: TranscriberFactory) -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
