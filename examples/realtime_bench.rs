@@ -9,8 +9,9 @@
 //! Then STREAMS (default 8) clients each send AUDIO at the speaker's pace, PIECE_MS (default
 //! 100) of pcm16 at 16 kHz an `input_audio_buffer.append`, starting a fraction of a piece apart
 //! so their chunks do not line up, and commit at the end. A stream that fell behind real time
-//! would have a backlog of appends when it commits: the time from its commit to its
-//! `.completed` ("final lag") shows it. A stream also notes how late each append went out
+//! would have a backlog of appends when it commits: the time from its commit to its last
+//! `.completed` ("final lag") shows it. A stream's text is its completed transcripts joined
+//! with spaces (long utterances are cut into several). A stream also notes how late each append went out
 //! against its schedule (the client's own lateness, should the machine be too busy to send).
 
 use anyhow::{Context, Result, bail, ensure};
@@ -122,23 +123,27 @@ fn run_stream(
     }
     let b64 = base64::engine::general_purpose::STANDARD;
     let (mut deltas, mut late_max) = (0, 0.0f64);
+    let mut finals = Vec::new();
     for (k, piece) in pcm.chunks(piece_bytes).enumerate() {
         if let Some((first, every)) = schedule {
             let due = first + every * k as u32;
             // Read what the server sent while waiting for the piece's time.
             while Instant::now() < due {
-                deltas += drain(&mut ws)?;
+                deltas += drain(&mut ws, &mut finals)?;
             }
             late_max = late_max.max(due.elapsed().as_secs_f64() * 1e3);
         }
         let append = json!({"type": "input_audio_buffer.append", "audio": b64.encode(piece)});
         ws.send(Message::text(append.to_string()))?;
-        deltas += drain(&mut ws)?;
+        deltas += drain(&mut ws, &mut finals)?;
     }
-    ws.send(Message::text(
-        json!({"type": "input_audio_buffer.commit"}).to_string(),
-    ))?;
+    // The clear after the commit is answered after everything the commit brought: its
+    // `.cleared` marks the end of the stream's events.
+    for kind in ["input_audio_buffer.commit", "input_audio_buffer.clear"] {
+        ws.send(Message::text(json!({ "type": kind }).to_string()))?;
+    }
     let committed = Instant::now();
+    let mut last_completed = committed;
     if let MaybeTlsStream::Plain(tcp) = ws.get_ref() {
         tcp.set_read_timeout(Some(Duration::from_secs(120)))?;
     }
@@ -147,12 +152,15 @@ fn run_stream(
         match event["type"].as_str().unwrap_or("") {
             "conversation.item.input_audio_transcription.delta" => deltas += 1,
             "conversation.item.input_audio_transcription.completed" => {
-                let final_lag_ms = committed.elapsed().as_secs_f64() * 1e3;
-                let text = event["transcript"].as_str().unwrap_or("").to_owned();
+                last_completed = Instant::now();
+                finals.push(event["transcript"].as_str().unwrap_or("").to_owned());
+            }
+            "input_audio_buffer.cleared" => {
                 let _ = ws.close(None);
+                finals.retain(|f| !f.is_empty());
                 return Ok(Run {
-                    text,
-                    final_lag_ms,
+                    text: finals.join(" "),
+                    final_lag_ms: (last_completed - committed).as_secs_f64() * 1e3,
                     deltas,
                     client_late_max_ms: late_max,
                 });
@@ -163,12 +171,16 @@ fn run_stream(
     }
 }
 
-/// Reads the events waiting now (the socket has a short read timeout); counts the deltas.
-fn drain(ws: &mut Socket) -> Result<usize> {
+/// Reads the events waiting now (the socket has a short read timeout); counts the deltas and
+/// collects the completed transcripts.
+fn drain(ws: &mut Socket, finals: &mut Vec<String>) -> Result<usize> {
     let mut deltas = 0;
     while let Some(event) = next_event(ws)? {
         match event["type"].as_str().unwrap_or("") {
             "conversation.item.input_audio_transcription.delta" => deltas += 1,
+            "conversation.item.input_audio_transcription.completed" => {
+                finals.push(event["transcript"].as_str().unwrap_or("").to_owned())
+            }
             "error" => bail!("server error: {event}"),
             _ => {}
         }

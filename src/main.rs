@@ -161,6 +161,11 @@ struct StreamArgs {
     /// the command fails (exit 1) saying the stream was cut.
     #[arg(long, value_name = "S")]
     max_seconds: Option<f64>,
+    /// An utterance that runs this long without the model ending it (a model without an
+    /// end-of-utterance token, or a long monologue) is finished at its last word start and the
+    /// next one goes on from there; 0: never cut.
+    #[arg(long, value_name = "S", default_value_t = parakeet::stream::DEFAULT_MAX_UTTERANCE_SECONDS)]
+    max_utterance_seconds: f64,
 }
 
 fn parse_att_context(s: &str) -> Result<[usize; 2], String> {
@@ -836,11 +841,18 @@ fn stream(args: StreamArgs) -> Result<u8> {
     {
         bail!("--max-seconds must be positive (got {s})");
     }
+    let cut = args.max_utterance_seconds;
+    if !cut.is_finite() || cut < 0.0 {
+        bail!(
+            "--max-utterance-seconds must be 0 (never cut) or a positive number of seconds (got {cut})"
+        );
+    }
     let model = Arc::new(Model::load(&resolve_model(&args.model)?)?);
     let options = LiveOptions {
         att_context: args.att_context,
         decoder: args.decoder,
         threads: args.threads.unwrap_or_else(default_threads),
+        max_utterance_seconds: (cut > 0.0).then_some(cut),
     };
     let mut transcriber = open_live(&model, &options)?;
     let stdout = std::io::stdout();

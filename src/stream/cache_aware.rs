@@ -76,8 +76,17 @@ pub struct CacheAwareStream {
     tokens: Vec<Token>,
     /// The model's end-of-utterance and end-of-backchannel pieces (`<EOU>`, `<EOB>`).
     markers: Vec<usize>,
+    /// An utterance this long without an end marker is cut at a word start
+    /// ([`Self::set_max_utterance_seconds`]).
+    max_utterance_seconds: Option<f64>,
     records: Vec<ChunkRecord>,
 }
+
+/// The longest utterance a stream reports before it cuts one at a word start, by default.
+/// A model without an end-of-utterance token (nvidia/nemotron-speech-streaming-en-0.6b) would
+/// otherwise make one utterance of a whole stream, and every partial of an hour-long stream
+/// would carry the hour's text.
+pub const DEFAULT_MAX_UTTERANCE_SECONDS: f64 = 30.0;
 
 /// The pieces that end an utterance (nvidia/parakeet_realtime_eou_120m-v1).
 const END_MARKERS: [&str; 2] = ["<EOU>", "<EOB>"];
@@ -174,6 +183,7 @@ impl CacheAwareStream {
             frames_done: 0,
             tokens: Vec::new(),
             markers,
+            max_utterance_seconds: Some(DEFAULT_MAX_UTTERANCE_SECONDS),
             records: Vec::new(),
         })
     }
@@ -288,16 +298,22 @@ impl CacheAwareStream {
         Ok(())
     }
 
-    /// Adds a chunk's tokens to the utterance: a `Partial` when it gained any; a `Final` when
-    /// they hold an end marker, after which the encoder's caches and the decoder start afresh
-    /// (as NeMo's voice agent resets its streaming state on `<EOU>` / `<EOB>`).
+    /// Adds a chunk's tokens to the utterance: a `Partial` when it gained any (after a `Final`
+    /// of its first words when it grew too long); a `Final` when they hold an end marker,
+    /// after which the encoder's caches and the decoder start afresh (as NeMo's voice agent
+    /// resets its streaming state on `<EOU>` / `<EOB>`).
     fn emit(&mut self, tokens: Vec<Token>, events: &mut Vec<StreamEvent>) {
         let (kept, ended) = end_of_utterance(tokens, &self.markers);
         let grew = !kept.is_empty();
         self.tokens.extend(kept);
         if !ended {
             if grew {
-                events.push(StreamEvent::Partial(self.utterance()));
+                if let Some(done) = self.cut_long_utterance() {
+                    events.push(StreamEvent::Final(done));
+                }
+                if !self.tokens.is_empty() {
+                    events.push(StreamEvent::Partial(self.utterance()));
+                }
             }
             return;
         }
@@ -318,6 +334,44 @@ impl CacheAwareStream {
                 previous: model.hparams.blank_id(),
             },
         };
+    }
+
+    /// Cut utterances that run longer than `seconds` without an end marker (`None`: never;
+    /// the default is [`DEFAULT_MAX_UTTERANCE_SECONDS`]). Only the reported text is cut, at
+    /// the start of the utterance's last word: the encoder and decoder carry on, so the finals'
+    /// texts joined with spaces are the uncut stream's text.
+    pub fn set_max_utterance_seconds(&mut self, seconds: Option<f64>) {
+        self.max_utterance_seconds = seconds.filter(|s| *s > 0.0);
+    }
+
+    /// When the utterance spans more than the limit: its words before the last one, as a
+    /// finished utterance; the last word stays as the start of the next. An utterance without
+    /// a word start to cut at ends whole once it spans twice the limit.
+    fn cut_long_utterance(&mut self) -> Option<Utterance> {
+        let limit = self.max_utterance_seconds?;
+        let (first, last) = (self.tokens.first()?, self.tokens.last()?);
+        let frames = last.frame + last.duration.max(1) - first.frame;
+        let span = frames as f64 * self.session.model().hparams.geometry().frame_seconds();
+        if span <= limit {
+            return None;
+        }
+        // A piece with the word mark starts a word; the text cut before it loses only the
+        // space the mark stands for.
+        let tokenizer = &self.session.model().tokenizer;
+        let starts_word = |t: &Token| {
+            tokenizer
+                .piece(t.id)
+                .is_some_and(|p| p.starts_with('\u{2581}'))
+        };
+        let cut = match self.tokens.iter().rposition(starts_word) {
+            Some(i) if i > 0 => i,
+            _ if span > 2.0 * limit => self.tokens.len(),
+            _ => return None,
+        };
+        let rest = self.tokens.split_off(cut);
+        let done = self.utterance();
+        self.tokens = rest;
+        Some(done)
     }
 
     /// Test hook: treat `ids` as end-of-utterance pieces (the tiny reference models have none).

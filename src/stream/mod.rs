@@ -58,4 +58,7 @@ pub trait LiveTranscriber {
 
 mod cache_aware;
 
-pub use cache_aware::{CacheAwareConfig, CacheAwareStream, ChunkRecord, STREAMING_MODELS};
+pub use cache_aware::{
+    CacheAwareConfig, CacheAwareStream, ChunkRecord, DEFAULT_MAX_UTTERANCE_SECONDS,
+    STREAMING_MODELS,
+};

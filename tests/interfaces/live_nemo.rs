@@ -122,12 +122,46 @@ fn the_stream_command_gives_nemos_streaming_texts() {
 }
 
 #[test]
+fn a_long_utterance_is_cut_at_word_starts_into_finals_that_join_to_nemos_text() {
+    let wav = fixtures().join("audio/speech_10s.wav");
+    let (_, nemo_final) = nemo_texts("rnnt");
+    let (partials, finals) = run_stream(
+        &[wav.to_str().unwrap(), "--max-utterance-seconds", "2"],
+        None,
+    );
+    assert!(
+        finals.len() >= 3,
+        "a 10 s clip in utterances of about 2 s: {finals:?}"
+    );
+    assert_eq!(
+        finals.join(" "),
+        nemo_final,
+        "the cut loses or moves no text"
+    );
+    assert!(finals.iter().all(|f| !f.is_empty() && !f.starts_with(' ')));
+    // Each partial is its utterance so far: a prefix of the final it grows into.
+    let mut next_final = finals.iter();
+    let mut current = next_final.next().unwrap();
+    for p in &partials {
+        while !current.starts_with(p.as_str()) {
+            current = next_final.next().expect("a partial of no final");
+        }
+    }
+    let (_, uncut) = run_stream(
+        &[wav.to_str().unwrap(), "--max-utterance-seconds", "0"],
+        None,
+    );
+    assert_eq!(uncut, [nemo_final]);
+}
+
+#[test]
 fn the_websocket_gives_nemos_streaming_text() {
     let model = Arc::new(Model::load(&gguf(MODEL, OutType::F32)).unwrap());
     let options = LiveOptions {
         att_context: None,
         decoder: DecoderChoice::Auto,
         threads: 1,
+        ..LiveOptions::default()
     };
     let factory: TranscriberFactory = Arc::new(move || open_live(&model, &options));
     let config = RealtimeConfig {
