@@ -115,7 +115,8 @@ pub trait FusedOps<'g> {
     ) -> Tensor<'g>;
 
     /// Rel-pos multi-head attention over the keys `window` gives each query (see
-    /// [`attention::rel_pos_attention_over`]).
+    /// [`attention::rel_pos_attention_over`]); it runs after the nodes `after` (writes of the
+    /// keys and values it reads in place).
     #[allow(clippy::too_many_arguments)]
     fn rel_pos_attention(
         &mut self,
@@ -126,6 +127,7 @@ pub trait FusedOps<'g> {
         bias_u: Tensor<'g>,
         bias_v: Tensor<'g>,
         window: attention::KeyWindow,
+        after: &[Tensor<'g>],
     ) -> Tensor<'g>;
 }
 
@@ -236,8 +238,9 @@ impl<'g> FusedOps<'g> for Graph<'g> {
         bias_u: Tensor<'g>,
         bias_v: Tensor<'g>,
         window: attention::KeyWindow,
+        after: &[Tensor<'g>],
     ) -> Tensor<'g> {
-        attention::rel_pos_attention_over(self, q, k, v, p, bias_u, bias_v, window)
+        attention::rel_pos_attention_over(self, q, k, v, p, bias_u, bias_v, window, after)
     }
 }
 
