@@ -782,7 +782,7 @@ fn conv_padding<'g>(
     for a in axes {
         pads[a] = CAUSAL_PAD;
     }
-    (g.pad(x, pads), 0)
+    (g.pad_zeros(x, pads), 0)
 }
 
 /// Depthwise 3x3 stride-2 conv + pointwise 1x1 conv + ReLU on a channels-fastest [C, F, T].
@@ -1115,7 +1115,7 @@ fn conv_module<'g>(
                 let cached = g.rows(cache.conv, ring.start, ring.keep);
                 g.concat(cached, y, 1)
             }
-            None => g.pad(y, [(0, 0), (before, 0), (0, 0), (0, 0)]),
+            None => g.pad_zeros(y, [(0, 0), (before, 0), (0, 0), (0, 0)]),
         };
         let next = cache.map(|_| g.rows(z, t, before));
         let out = conv(g, z);

@@ -12,6 +12,7 @@ mod glu;
 mod linear;
 mod lstm;
 mod norm;
+mod pad;
 pub mod panel;
 pub mod qgemm;
 pub mod sgemm;
@@ -104,6 +105,9 @@ pub trait FusedOps<'g> {
 
     /// Gated linear unit over `ne0`: `y` [2D, T] -> `y[..D] * sigmoid(y[D..])` [D, T].
     fn glu(&mut self, y: Tensor<'g>) -> Tensor<'g>;
+
+    /// `x` with `pads[i] = (before, after)` zeros along axis `i` (ggml's pad, by whole rows).
+    fn pad_zeros(&mut self, x: Tensor<'g>, pads: [(usize, usize); 4]) -> Tensor<'g>;
 
     /// The subsampling's conv.0 + ReLU + depthwise conv.2 + bias as one node (see
     /// [`stem::conv_stem`]).
@@ -218,6 +222,10 @@ impl<'g> FusedOps<'g> for Graph<'g> {
 
     fn glu(&mut self, y: Tensor<'g>) -> Tensor<'g> {
         glu::glu(self, y)
+    }
+
+    fn pad_zeros(&mut self, x: Tensor<'g>, pads: [(usize, usize); 4]) -> Tensor<'g> {
+        pad::pad_zeros(self, x, pads)
     }
 
     fn conv_stem(
