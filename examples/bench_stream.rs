@@ -52,18 +52,23 @@ fn main() -> Result<()> {
     let first = first_results(&mut stream, &samples)?;
 
     let mut chunk_ms = Vec::new();
+    // The process's CPU time per chunk: the work a chunk costs, whatever else runs on the
+    // machine (all threads, a spinning one included).
+    let mut chunk_cpu_ms = Vec::new();
     // Per-chunk times of each window of `WINDOW_S` of audio, and VmRSS after the first minute.
     let mut windows: Vec<Vec<f64>> = Vec::new();
     let mut rss_minute_1 = None;
     let start = Instant::now();
     for (i, part) in samples.chunks(piece).enumerate() {
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), cpu_ms());
         let events = stream.accept(part)?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
+        let cpu = cpu_ms() - cpu;
         let fed_s = ((i + 1) * piece) as f64 / rate;
         // A piece may not complete a chunk (the first chunk is shorter than a shift).
         if i > 0 || !events.is_empty() {
             chunk_ms.push(ms);
+            chunk_cpu_ms.push(cpu);
             let w = (fed_s / WINDOW_S) as usize;
             windows.resize_with(windows.len().max(w + 1), Vec::new);
             windows[w].push(ms);
@@ -92,6 +97,8 @@ fn main() -> Result<()> {
         "per chunk: p50 {p50:.2} ms, p95 {p95:.2} ms, max {max:.2} ms; real-time factor {:.4}",
         total / audio_s
     );
+    let (c50, c95, cmax) = percentiles(&mut chunk_cpu_ms);
+    println!("process CPU time per chunk: p50 {c50:.2} ms, p95 {c95:.2} ms, max {cmax:.2} ms");
     let first_chunk_s = p.chunk_size[0] as f64 * stream.chunk_seconds() / p.shift_size[1] as f64;
     println!(
         "first chunk ({:.0} ms of features, its lookahead included): result {:.1} ms after \
@@ -154,6 +161,17 @@ fn percentiles(ms: &mut [f64]) -> (f64, f64, f64) {
     ms.sort_by(f64::total_cmp);
     let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
     (at(0.5), at(0.95), at(1.0))
+}
+
+/// The process's CPU time so far (every thread), ms.
+fn cpu_ms() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
 }
 
 /// A `/proc/self/status` field in kB (Linux).
