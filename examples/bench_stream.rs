@@ -181,7 +181,8 @@ fn rss_kb(field: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// When the first results come, the audio fed in 10 ms pieces as a live source does.
+/// When the first results come (within the first minute), the audio fed in 10 ms pieces as a
+/// live source does.
 struct FirstResults {
     /// Audio fed when the first chunk ran, and that `accept`'s compute.
     chunk_fed_s: f64,
@@ -201,7 +202,9 @@ fn first_results(stream: &mut CacheAwareStream, samples: &[f32]) -> Result<First
         partial: None,
     };
     let mut fed = 0;
-    for part in samples.chunks(piece) {
+    // The first minute at most: a model that stays silent (random weights) is not waited for.
+    let head = &samples[..samples.len().min(60 * stream.sample_rate() as usize)];
+    for part in head.chunks(piece) {
         fed += part.len();
         let frames_before = stream.frames_done();
         let t = Instant::now();
