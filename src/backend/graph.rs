@@ -89,6 +89,8 @@ pub struct Graph<'g> {
     max_nodes: usize,
     inputs: Vec<(NonNull<sys::ggml_tensor>, HostData)>,
     captures: Vec<(String, NonNull<sys::ggml_tensor>)>,
+    /// Writes into state tensors ([`Graph::write`]): computed even though no result reads them.
+    writes: Vec<NonNull<sys::ggml_tensor>>,
     /// Nodes that several ops read, by what they compute ([`Graph::shared`]): linears reading
     /// the same input (q, k and v) share one quantization or packing of it.
     shared: HashMap<SharedKey, Tensor<'g>>,
@@ -147,6 +149,7 @@ impl<'g> Graph<'g> {
             max_nodes,
             inputs: Vec::new(),
             captures: Vec::new(),
+            writes: Vec::new(),
             shared: HashMap::new(),
             bodies: Vec::new(),
             _graph: PhantomData,
@@ -241,6 +244,28 @@ impl<'g> Graph<'g> {
             format!("{}: a panel-packed weight is only read by linear", w.name())
         });
         self.wrap(w.raw(), "weight")
+    }
+
+    /// Tensor `i` of `state` as a leaf of this graph (read in place; see [`Graph::write`]).
+    pub fn state(&mut self, state: &super::StateTensors, i: usize) -> Tensor<'g> {
+        self.wrap(state.raw(i), "state")
+    }
+
+    /// Writes `src` into `dst`, a view of a state tensor ([`Graph::state`]), when the graph
+    /// runs. The returned node is the write: an op that reads the written rows must run after
+    /// it, so it takes the node as a source (ggml orders nodes by their sources only).
+    pub fn write(&mut self, src: Tensor<'g>, dst: Tensor<'g>) -> Tensor<'g> {
+        check(
+            src.elements() == dst.elements()
+                && src.dtype() == Some(DType::F32)
+                && dst.dtype() == Some(DType::F32),
+            || format!("write {:?} into {:?}", src.shape(), dst.shape()),
+        );
+        // SAFETY: equal element counts of f32 tensors (checked).
+        let p = unsafe { sys::ggml_cpy(self.ctx(), src.raw(), dst.raw()) };
+        let t = self.wrap(p, "state_write");
+        self.writes.push(t.ptr);
+        t
     }
 
     /// Read `t` back after the compute (several results from one graph); the handle reads it
@@ -717,7 +742,7 @@ impl<'g> Graph<'g> {
 
     // ---- finishing ----------------------------------------------------------------------
 
-    /// Expand the graph from `out` and every capture.
+    /// Expand the graph from `out`, every capture and every write.
     ///
     /// # Safety
     /// Called once, before allocation.
@@ -725,7 +750,7 @@ impl<'g> Graph<'g> {
         // SAFETY: ctx has room for max_nodes nodes (sized in `new`).
         unsafe {
             let gf = sys::ggml_new_graph_custom(self.ctx(), self.max_nodes, false);
-            for (_, t) in &self.captures {
+            for t in self.captures.iter().map(|c| &c.1).chain(&self.writes) {
                 sys::ggml_build_forward_expand(gf, t.as_ptr());
             }
             sys::ggml_build_forward_expand(gf, out.raw());

@@ -14,10 +14,12 @@
 pub(crate) mod custom;
 mod dtype;
 pub(crate) mod graph;
+mod state;
 pub(crate) mod weight;
 
 pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
+pub use state::StateTensors;
 pub use weight::{HostWeights, Weight};
 
 use anyhow::{Result, bail};
@@ -268,6 +270,14 @@ impl Backend {
             b.set_threads(n_threads);
             Ok(b)
         }
+    }
+
+    /// Zero-filled f32 tensors of the given `[width, rows]` shapes that keep their values
+    /// across this backend's computes (a stream's caches).
+    pub fn state_tensors(&self, shapes: &[[usize; 2]]) -> Result<StateTensors> {
+        // SAFETY: `backend` is live; its default buffer type is static.
+        let buft = unsafe { sys::ggml_backend_get_default_buffer_type(self.backend) };
+        StateTensors::new(buft, shapes)
     }
 
     /// Threads used by every following compute (values below 1 mean 1).

@@ -7,7 +7,7 @@
 //! Layout: ggml tensors here are `[d, T]` (`ne0` = channels, fastest), i.e. torch's `[T, d]`.
 
 use crate::audio::mel::Features;
-use crate::backend::{Backend, Graph, Tensor};
+use crate::backend::{Backend, CaptureId, Graph, StateTensors, Tensor};
 use crate::hparams::{Attention, EncoderParams, StreamingParams};
 use crate::kernels::{Chunking, FusedOps, KeyWindow};
 use crate::layout::Layout;
@@ -164,29 +164,157 @@ impl From<&Features> for FeatureImage {
 ///
 /// A whole file is one chunk from a fresh [`EncoderState::new`], which keeps no caches. A
 /// stream of a cache-aware model starts from [`EncoderState::streaming`]: every chunk then
-/// attends to the last `last_channel_cache_size` frames of each layer's attention input before
-/// it and continues each layer's causal depthwise conv from its last `kernel - 1` inputs.
+/// attends to the last `last_channel_cache_size` frames of each layer before it and continues
+/// each layer's causal depthwise conv from its last `kernel - 1` inputs.
+///
+/// The caches stay in backend buffers between chunks ([`ResidentCaches`]). NeMo caches the
+/// LayerNorm'd attention input; since `linear_k` and `linear_v` act on each frame alone, the
+/// keys and values of those frames are cached instead (the same numbers, each frame projected
+/// once instead of once per chunk it stays in the cache), and the positional table's
+/// projection (`linear_pos`, fixed for a lookahead) is computed once per stream.
 #[derive(Debug, Default)]
 pub struct EncoderState {
     /// A chunk has been encoded from this state.
     started: bool,
     stream: Option<StreamCaches>,
+    resident: Option<ResidentCaches>,
+    /// Keep NeMo's caches on the host too ([`EncoderState::record_caches`]).
+    record: bool,
+    /// Chunks the cache rings hold past their live rows ([`EncoderState::set_cache_room`]).
+    cache_room: Option<usize>,
 }
 
-/// The per-layer caches of a stream.
+/// A stream's progress and, when recorded ([`EncoderState::record_caches`]), NeMo's caches.
 #[derive(Clone, Debug)]
 pub struct StreamCaches {
     pub params: StreamingParams,
-    /// Per layer, `[last_channel_cache_size][d_model]` row-major: the last frames of the
-    /// LayerNorm'd attention input (`norm_self_att`'s output), oldest first; the first
-    /// `cache_size - channel_len` rows are not filled yet (zeros, masked).
+    /// Recorded only: per layer, `[last_channel_cache_size][d_model]` row-major: the last
+    /// frames of the LayerNorm'd attention input (`norm_self_att`'s output), oldest first; the
+    /// first `cache_size - channel_len` rows are not filled yet (zeros, masked).
     pub channel: Vec<Vec<f32>>,
     pub channel_len: usize,
-    /// Per layer, `[kernel - 1][d_model]` row-major: the last inputs of the depthwise conv
-    /// (zeros at the start: the causal conv's padding).
+    /// Recorded only: per layer, `[kernel - 1][d_model]` row-major: the last inputs of the
+    /// depthwise conv (zeros at the start: the causal conv's padding).
     pub time: Vec<Vec<f32>>,
     /// Chunks encoded so far.
     pub chunks: usize,
+}
+
+/// A stream's caches in backend buffers, read and written in place by each chunk's graph.
+///
+/// Per layer: the keys and the values (`linear_k` / `linear_v` of the attention input) and the
+/// depthwise conv's inputs, each a ring of rows where the live cache is the `keep` rows from
+/// `start`: a chunk writes its T new rows right after them and reads the `keep + T` rows as
+/// one contiguous view, then `start` moves on by T. When the next chunk would not fit, the
+/// live rows move to the front (every ~`keep / T` chunks, through the host). And the layer's
+/// projected positional table, once computed.
+#[derive(Debug)]
+struct ResidentCaches {
+    tensors: StateTensors,
+    /// Rows of each key / value ring and its live start; the same for the conv rings.
+    kv: Ring,
+    time: Ring,
+    /// Rows of the positional table, and whether the tensors hold its projection.
+    positions: usize,
+    positions_ready: bool,
+}
+
+/// Where the live rows of a set of ring tensors are.
+#[derive(Clone, Copy, Debug)]
+struct Ring {
+    rows: usize,
+    keep: usize,
+    start: usize,
+}
+
+/// The state tensors of layer `i` are `PER_LAYER * i +` these: keys, values, conv inputs,
+/// projected positions.
+const PER_LAYER: usize = 4;
+const KEYS: usize = 0;
+const VALUES: usize = 1;
+const CONV: usize = 2;
+const POSITIONS: usize = 3;
+fn keys_of(i: usize) -> usize {
+    PER_LAYER * i + KEYS
+}
+fn values_of(i: usize) -> usize {
+    PER_LAYER * i + VALUES
+}
+fn conv_of(i: usize) -> usize {
+    PER_LAYER * i + CONV
+}
+fn positions_of(i: usize) -> usize {
+    PER_LAYER * i + POSITIONS
+}
+
+impl ResidentCaches {
+    /// Zeroed caches for `layers` layers of width `d`, for chunks of at most `most` frames.
+    fn new(
+        backend: &Backend,
+        layers: usize,
+        d: usize,
+        params: &StreamingParams,
+        positions: usize,
+        most: usize,
+        room: Option<usize>,
+    ) -> Result<ResidentCaches> {
+        let kv = Ring::new(params.last_channel_cache_size, most, room);
+        let time = Ring::new(params.last_time_cache_size, most, room);
+        let shapes: Vec<[usize; 2]> = (0..layers)
+            .flat_map(|_| [[d, kv.rows], [d, kv.rows], [d, time.rows], [d, positions]])
+            .collect();
+        Ok(ResidentCaches {
+            tensors: backend.state_tensors(&shapes)?,
+            kv,
+            time,
+            positions,
+            positions_ready: false,
+        })
+    }
+
+    /// Room after the live rows of every ring for a chunk of `frames` frames.
+    fn make_room(&mut self, layers: usize, frames: usize) -> Result<()> {
+        for (ring, of) in [
+            (&mut self.kv, &[KEYS, VALUES][..]),
+            (&mut self.time, &[CONV][..]),
+        ] {
+            if ring.keep + frames > ring.rows {
+                bail!(
+                    "internal: a chunk of {frames} frames does not fit a stream cache of {} rows",
+                    ring.rows
+                );
+            }
+            if ring.start + ring.keep + frames <= ring.rows {
+                continue;
+            }
+            for i in 0..layers {
+                for &of in of {
+                    let t = PER_LAYER * i + of;
+                    let live = self.tensors.read_rows(t, ring.start, ring.keep);
+                    self.tensors.write_rows(t, 0, &live);
+                }
+            }
+            ring.start = 0;
+        }
+        Ok(())
+    }
+}
+
+impl Ring {
+    /// A ring keeping `keep` rows for chunks of up to `most` rows, with room for `room`
+    /// chunks after the live rows (by default about `keep / most`: the live rows then move
+    /// back to the front once per cache length, a copy as large as one chunk's writes).
+    fn new(keep: usize, most: usize, room: Option<usize>) -> Ring {
+        let rows = match room {
+            Some(chunks) => keep + most * chunks.max(1),
+            None => 2 * (keep + most),
+        };
+        Ring {
+            rows,
+            keep,
+            start: 0,
+        }
+    }
 }
 
 impl EncoderState {
@@ -201,7 +329,6 @@ impl EncoderState {
         let hp = &model.hparams.encoder;
         let layers = hp.n_layers;
         EncoderState {
-            started: false,
             stream: Some(StreamCaches {
                 params,
                 channel: vec![vec![0.0; params.last_channel_cache_size * hp.d_model]; layers],
@@ -209,10 +336,25 @@ impl EncoderState {
                 time: vec![vec![0.0; params.last_time_cache_size * hp.d_model]; layers],
                 chunks: 0,
             }),
+            ..EncoderState::default()
         }
     }
 
-    /// The stream's caches (None for a whole-file state).
+    /// Keep NeMo's caches (`cache_last_channel`, `cache_last_time`) on the host after every
+    /// chunk, in [`EncoderState::caches`] (tests and diagnostics; the stream itself does not
+    /// need them).
+    pub fn record_caches(&mut self) {
+        self.record = true;
+    }
+
+    /// Test hook: room for only `chunks` chunks in the cache rings, so that their live rows
+    /// move to the front that often (set before the first chunk).
+    #[doc(hidden)]
+    pub fn set_cache_room(&mut self, chunks: usize) {
+        self.cache_room = Some(chunks);
+    }
+
+    /// The stream's progress and, when recorded, its caches (None for a whole-file state).
     pub fn caches(&self) -> Option<&StreamCaches> {
         self.stream.as_ref()
     }
@@ -265,12 +407,39 @@ pub fn encode(
     let past = cache.map_or(0, |c| c.params.last_channel_cache_size);
     let first_valid = cache.map_or(0, |c| past - c.channel_len);
     let window = key_window(attention, frames, past, first_valid);
-    let pos = positional_rows(attention, frames, hp.d_model);
+    let pos_rows = window.left + window.right + 1;
     let capture_layers = outputs == Outputs::All { layers: true };
-    let time_len = hp.conv_kernel - 1;
+    let record = state.record;
+
+    if let Some(c) = cache
+        && state.resident.is_none()
+    {
+        let most = c.params.valid_out_len.max(frames) + 1;
+        let r = ResidentCaches::new(
+            backend,
+            hp.n_layers,
+            hp.d_model,
+            &c.params,
+            pos_rows,
+            most,
+            state.cache_room,
+        )?;
+        state.resident = Some(r);
+    }
+    let resident = match state.resident.as_mut() {
+        Some(r) => {
+            r.make_room(hp.n_layers, frames)?;
+            Some(&*r)
+        }
+        None => None,
+    };
+    // The positional table is projected in the graph unless the stream holds its projection
+    // (the same rows: a chunked window does not depend on the chunk's length).
+    let stored_positions = resident.is_some_and(|r| r.positions_ready && r.positions == pos_rows);
+    let pos = (!stored_positions).then(|| positional_rows(attention, frames, hp.d_model));
 
     let mut head_ids = HeadIds::default();
-    let mut cache_ids = Vec::new();
+    let mut cache_ids: Vec<(CaptureId, CaptureId)> = Vec::new();
     let computed = backend.compute_sized(graph_nodes(t_feat, frames, hp.n_layers), |g| {
         let x = g.input_f32_owned(chunk.data, &[hp.feat_in, t_feat, 1, 1]);
         let mut x = pre_encode_sliced(g, &model.encoder.pre_encode, x, subsampled, hp);
@@ -283,18 +452,28 @@ pub fn encode(
         if hp.xscaling {
             x = g.scale(x, (hp.d_model as f32).sqrt());
         }
-        let pos = g.input_f32_owned(pos, &[hp.d_model, window.left + window.right + 1]);
+        let pos = pos.map(|p| g.input_f32_owned(p, &[hp.d_model, pos_rows]));
         for (i, layer) in model.encoder.layers.iter().enumerate() {
             let taps = capture_layers && i == 0;
-            let layer_cache = cache.map(|c| LayerCache {
-                channel: g.input_f32(&c.channel[i], &[hp.d_model, past]),
-                time: g.input_f32(&c.time[i], &[hp.d_model, time_len]),
+            let layer_cache = resident.map(|r| LayerCache {
+                keys: g.state(&r.tensors, keys_of(i)),
+                values: g.state(&r.tensors, values_of(i)),
+                kv: r.kv,
+                conv: g.state(&r.tensors, conv_of(i)),
+                time: r.time,
+                store_positions: (!stored_positions).then(|| g.state(&r.tensors, positions_of(i))),
             });
-            let (y, next) = conformer_layer(g, hp, layer, x, (pos, window), taps, layer_cache);
+            let positions = match (pos, resident) {
+                (Some(table), _) => LayerPositions::Table(table),
+                (None, Some(r)) => LayerPositions::Projected(g.state(&r.tensors, positions_of(i))),
+                (None, None) => unreachable!("a table is built unless the stream holds one"),
+            };
+            let (y, next) =
+                conformer_layer(g, hp, layer, x, (positions, window), taps, layer_cache);
             x = y;
-            if let Some(next) = next {
+            if let (true, Some(next)) = (record, next) {
                 cache_ids.push((
-                    g.capture(&format!("cache_last_channel_{i:02}"), next.channel),
+                    g.capture(&format!("attention_input_{i:02}"), next.attention_input),
                     g.capture(&format!("cache_last_time_{i:02}"), next.time),
                 ));
             }
@@ -314,9 +493,18 @@ pub fn encode(
     })?;
     state.started = true;
     let mut computed = computed;
+    if let Some(r) = state.resident.as_mut() {
+        r.kv.start += frames;
+        r.time.start += frames;
+        r.positions_ready |= r.positions == pos_rows;
+    }
     if let Some(c) = state.stream.as_mut() {
-        for (i, (channel, time)) in cache_ids.into_iter().enumerate() {
-            c.channel[i] = computed.take(channel)?;
+        let d = hp.d_model;
+        for (i, (input, time)) in cache_ids.into_iter().enumerate() {
+            // NeMo's cache: the last rows of [cache, this chunk's attention input].
+            let channel = &mut c.channel[i];
+            channel.extend_from_slice(&computed.take(input)?);
+            channel.drain(..channel.len() - c.params.last_channel_cache_size * d);
             c.time[i] = computed.take(time)?;
         }
         c.channel_len = (c.channel_len + frames).min(c.params.last_channel_cache_size);
@@ -594,7 +782,7 @@ fn conv_padding<'g>(
     for a in axes {
         pads[a] = CAUSAL_PAD;
     }
-    (g.pad(x, pads), 0)
+    (g.pad_zeros(x, pads), 0)
 }
 
 /// Depthwise 3x3 stride-2 conv + pointwise 1x1 conv + ReLU on a channels-fastest [C, F, T].
@@ -707,26 +895,48 @@ fn feed_forward<'g>(
     })
 }
 
-/// A layer's streaming caches in the graph: `cache_last_channel` [d, cache] and
-/// `cache_last_time` [d, kernel - 1] (as inputs, or the next chunk's as results).
+/// A layer's streaming caches in the graph: the rings of its keys, values and conv inputs
+/// (state tensors, [`ResidentCaches`]) and, until the stream holds it, where its projected
+/// positional table goes.
 #[derive(Clone, Copy)]
 struct LayerCache<'g> {
-    channel: Tensor<'g>,
+    keys: Tensor<'g>,
+    values: Tensor<'g>,
+    kv: Ring,
+    conv: Tensor<'g>,
+    time: Ring,
+    store_positions: Option<Tensor<'g>>,
+}
+
+/// What a chunk leaves for NeMo's caches (recorded streams): the chunk's attention input
+/// (`norm_self_att`'s output) and the next `cache_last_time`.
+#[derive(Clone, Copy)]
+struct NextCache<'g> {
+    attention_input: Tensor<'g>,
     time: Tensor<'g>,
 }
 
+/// The positional rows a layer's attention reads: the sinusoid table (projected by the layer's
+/// `linear_pos` in the graph) or its projection, held by the stream.
+#[derive(Clone, Copy)]
+enum LayerPositions<'g> {
+    Table(Tensor<'g>),
+    Projected(Tensor<'g>),
+}
+
 /// One conformer layer (macaron FF, rel-pos MHSA, conv module, FF, LayerNorm); with `cache`,
-/// one chunk of a stream, returning the caches for the next chunk.
+/// one chunk of a stream, which updates the caches in place (and returns what NeMo's caches
+/// would hold, for recording).
 fn conformer_layer<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     l: &ConformerLayer,
     x: Tensor<'g>,
-    pos: (Tensor<'g>, KeyWindow),
+    pos: (LayerPositions<'g>, KeyWindow),
     taps: bool,
     cache: Option<LayerCache<'g>>,
-) -> (Tensor<'g>, Option<LayerCache<'g>>) {
-    let next_channel = std::cell::Cell::new(None);
+) -> (Tensor<'g>, Option<NextCache<'g>>) {
+    let attention_input = std::cell::Cell::new(None);
     let next_time = std::cell::Cell::new(None);
     let tap = |g: &mut Graph<'g>, name: &str, t: Tensor<'g>| {
         if taps {
@@ -767,15 +977,8 @@ fn conformer_layer<'g>(
         "self_attn",
         1.0,
         &|g, n, r| {
-            // The cache holds this LayerNorm's outputs: keys and values are computed over
-            // [cache, chunk], and the next cache is the last frames of that.
-            let Some(c) = cache else {
-                return self_attention(g, hp, &l.self_attn, n, n, pos, r);
-            };
-            let keys = g.concat(c.channel, n, 1);
-            let size = c.channel.ne(1);
-            next_channel.set(Some(g.rows(keys, keys.ne(1) - size, size)));
-            self_attention(g, hp, &l.self_attn, n, keys, pos, r)
+            attention_input.set(Some(n));
+            self_attention(g, hp, &l.self_attn, n, cache, pos, r)
         },
     );
     let x = residual(
@@ -785,7 +988,7 @@ fn conformer_layer<'g>(
         "conv",
         1.0,
         &|g, n, r| {
-            let (y, next) = conv_module(g, hp, &l.conv, n, r, cache.map(|c| c.time));
+            let (y, next) = conv_module(g, hp, &l.conv, n, r, cache);
             next_time.set(next);
             y
         },
@@ -801,8 +1004,11 @@ fn conformer_layer<'g>(
 
     let out = layer_norm(g, x, &l.norm_out);
     tap(g, "norm_out", out);
-    let next = match (next_channel.get(), next_time.get()) {
-        (Some(channel), Some(time)) => Some(LayerCache { channel, time }),
+    let next = match (attention_input.get(), next_time.get()) {
+        (Some(attention_input), Some(time)) => Some(NextCache {
+            attention_input,
+            time,
+        }),
         _ => None,
     };
     (out, next)
@@ -811,47 +1017,71 @@ fn conformer_layer<'g>(
 /// Multi-head self-attention with relative positions (Transformer-XL style, untied biases):
 /// `softmax(((q + u) k^T + rel_shift((q + v) p^T)) / sqrt(d_k)) v` over each query's window,
 /// as one fused op (`FusedOps::rel_pos_attention`).
-/// `x` are the queries' frames, `kv` the keys' and values' (`x` itself, or a stream's cache
-/// followed by `x`).
+/// `x` are the queries' frames. Without a cache they are the keys' and values' frames too;
+/// with one, their keys and values are written after the cached ones and the op reads the
+/// cache's and theirs as one view.
 #[allow(clippy::too_many_arguments)]
 fn self_attention<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     a: &RelPositionAttention,
     x: Tensor<'g>,
-    kv: Tensor<'g>,
-    (pos, window): (Tensor<'g>, KeyWindow),
+    cache: Option<LayerCache<'g>>,
+    (pos, window): (LayerPositions<'g>, KeyWindow),
     residual: Residual<'g>,
 ) -> Tensor<'g> {
     let (d, t, h) = (hp.d_model, x.ne(1), hp.n_heads);
     let dk = d / h;
-    let tk = kv.ne(1);
     let q = g.linear(x, &a.linear_q.weight, a.linear_q.bias.as_ref());
     let q = g.reshape(q, &[dk, h, t]);
-    let k = g.linear(kv, &a.linear_k.weight, a.linear_k.bias.as_ref());
+    let k = g.linear(x, &a.linear_k.weight, a.linear_k.bias.as_ref());
+    let v = g.linear(x, &a.linear_v.weight, a.linear_v.bias.as_ref());
+    let mut after = Vec::new();
+    let (k, v) = match cache {
+        None => (k, v),
+        Some(c) => {
+            let (start, keep) = (c.kv.start, c.kv.keep);
+            let mut append = |g: &mut Graph<'g>, ring: Tensor<'g>, new: Tensor<'g>| {
+                let dst = g.rows(ring, start + keep, t);
+                after.push(g.write(new, dst));
+                g.rows(ring, start, keep + t)
+            };
+            (append(g, c.keys, k), append(g, c.values, v))
+        }
+    };
+    let tk = k.ne(1);
     let k = g.reshape(k, &[dk, h, tk]);
-    let v = g.linear(kv, &a.linear_v.weight, a.linear_v.bias.as_ref());
     let v = g.reshape(v, &[dk, h, tk]);
-    let p = g.linear(pos, &a.linear_pos, None);
-    let p = g.reshape(p, &[dk, h, pos.ne(1)]);
+    let p = match pos {
+        LayerPositions::Projected(p) => p,
+        LayerPositions::Table(table) => {
+            let p = g.linear(table, &a.linear_pos, None);
+            if let Some(dst) = cache.and_then(|c| c.store_positions) {
+                g.write(p, dst);
+            }
+            p
+        }
+    };
+    let p = g.reshape(p, &[dk, h, p.ne(1)]);
     let u = g.weight(&a.pos_bias_u);
     let vb = g.weight(&a.pos_bias_v);
-    let o = g.rel_pos_attention(q, k, v, p, u, vb, window);
+    let o = g.rel_pos_attention(q, k, v, p, u, vb, window, &after);
     let o = g.reshape(o, &[d, t]);
     last_linear(g, o, &a.linear_out, residual)
 }
 
 /// pointwise_conv1 -> GLU -> depthwise conv (BatchNorm folded) -> Swish -> pointwise_conv2;
 /// with `conv_norm_type: layer_norm`, the LayerNorm between the depthwise conv and the Swish.
-/// A causal depthwise conv continues from `time_cache` (a stream's last `kernel - 1` conv
-/// inputs; zeros otherwise), and returns the next one when given one.
+/// A causal depthwise conv continues from a stream's last `kernel - 1` conv inputs (zeros
+/// otherwise), and with a cache appends this chunk's inputs to it and returns the next
+/// `cache_last_time` (for recording).
 fn conv_module<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     c: &ConvModule,
     x: Tensor<'g>,
     residual: Residual<'g>,
-    time_cache: Option<Tensor<'g>>,
+    cache: Option<LayerCache<'g>>,
 ) -> (Tensor<'g>, Option<Tensor<'g>>) {
     let y = per_frame(g, x, None, &|g, x, _| {
         let y = g.linear(
@@ -875,11 +1105,19 @@ fn conv_module<'g>(
         // A causal conv over T frames is the middle T outputs of a 'same' conv over the
         // kernel - 1 frames before them (zeros, or the stream's cache) and the T frames.
         let (t, before) = (y.ne(1), hp.conv_kernel - 1);
-        let z = match time_cache {
-            Some(cache) => g.concat(cache, y, 1),
-            None => g.pad(y, [(0, 0), (before, 0), (0, 0), (0, 0)]),
+        let z = match cache {
+            Some(cache) => {
+                // The chunk's inputs go after the cached ones for the next chunk; this one
+                // reads the cached rows only (no overlap: any order is right).
+                let ring = cache.time;
+                let dst = g.rows(cache.conv, ring.start + ring.keep, t);
+                g.write(y, dst);
+                let cached = g.rows(cache.conv, ring.start, ring.keep);
+                g.concat(cached, y, 1)
+            }
+            None => g.pad_zeros(y, [(0, 0), (before, 0), (0, 0), (0, 0)]),
         };
-        let next = time_cache.map(|_| g.rows(z, t, before));
+        let next = cache.map(|_| g.rows(z, t, before));
         let out = conv(g, z);
         let out = g.rows(out, before / 2, t);
         (g.cont(out), next)

@@ -73,6 +73,8 @@ impl KeyWindow {
 /// T]` (a linear's `[d, T]` output reshaped); `k`, `v`: `[d_k, h, past + T]`; `p`: the projected
 /// positional rows `[d_k, h, left + right + 1]`, row `j - (past + i) + left` for key `j` of
 /// query `i`; `bias_u`, `bias_v`: `[d_k, h]`. Returns `[d_k, h, T]` (before `linear_out`).
+/// `after`: nodes the op must follow though it does not read their results (the writes of
+/// a stream's new keys and values into the cache that `k` and `v` view), at most four.
 #[allow(clippy::too_many_arguments)]
 pub fn rel_pos_attention_over<'g>(
     g: &mut Graph<'g>,
@@ -83,6 +85,7 @@ pub fn rel_pos_attention_over<'g>(
     bias_u: Tensor<'g>,
     bias_v: Tensor<'g>,
     window: KeyWindow,
+    after: &[Tensor<'g>],
 ) -> Tensor<'g> {
     let [dk, h, t, one] = q.shape();
     let KeyWindow { left, right, .. } = window;
@@ -94,7 +97,8 @@ pub fn rel_pos_attention_over<'g>(
         && window.chunk.is_none_or(|c| c.size > 0)
         && p.shape() == [dk, h, left + right + 1, 1]
         && bias_u.shape() == [dk, h, 1, 1]
-        && bias_v.shape() == [dk, h, 1, 1];
+        && bias_v.shape() == [dk, h, 1, 1]
+        && after.len() <= 4;
     assert!(
         ok,
         "graph shape error: rel_pos_attention q {:?} k {:?} v {:?} p {:?} u {:?} v {:?} \
@@ -114,6 +118,8 @@ pub fn rel_pos_attention_over<'g>(
         );
         x
     });
+    // The body reads sources 0..6 only; the ones after are for ordering.
+    let sources: Vec<Tensor<'g>> = sources.into_iter().chain(after.iter().copied()).collect();
     // SAFETY: a [d_k, h, T] f32 result over the six contiguous f32 operands checked above, as
     // RelPosAttention reads them; each task writes its own rows of the result.
     unsafe {

@@ -12,6 +12,7 @@ mod glu;
 mod linear;
 mod lstm;
 mod norm;
+mod pad;
 pub mod panel;
 pub mod qgemm;
 pub mod sgemm;
@@ -105,6 +106,9 @@ pub trait FusedOps<'g> {
     /// Gated linear unit over `ne0`: `y` [2D, T] -> `y[..D] * sigmoid(y[D..])` [D, T].
     fn glu(&mut self, y: Tensor<'g>) -> Tensor<'g>;
 
+    /// `x` with `pads[i] = (before, after)` zeros along axis `i` (ggml's pad, by whole rows).
+    fn pad_zeros(&mut self, x: Tensor<'g>, pads: [(usize, usize); 4]) -> Tensor<'g>;
+
     /// The subsampling's conv.0 + ReLU + depthwise conv.2 + bias as one node (see
     /// [`stem::conv_stem`]).
     fn conv_stem(
@@ -115,7 +119,8 @@ pub trait FusedOps<'g> {
     ) -> Tensor<'g>;
 
     /// Rel-pos multi-head attention over the keys `window` gives each query (see
-    /// [`attention::rel_pos_attention_over`]).
+    /// [`attention::rel_pos_attention_over`]); it runs after the nodes `after` (writes of the
+    /// keys and values it reads in place).
     #[allow(clippy::too_many_arguments)]
     fn rel_pos_attention(
         &mut self,
@@ -126,6 +131,7 @@ pub trait FusedOps<'g> {
         bias_u: Tensor<'g>,
         bias_v: Tensor<'g>,
         window: attention::KeyWindow,
+        after: &[Tensor<'g>],
     ) -> Tensor<'g>;
 }
 
@@ -218,6 +224,10 @@ impl<'g> FusedOps<'g> for Graph<'g> {
         glu::glu(self, y)
     }
 
+    fn pad_zeros(&mut self, x: Tensor<'g>, pads: [(usize, usize); 4]) -> Tensor<'g> {
+        pad::pad_zeros(self, x, pads)
+    }
+
     fn conv_stem(
         &mut self,
         x: Tensor<'g>,
@@ -236,8 +246,9 @@ impl<'g> FusedOps<'g> for Graph<'g> {
         bias_u: Tensor<'g>,
         bias_v: Tensor<'g>,
         window: attention::KeyWindow,
+        after: &[Tensor<'g>],
     ) -> Tensor<'g> {
-        attention::rel_pos_attention_over(self, q, k, v, p, bias_u, bias_v, window)
+        attention::rel_pos_attention_over(self, q, k, v, p, bias_u, bias_v, window, after)
     }
 }
 

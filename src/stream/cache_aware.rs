@@ -80,6 +80,8 @@ pub struct CacheAwareStream {
     /// ([`Self::set_max_utterance_seconds`]).
     max_utterance_seconds: Option<f64>,
     records: Vec<ChunkRecord>,
+    /// Chunks of room in the encoder's cache rings (test hook, [`Self::set_cache_room`]).
+    cache_room: Option<usize>,
 }
 
 /// The longest utterance a stream reports before it cuts one at a word start, by default.
@@ -167,7 +169,7 @@ impl CacheAwareStream {
             .map(|(id, _)| id)
             .collect();
         Ok(CacheAwareStream {
-            encoder: EncoderState::streaming(&model, params),
+            encoder: stream_state(&model, params, config.record_chunks, None),
             n_mels: e.feat_in,
             session,
             config,
@@ -185,12 +187,18 @@ impl CacheAwareStream {
             markers,
             max_utterance_seconds: Some(DEFAULT_MAX_UTTERANCE_SECONDS),
             records: Vec::new(),
+            cache_room: None,
         })
     }
 
     /// The schedule of the lookahead in use.
     pub fn params(&self) -> &StreamingParams {
         &self.params
+    }
+
+    /// Encoder frames streamed so far (since the start or the last `finish`).
+    pub fn frames_done(&self) -> usize {
+        self.frames_done
     }
 
     pub fn session(&self) -> &Session {
@@ -327,7 +335,12 @@ impl CacheAwareStream {
     /// The encoder's caches and the decoder's state as at the start of a stream.
     fn restart_model_state(&mut self) {
         let model = self.session.model().clone();
-        self.encoder = EncoderState::streaming(&model, self.params);
+        self.encoder = stream_state(
+            &model,
+            self.params,
+            self.config.record_chunks,
+            self.cache_room,
+        );
         self.head = match self.head {
             HeadState::Transducer(_) => HeadState::Transducer(None),
             HeadState::Ctc { .. } => HeadState::Ctc {
@@ -374,6 +387,14 @@ impl CacheAwareStream {
         Some(done)
     }
 
+    /// Test hook: room for only `chunks` chunks in the encoder's cache rings, so that their
+    /// live rows move to the front that often (call before the first chunk).
+    #[doc(hidden)]
+    pub fn set_cache_room(&mut self, chunks: usize) {
+        self.cache_room = Some(chunks);
+        self.encoder.set_cache_room(chunks);
+    }
+
     /// Test hook: treat `ids` as end-of-utterance pieces (the tiny reference models have none).
     #[doc(hidden)]
     pub fn set_end_markers(&mut self, ids: Vec<usize>) {
@@ -413,6 +434,24 @@ impl CacheAwareStream {
         self.frames_done = 0;
         self.tokens.clear();
     }
+}
+
+/// The encoder's state at the start of a stream, keeping NeMo's caches on the host when
+/// chunks are recorded.
+fn stream_state(
+    model: &crate::model::Model,
+    params: StreamingParams,
+    record: bool,
+    cache_room: Option<usize>,
+) -> EncoderState {
+    let mut state = EncoderState::streaming(model, params);
+    if record {
+        state.record_caches();
+    }
+    if let Some(chunks) = cache_room {
+        state.set_cache_room(chunks);
+    }
+    state
 }
 
 /// A chunk's tokens without the end markers among them, and whether there was one (the
