@@ -52,6 +52,42 @@ impl Isa {
     }
 }
 
+/// Defines a function whose body is compiled once per f32 instruction set (AVX-512, AVX2 + FMA
+/// and the build's baseline) and runs the version [`Isa::best`] picks. For the portable loops
+/// that the compiler vectorises (and the helpers they inline): built for the baseline alone they
+/// would stay in 128-bit registers on every CPU, and `f32::mul_add` would be a call into libm
+/// instead of one FMA instruction. Rust never contracts `a * b + c` into an FMA nor reorders a
+/// float sum, so every version gives the same bits.
+macro_rules! multiversioned {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                match $crate::kernels::cpu::Isa::best() {
+                    // SAFETY: Isa::best found these features on this CPU.
+                    $crate::kernels::cpu::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    $crate::kernels::cpu::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::kernels::cpu::Isa::Portable => {}
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversioned;
+
 /// Whether the 512-bit f32 loops (attention, stem, `vmath`) can run.
 pub fn avx512() -> bool {
     features().avx512f
@@ -181,6 +217,90 @@ fn request_tile_data() -> bool {
 #[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
 fn request_tile_data() -> bool {
     false
+}
+
+/// The instruction-set extensions this build knows by name: for each, whether the binary was
+/// compiled to use it everywhere (`-C target-cpu`, see `.cargo/config.toml`; ggml is compiled
+/// for the same set) and whether this CPU has it.
+macro_rules! extensions {
+    ($detected:ident: $($name:tt)*) => {
+        vec![$(Extension {
+            name: $name,
+            in_baseline: cfg!(target_feature = $name),
+            present: std::arch::$detected!($name),
+        }),*]
+    };
+}
+
+/// One instruction-set extension: in this binary's baseline, and on this CPU.
+#[derive(Clone, Copy, Debug)]
+pub struct Extension {
+    pub name: &'static str,
+    pub in_baseline: bool,
+    pub present: bool,
+}
+
+/// Every extension this build knows by name, oldest first.
+#[cfg(target_arch = "x86_64")]
+pub fn extensions() -> Vec<Extension> {
+    extensions!(is_x86_feature_detected:
+        "sse3" "ssse3" "sse4.1" "sse4.2" "popcnt" "cmpxchg16b" "avx" "avx2" "fma" "f16c" "bmi1"
+        "bmi2" "lzcnt" "movbe" "avx512f" "avx512bw" "avx512cd" "avx512dq" "avx512vl" "avx512vnni"
+        "avx512bf16" "avx512vbmi" "avx512vbmi2" "avx512ifma" "avx512bitalg" "avx512vpopcntdq"
+        "avxvnni" "gfni" "vaes" "vpclmulqdq" "pclmulqdq" "aes" "sha" "adx" "rdrand" "rdseed"
+    )
+}
+
+/// Every extension this build knows by name, oldest first.
+#[cfg(target_arch = "aarch64")]
+pub fn extensions() -> Vec<Extension> {
+    extensions!(is_aarch64_feature_detected:
+        "neon" "fp16" "rdm" "lse" "crc" "aes" "sha2" "dotprod" "fhm" "i8mm" "bf16" "sve" "sve2"
+    )
+}
+
+/// No extension is known by name on this architecture.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub fn extensions() -> Vec<Extension> {
+    Vec::new()
+}
+
+/// The extensions this binary was compiled to use everywhere that this CPU lacks. Code outside
+/// our run-time-dispatched kernels (the Rust code the compiler vectorises, and all of ggml) may
+/// execute any baseline instruction, so with one missing the program would die of SIGILL; `main`
+/// asks this first and stops with a message instead.
+pub fn missing_baseline() -> Vec<&'static str> {
+    extensions()
+        .into_iter()
+        .filter(|e| e.in_baseline && !e.present)
+        .map(|e| e.name)
+        .collect()
+}
+
+/// The CPU's model name: CPUID's brand string.
+#[cfg(target_arch = "x86_64")]
+pub fn brand() -> Option<String> {
+    use std::arch::x86_64::__cpuid;
+    if __cpuid(0x8000_0000).eax < 0x8000_0004 {
+        return None;
+    }
+    let bytes: Vec<u8> = (0x8000_0002..=0x8000_0004u32)
+        .flat_map(|leaf| {
+            let r = __cpuid(leaf);
+            [r.eax, r.ebx, r.ecx, r.edx]
+                .into_iter()
+                .flat_map(u32::to_le_bytes)
+        })
+        .collect();
+    let s = String::from_utf8_lossy(&bytes);
+    let s = s.trim_matches(char::from(0)).trim();
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+/// The CPU's model name: not asked for outside x86.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn brand() -> Option<String> {
+    None
 }
 
 /// Which of our kernels this CPU runs and which it cannot, one line each, best first: AMX,

@@ -13,6 +13,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::cpu::avx512;
+use super::cpu::multiversioned;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
 use crate::backend::{DType, Graph, Tensor, Weight};
@@ -102,6 +103,7 @@ struct Stem<'a> {
 
 impl Stem<'_> {
     /// conv.0 + ReLU for output row `i` (time step of the first stage): `[w1][c]`.
+    #[inline(always)]
     fn conv0_row(&self, i: usize, row: &mut [f32]) {
         let input: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
             let y = (2 * i + ky).wrapping_sub(1);
@@ -125,6 +127,7 @@ impl Stem<'_> {
 
     /// Depthwise conv.2 + bias for output row `i2` from conv.0 rows `2 i2 - 1 ..= 2 i2 + 1`
     /// (`rows[ky]`, `None` outside the image): `[w2][c]`.
+    #[inline(always)]
     fn conv2_row(&self, rows: [Option<&[f32]>; 3], out: &mut [f32]) {
         let (c, w1) = (self.c, half(self.w));
         for (j, out) in out.chunks_exact_mut(c).enumerate() {
@@ -176,6 +179,7 @@ impl Stem<'_> {
 
 /// conv.0 at one position: `out[ch] = max(sum_t taps[t] * k0[ch][t] + b0[ch], 0)` over the
 /// panel-packed kernel, sixteen channels at a time.
+#[inline(always)]
 fn conv0_point(taps: &[f32; TAPS], k0: &[f32], b0: &[f32], out: &mut [f32]) {
     assert!(k0.len() >= TAPS * out.len() && b0.len() >= out.len());
     assert!(out.len().is_multiple_of(PANEL));
@@ -375,25 +379,27 @@ impl Body for ConvStem {
     }
 }
 
-/// Output rows `rows` of conv.2 into `out` (`[rows][w2][c]`), sliding three conv.0 rows.
-fn run(stem: &Stem<'_>, rows: std::ops::Range<usize>, out: &mut [f32]) {
-    let (h1, row_len) = (half(stem.h), half(stem.w) * stem.c);
-    let mut ring = vec![0f32; 3 * row_len];
-    // conv.0 row `i` lives in slot `i % 3`; `have` is one past the last row computed.
-    let mut have = 0usize;
-    let out_len = half(half(stem.w)) * stem.c;
-    for (i2, out) in rows.zip(out.chunks_exact_mut(out_len)) {
-        let first = (2 * i2).saturating_sub(1);
-        let last = (2 * i2 + 1).min(h1 - 1);
-        for i in first.max(have)..=last {
-            stem.conv0_row(i, &mut ring[(i % 3) * row_len..][..row_len]);
+multiversioned! {
+    /// Output rows `rows` of conv.2 into `out` (`[rows][w2][c]`), sliding three conv.0 rows.
+    fn run(stem: &Stem<'_>, rows: std::ops::Range<usize>, out: &mut [f32]) {
+        let (h1, row_len) = (half(stem.h), half(stem.w) * stem.c);
+        let mut ring = vec![0f32; 3 * row_len];
+        // conv.0 row `i` lives in slot `i % 3`; `have` is one past the last row computed.
+        let mut have = 0usize;
+        let out_len = half(half(stem.w)) * stem.c;
+        for (i2, out) in rows.zip(out.chunks_exact_mut(out_len)) {
+            let first = (2 * i2).saturating_sub(1);
+            let last = (2 * i2 + 1).min(h1 - 1);
+            for i in first.max(have)..=last {
+                stem.conv0_row(i, &mut ring[(i % 3) * row_len..][..row_len]);
+            }
+            have = last + 1;
+            let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
+                let i = (2 * i2 + ky).wrapping_sub(1);
+                (i < h1).then(|| &ring[(i % 3) * row_len..][..row_len])
+            });
+            stem.conv2_row(rows, out);
         }
-        have = last + 1;
-        let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
-            let i = (2 * i2 + ky).wrapping_sub(1);
-            (i < h1).then(|| &ring[(i % 3) * row_len..][..row_len])
-        });
-        stem.conv2_row(rows, out);
     }
 }
 
