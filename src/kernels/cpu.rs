@@ -221,13 +221,14 @@ fn request_tile_data() -> bool {
 
 /// The instruction-set extensions this build knows by name: for each, whether the binary was
 /// compiled to use it everywhere (`-C target-cpu`, see `.cargo/config.toml`; ggml is compiled
-/// for the same set) and whether this CPU has it.
+/// for the same set) and whether this CPU has it. `is_x86_feature_detected!` answers `true` at
+/// compile time for a feature of the baseline, so on x86 the CPUID bit decides as well.
 macro_rules! extensions {
-    ($detected:ident: $($name:tt)*) => {
+    ($detected:ident: $($name:tt $($bit:expr)?),* $(,)?) => {
         vec![$(Extension {
             name: $name,
             in_baseline: cfg!(target_feature = $name),
-            present: std::arch::$detected!($name),
+            present: std::arch::$detected!($name) $(&& $bit)?,
         }),*]
     };
 }
@@ -243,11 +244,38 @@ pub struct Extension {
 /// Every extension this build knows by name, oldest first.
 #[cfg(target_arch = "x86_64")]
 pub fn extensions() -> Vec<Extension> {
+    use std::arch::x86_64::{__cpuid, __cpuid_count, CpuidResult};
+    let (top, top_ext) = (__cpuid(0).eax, __cpuid(0x8000_0000).eax);
+    let leaf = |leaf: u32, sub: u32| {
+        let known = if leaf >= 0x8000_0000 { top_ext } else { top };
+        if leaf <= known {
+            __cpuid_count(leaf, sub)
+        } else {
+            CpuidResult {
+                eax: 0,
+                ebx: 0,
+                ecx: 0,
+                edx: 0,
+            }
+        }
+    };
+    let (l1, l7, l7s1, e1) = (leaf(1, 0), leaf(7, 0), leaf(7, 1), leaf(0x8000_0001, 0));
+    let bit = |reg: u32, n: u32| (reg >> n) & 1 == 1;
     extensions!(is_x86_feature_detected:
-        "sse3" "ssse3" "sse4.1" "sse4.2" "popcnt" "cmpxchg16b" "avx" "avx2" "fma" "f16c" "bmi1"
-        "bmi2" "lzcnt" "movbe" "avx512f" "avx512bw" "avx512cd" "avx512dq" "avx512vl" "avx512vnni"
-        "avx512bf16" "avx512vbmi" "avx512vbmi2" "avx512ifma" "avx512bitalg" "avx512vpopcntdq"
-        "avxvnni" "gfni" "vaes" "vpclmulqdq" "pclmulqdq" "aes" "sha" "adx" "rdrand" "rdseed"
+        "sse3" bit(l1.ecx, 0), "ssse3" bit(l1.ecx, 9), "sse4.1" bit(l1.ecx, 19),
+        "sse4.2" bit(l1.ecx, 20), "popcnt" bit(l1.ecx, 23), "cmpxchg16b" bit(l1.ecx, 13),
+        "avx" bit(l1.ecx, 28), "avx2" bit(l7.ebx, 5), "fma" bit(l1.ecx, 12),
+        "f16c" bit(l1.ecx, 29), "bmi1" bit(l7.ebx, 3), "bmi2" bit(l7.ebx, 8),
+        "lzcnt" bit(e1.ecx, 5), "movbe" bit(l1.ecx, 22), "avx512f" bit(l7.ebx, 16),
+        "avx512bw" bit(l7.ebx, 30), "avx512cd" bit(l7.ebx, 28), "avx512dq" bit(l7.ebx, 17),
+        "avx512vl" bit(l7.ebx, 31), "avx512vnni" bit(l7.ecx, 11),
+        "avx512bf16" bit(l7s1.eax, 5), "avx512vbmi" bit(l7.ecx, 1),
+        "avx512vbmi2" bit(l7.ecx, 6), "avx512ifma" bit(l7.ebx, 21),
+        "avx512bitalg" bit(l7.ecx, 12), "avx512vpopcntdq" bit(l7.ecx, 14),
+        "avxvnni" bit(l7s1.eax, 4), "gfni" bit(l7.ecx, 8), "vaes" bit(l7.ecx, 9),
+        "vpclmulqdq" bit(l7.ecx, 10), "pclmulqdq" bit(l1.ecx, 1), "aes" bit(l1.ecx, 25),
+        "sha" bit(l7.ebx, 29), "adx" bit(l7.ebx, 19), "rdrand" bit(l1.ecx, 30),
+        "rdseed" bit(l7.ebx, 18),
     )
 }
 
@@ -255,7 +283,8 @@ pub fn extensions() -> Vec<Extension> {
 #[cfg(target_arch = "aarch64")]
 pub fn extensions() -> Vec<Extension> {
     extensions!(is_aarch64_feature_detected:
-        "neon" "fp16" "rdm" "lse" "crc" "aes" "sha2" "dotprod" "fhm" "i8mm" "bf16" "sve" "sve2"
+        "neon", "fp16", "rdm", "lse", "crc", "aes", "sha2", "dotprod", "fhm", "i8mm", "bf16",
+        "sve", "sve2",
     )
 }
 
