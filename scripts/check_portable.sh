@@ -77,8 +77,13 @@ echo "x86-64 checks: $((SECONDS - start)) s"
 
 if [ -z "${SKIP_AARCH64:-}" ]; then
   start=$SECONDS
-  rustup target list --installed | grep -qx aarch64-unknown-linux-gnu ||
-    rustup target add aarch64-unknown-linux-gnu
+  # The Rust standard library for aarch64 comes from rustup's servers, which a machine may not
+  # reach: then say so and skip the aarch64 check rather than fail on the download.
+  if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu &&
+    ! rustup target add aarch64-unknown-linux-gnu; then
+    echo "SKIP aarch64: rustup could not install the aarch64-unknown-linux-gnu standard library"
+    exit $fail
+  fi
   cargo build --quiet --profile "$profile" --bin parakeet --target aarch64-unknown-linux-gnu
   arm=$target_dir/aarch64-unknown-linux-gnu/$dir/parakeet
   echo "aarch64 build: $((SECONDS - start)) s"
