@@ -4,7 +4,7 @@
 //! `cargo run --release --example attention_throughput [THREADS]` (default 2).
 
 use parakeet::backend::Backend;
-use parakeet::kernels::FusedOps;
+use parakeet::kernels::{FusedOps, KeyWindow};
 use std::time::Instant;
 
 fn main() {
@@ -44,7 +44,7 @@ fn main() {
                 let [q, k, v] = [&q, &k, &v].map(|x| g.input_f32(x, &[dk, h, t]));
                 let p = g.input_f32(&p, &[dk, h, rows]);
                 let [bu, bv] = [&bu, &bv].map(|x| g.input_f32(x, &[dk, h]));
-                Ok(g.rel_pos_attention(q, k, v, p, bu, bv, left, right))
+                Ok(g.rel_pos_attention(q, k, v, p, bu, bv, KeyWindow::band(left, right)))
             })
             .unwrap();
             samples.push(start.elapsed().as_secs_f64());

@@ -11,8 +11,12 @@ use anyhow::{Context, Result, bail};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// `--confidence-alpha` and `--confidence-aggregation` when not given: NeMo's defaults.
+pub const DEFAULT_CONFIDENCE_ALPHA: f64 = 0.33;
+pub const DEFAULT_CONFIDENCE_AGGREGATION: &str = "min";
+
 /// Confidence flags.
-#[derive(clap::Args, Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct ConfidenceArgs {
     /// Token and word confidence (JSON `tokens[].confidence` / `words[].confidence`, the TSV's
     /// fourth column, the server's verbose_json `words[].probability`), as NeMo computes it:
@@ -21,10 +25,10 @@ pub struct ConfidenceArgs {
     #[arg(long, value_name = "METHOD")]
     pub confidence: Option<String>,
     /// The confidence method's alpha (> 0; NeMo's default 0.33).
-    #[arg(long, value_name = "A", default_value_t = 0.33)]
+    #[arg(long, value_name = "A", default_value_t = DEFAULT_CONFIDENCE_ALPHA)]
     pub confidence_alpha: f64,
     /// How token confidences make a word's: mean, min (NeMo's default), max, prod.
-    #[arg(long, value_name = "HOW", default_value = "min")]
+    #[arg(long, value_name = "HOW", default_value = DEFAULT_CONFIDENCE_AGGREGATION)]
     pub confidence_aggregation: String,
     /// Count blank steps into token confidence (NeMo's `exclude_blank: false`).
     #[arg(long)]
@@ -33,6 +37,19 @@ pub struct ConfidenceArgs {
     /// `tdt_include_duration`).
     #[arg(long)]
     pub confidence_with_durations: bool,
+}
+
+/// The flags' defaults (as clap fills them in): for callers that build the flags in code.
+impl Default for ConfidenceArgs {
+    fn default() -> Self {
+        ConfidenceArgs {
+            confidence: None,
+            confidence_alpha: DEFAULT_CONFIDENCE_ALPHA,
+            confidence_aggregation: DEFAULT_CONFIDENCE_AGGREGATION.to_owned(),
+            confidence_with_blanks: false,
+            confidence_with_durations: false,
+        }
+    }
 }
 
 impl ConfidenceArgs {
@@ -226,5 +243,27 @@ impl BeamArgs {
             None => BeamStrategy::default_for(head),
         };
         Ok(Some((BeamConfig::new(strategy, beam_size), self.nbest)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        confidence: ConfidenceArgs,
+        #[command(flatten)]
+        boost: BoostArgs,
+    }
+
+    #[test]
+    fn the_defaults_in_code_are_the_flags_defaults() {
+        let flags = Flags::parse_from(["parakeet"]);
+        let debug = |x: &dyn std::fmt::Debug| format!("{x:?}");
+        assert_eq!(debug(&flags.confidence), debug(&ConfidenceArgs::default()));
+        assert_eq!(debug(&flags.boost), debug(&BoostArgs::default()));
     }
 }

@@ -41,6 +41,12 @@ pub mod keys {
     pub const USE_BIAS: &str = "parakeet.encoder.use_bias";
     pub const SELF_ATTENTION_MODEL: &str = "parakeet.encoder.self_attention_model";
     pub const ATT_CONTEXT_SIZE: &str = "parakeet.encoder.att_context_size";
+    /// Cache-aware streaming models only (absent: NeMo's defaults, the offline encoder).
+    pub const ATT_CONTEXT_STYLE: &str = "parakeet.encoder.att_context_style";
+    pub const ATT_CONTEXT_SIZES: &str = "parakeet.encoder.att_context_sizes";
+    pub const CAUSAL_DOWNSAMPLING: &str = "parakeet.encoder.causal_downsampling";
+    pub const CONV_CONTEXT_SIZE: &str = "parakeet.encoder.conv_context_size";
+    pub const CONV_NORM_TYPE: &str = "parakeet.encoder.conv_norm_type";
     pub const PRED_HIDDEN: &str = "parakeet.decoder.pred_hidden";
     pub const PRED_RNN_LAYERS: &str = "parakeet.decoder.pred_rnn_layers";
     pub const JOINT_HIDDEN: &str = "parakeet.joint.joint_hidden";
@@ -91,6 +97,11 @@ pub mod keys {
         USE_BIAS,
         SELF_ATTENTION_MODEL,
         ATT_CONTEXT_SIZE,
+        ATT_CONTEXT_STYLE,
+        ATT_CONTEXT_SIZES,
+        CAUSAL_DOWNSAMPLING,
+        CONV_CONTEXT_SIZE,
+        CONV_NORM_TYPE,
         PRED_HIDDEN,
         PRED_RNN_LAYERS,
         JOINT_HIDDEN,
@@ -111,8 +122,16 @@ pub mod keys {
     ];
 }
 
-/// The one feature normalisation the runtime implements (NeMo's `per_feature`).
+/// NeMo's `per_feature` normalisation, and its `NA` (none: raw log-mel, the cache-aware
+/// streaming models, whose chunks cannot see the whole file's statistics).
 const NORMALIZE_PER_FEATURE: &str = "per_feature";
+const NORMALIZE_NONE: &str = "NA";
+/// NeMo's `att_context_style`s: `regular` (a band, or full) and `chunked_limited`.
+const ATT_CONTEXT_REGULAR: &str = "regular";
+const ATT_CONTEXT_CHUNKED_LIMITED: &str = "chunked_limited";
+/// NeMo's `conv_norm_type`s.
+const CONV_NORM_BATCH_NORM: &str = "batch_norm";
+const CONV_NORM_LAYER_NORM: &str = "layer_norm";
 /// The one subsampling the runtime implements.
 const SUBSAMPLING_DW_STRIDING: &str = "dw_striding";
 
@@ -174,6 +193,10 @@ pub enum Attention {
     /// NeMo's `rel_pos_local_attn` with `att_context_size` `[left, right]`: each frame attends
     /// to `left` frames before it and `right` after it.
     Local { left: usize, right: usize },
+    /// NeMo's `rel_pos` with `att_context_style: chunked_limited` and `[left, right]` (the
+    /// cache-aware streaming models): frames fall in chunks of `right + 1`, and a frame attends
+    /// to its own chunk and the `left / (right + 1)` chunks before it.
+    Chunked { left: usize, right: usize },
 }
 
 impl Attention {
@@ -198,19 +221,38 @@ impl Attention {
         }
     }
 
-    /// `(left, right)` key frames around each query for an utterance of `frames` frames.
+    /// `chunked_limited` attention with `[left, right]` (`right + 1` frames a chunk), if it is
+    /// one NeMo builds: both sides set, and `left` a whole number of chunks.
+    pub fn chunked(att_context_size: [i64; 2]) -> Option<Attention> {
+        let [l, r] = att_context_size;
+        let (left, right) = (usize::try_from(l).ok()?, usize::try_from(r).ok()?);
+        left.is_multiple_of(right + 1)
+            .then_some(Attention::Chunked { left, right })
+    }
+
+    /// `(left, right)` key frames around each query for an utterance of `frames` frames (for
+    /// chunked attention, the band that holds every query's chunks).
     pub fn window(self, frames: usize) -> (usize, usize) {
         match self {
             Attention::Full => (frames.max(1) - 1, frames.max(1) - 1),
             Attention::Local { left, right } => (left, right),
+            Attention::Chunked { left, right } => (left + right, right),
         }
     }
 
     /// NeMo's `self_attention_model` name.
     pub fn nemo_name(self) -> &'static str {
         match self {
-            Attention::Full => "rel_pos",
+            Attention::Full | Attention::Chunked { .. } => "rel_pos",
             Attention::Local { .. } => "rel_pos_local_attn",
+        }
+    }
+
+    /// NeMo's `att_context_style` name.
+    pub fn style_name(self) -> &'static str {
+        match self {
+            Attention::Chunked { .. } => ATT_CONTEXT_CHUNKED_LIMITED,
+            _ => ATT_CONTEXT_REGULAR,
         }
     }
 
@@ -218,7 +260,9 @@ impl Attention {
     pub fn context(self) -> [i64; 2] {
         match self {
             Attention::Full => [-1, -1],
-            Attention::Local { left, right } => [left as i64, right as i64],
+            Attention::Local { left, right } | Attention::Chunked { left, right } => {
+                [left as i64, right as i64]
+            }
         }
     }
 }
@@ -228,6 +272,7 @@ impl std::fmt::Display for Attention {
         match self {
             Attention::Full => write!(f, "full"),
             Attention::Local { left, right } => write!(f, "local [{left}, {right}]"),
+            Attention::Chunked { left, right } => write!(f, "chunked [{left}, {right}]"),
         }
     }
 }
@@ -242,6 +287,8 @@ pub struct PreprocessorParams {
     pub hop_length: usize,
     pub preemph: f32,
     pub log_zero_guard: f32,
+    /// NeMo's `per_feature` normalisation (false: `NA`, raw log-mel).
+    pub normalize_per_feature: bool,
 }
 
 /// FastConformer settings (NeMo's `encoder`).
@@ -260,8 +307,20 @@ pub struct EncoderParams {
     /// other readers of the file).
     pub use_bias: bool,
     /// The attention the checkpoint was configured with (`self_attention_model` and
-    /// `att_context_size`).
+    /// `att_context_size`; for a multi-lookahead model its first, NeMo's default).
     pub attention: Attention,
+    /// Every `att_context_size` of a cache-aware streaming model, NeMo's default first (its
+    /// lookaheads); empty for other models.
+    pub att_context_sizes: Vec<[usize; 2]>,
+    /// NeMo's `causal_downsampling`: the subsampling convs pad 2 frames before and 1 after (in
+    /// time and frequency) instead of 1 on each side.
+    pub causal_downsampling: bool,
+    /// NeMo's `conv_context_size` `[left, right]` of the conformer's depthwise conv: `[k/2,
+    /// k/2]`, or `[k - 1, 0]` (`causal`).
+    pub conv_context: [usize; 2],
+    /// `conv_norm_type: layer_norm` (the module is still `conv.batch_norm`): a LayerNorm over
+    /// channels after the depthwise conv instead of a BatchNorm.
+    pub conv_layer_norm: bool,
 }
 
 impl EncoderParams {
@@ -269,6 +328,57 @@ impl EncoderParams {
     pub fn ff_dim(&self) -> usize {
         self.d_model * self.ff_expansion_factor
     }
+
+    /// Whether the depthwise conv sees no future frames (`conv_context_size: causal`).
+    pub fn causal_conv(&self) -> bool {
+        self.conv_context == [self.conv_kernel - 1, 0]
+    }
+
+    /// NeMo's cache-aware streaming schedule for `att_context_size` `[left, right]`, if this
+    /// encoder streams (chunked attention, causal subsampling and convolution).
+    pub fn streaming(&self, [left, right]: [usize; 2]) -> Option<StreamingParams> {
+        if !(self.causal_downsampling
+            && self.causal_conv()
+            && matches!(self.attention, Attention::Chunked { .. }))
+        {
+            return None;
+        }
+        let factor = self.subsampling_factor;
+        // NeMo's `setup_streaming_params` for `chunked_limited` and dw_striding's sampling
+        // frames [1, factor] and streaming cache [0, factor + 1].
+        let pre_encode_cache = factor + 1;
+        Some(StreamingParams {
+            att_context: [left, right],
+            chunk_size: [1 + factor * right, factor * (right + 1)],
+            shift_size: [1 + factor * right, factor * (right + 1)],
+            valid_out_len: right + 1,
+            last_channel_cache_size: left,
+            last_time_cache_size: self.conv_kernel - 1,
+            pre_encode_cache_size: pre_encode_cache,
+            drop_extra_pre_encoded: 1 + (pre_encode_cache - 1) / factor,
+        })
+    }
+}
+
+/// NeMo's `CacheAwareStreamingConfig` for one lookahead (sizes in feature frames unless said
+/// otherwise; pairs are `[first chunk, later chunks]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamingParams {
+    pub att_context: [usize; 2],
+    /// Feature frames of audio a chunk consumes.
+    pub chunk_size: [usize; 2],
+    /// Feature frames the stream advances per chunk.
+    pub shift_size: [usize; 2],
+    /// Encoder frames a chunk yields.
+    pub valid_out_len: usize,
+    /// Encoder frames of each layer's attention cache (`cache_last_channel`).
+    pub last_channel_cache_size: usize,
+    /// Frames of each layer's depthwise-conv cache (`cache_last_time`).
+    pub last_time_cache_size: usize,
+    /// Feature frames of the previous chunk prefixed to a later chunk.
+    pub pre_encode_cache_size: usize,
+    /// Subsampled frames dropped from a later chunk (they belong to the prefix).
+    pub drop_extra_pre_encoded: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -319,6 +429,7 @@ impl Hparams {
             sample_rate: self.preprocessor.sample_rate as usize,
             hop_length: self.preprocessor.hop_length,
             subsampling_factor: self.encoder.subsampling_factor,
+            causal_downsampling: self.encoder.causal_downsampling,
         }
     }
 
@@ -375,15 +486,20 @@ impl Hparams {
                 "a finite value > 0",
             ));
         }
+        let mut normalize_per_feature = true;
         if f.get(keys::NORMALIZE).is_some() {
             let normalize = f.str(keys::NORMALIZE)?;
-            if normalize != NORMALIZE_PER_FEATURE {
-                return Err(refuse(
-                    keys::NORMALIZE,
-                    &normalize,
-                    &format!("{NORMALIZE_PER_FEATURE} only"),
-                ));
-            }
+            normalize_per_feature = match normalize.as_str() {
+                NORMALIZE_PER_FEATURE => true,
+                NORMALIZE_NONE => false,
+                _ => {
+                    return Err(refuse(
+                        keys::NORMALIZE,
+                        &normalize,
+                        &format!("{NORMALIZE_PER_FEATURE} or {NORMALIZE_NONE}"),
+                    ));
+                }
+            };
         }
         let preprocessor = PreprocessorParams {
             sample_rate,
@@ -393,6 +509,7 @@ impl Hparams {
             hop_length,
             preemph,
             log_zero_guard,
+            normalize_per_feature,
         };
 
         let sub = f.str(keys::SUBSAMPLING)?;
@@ -412,12 +529,45 @@ impl Hparams {
                 "2 values",
             ));
         }
-        let Some(attention) = Attention::from_nemo(&att, [att_context[0], att_context[1]]) else {
+        let style = match f.get(keys::ATT_CONTEXT_STYLE) {
+            Some(_) => f.str(keys::ATT_CONTEXT_STYLE)?,
+            None => ATT_CONTEXT_REGULAR.to_owned(),
+        };
+        let context = [att_context[0], att_context[1]];
+        let attention = match style.as_str() {
+            ATT_CONTEXT_REGULAR => Attention::from_nemo(&att, context),
+            ATT_CONTEXT_CHUNKED_LIMITED if att == "rel_pos" => Attention::chunked(context),
+            _ => None,
+        };
+        let Some(attention) = attention else {
             bail!(
-                "{shown}: self_attention_model '{att}' with att_context_size {att_context:?} is not \
-                 supported (rel_pos with [-1, -1], or rel_pos_local_attn with a window)"
+                "{shown}: self_attention_model '{att}' with att_context_size {att_context:?} and \
+                 att_context_style '{style}' is not supported (rel_pos with [-1, -1], \
+                 rel_pos_local_attn with a window, or chunked_limited rel_pos with [L, R], L a \
+                 multiple of R + 1)"
             );
         };
+        let mut att_context_sizes = Vec::new();
+        if f.get(keys::ATT_CONTEXT_SIZES).is_some() {
+            let all = f.int_array(keys::ATT_CONTEXT_SIZES)?;
+            let pairs: Vec<[i64; 2]> = all.chunks(2).map(|p| [p[0], p[p.len() - 1]]).collect();
+            let ok = all.len().is_multiple_of(2)
+                && !pairs.is_empty()
+                && pairs[0] == context
+                && pairs.iter().all(|&p| Attention::chunked(p).is_some());
+            if !ok || !matches!(attention, Attention::Chunked { .. }) {
+                return Err(refuse(
+                    keys::ATT_CONTEXT_SIZES,
+                    &format!("{all:?}"),
+                    "[L, R] pairs of chunked_limited attention, the first equal to \
+                     att_context_size",
+                ));
+            }
+            att_context_sizes = pairs
+                .iter()
+                .map(|p| [p[0] as usize, p[1] as usize])
+                .collect();
+        }
         let feat_in = u(keys::FEAT_IN, 1, limits::N_MELS)?;
         if feat_in != n_mels {
             return Err(refuse(
@@ -439,6 +589,40 @@ impl Hparams {
         if conv_kernel % 2 == 0 {
             return Err(refuse(keys::CONV_KERNEL_SIZE, &conv_kernel, "odd sizes"));
         }
+        let conv_context = match f.get(keys::CONV_CONTEXT_SIZE) {
+            None => [conv_kernel / 2; 2],
+            Some(_) => {
+                let c = f.int_array(keys::CONV_CONTEXT_SIZE)?;
+                let half = (conv_kernel / 2) as i64;
+                let causal = conv_kernel as i64 - 1;
+                if c != [half, half] && c != [causal, 0] {
+                    return Err(refuse(
+                        keys::CONV_CONTEXT_SIZE,
+                        &format!("{c:?}"),
+                        &format!("[{half}, {half}] or [{causal}, 0]"),
+                    ));
+                }
+                [c[0] as usize, c[1] as usize]
+            }
+        };
+        let conv_layer_norm = match f.get(keys::CONV_NORM_TYPE) {
+            None => false,
+            Some(_) => match f.str(keys::CONV_NORM_TYPE)?.as_str() {
+                CONV_NORM_BATCH_NORM => false,
+                CONV_NORM_LAYER_NORM => true,
+                other => {
+                    return Err(refuse(
+                        keys::CONV_NORM_TYPE,
+                        &other,
+                        "batch_norm or layer_norm",
+                    ));
+                }
+            },
+        };
+        let causal_downsampling = match f.get(keys::CAUSAL_DOWNSAMPLING) {
+            None => false,
+            Some(_) => f.bool(keys::CAUSAL_DOWNSAMPLING)?,
+        };
         let encoder = EncoderParams {
             feat_in,
             n_layers: u(keys::N_LAYERS, 1, limits::N_LAYERS)?,
@@ -451,6 +635,10 @@ impl Hparams {
             xscaling: f.bool(keys::XSCALING)?,
             use_bias: f.bool(keys::USE_BIAS)?,
             attention,
+            att_context_sizes,
+            causal_downsampling,
+            conv_context,
+            conv_layer_norm,
         };
         let vocab_size = u(keys::VOCAB_SIZE, 1, limits::VOCAB)?;
 
@@ -508,7 +696,14 @@ impl Hparams {
         set_u32(w, keys::HOP_LENGTH, p.hop_length)?;
         w.set_f32(keys::PREEMPH, p.preemph)?;
         w.set_f32(keys::LOG_ZERO_GUARD_VALUE, p.log_zero_guard)?;
-        w.set_str(keys::NORMALIZE, NORMALIZE_PER_FEATURE)?;
+        w.set_str(
+            keys::NORMALIZE,
+            if p.normalize_per_feature {
+                NORMALIZE_PER_FEATURE
+            } else {
+                NORMALIZE_NONE
+            },
+        )?;
         set_u32(w, keys::FEAT_IN, e.feat_in)?;
         set_u32(w, keys::N_LAYERS, e.n_layers)?;
         set_u32(w, keys::D_MODEL, e.d_model)?;
@@ -529,6 +724,36 @@ impl Hparams {
                 i32_of(keys::ATT_CONTEXT_SIZE, right)?,
             ],
         )?;
+        // The streaming keys only where they differ from NeMo's defaults: every other model's
+        // file stays as it was.
+        if e.attention.style_name() != ATT_CONTEXT_REGULAR {
+            w.set_str(keys::ATT_CONTEXT_STYLE, e.attention.style_name())?;
+        }
+        if !e.att_context_sizes.is_empty() {
+            let all = e
+                .att_context_sizes
+                .iter()
+                .flatten()
+                .map(|&v| i32_of(keys::ATT_CONTEXT_SIZES, v as i64))
+                .collect::<Result<Vec<_>>>()?;
+            w.set_i32_array(keys::ATT_CONTEXT_SIZES, &all)?;
+        }
+        if e.causal_downsampling {
+            w.set_bool(keys::CAUSAL_DOWNSAMPLING, true)?;
+        }
+        if e.conv_context != [e.conv_kernel / 2; 2] {
+            let [l, r] = e.conv_context;
+            w.set_i32_array(
+                keys::CONV_CONTEXT_SIZE,
+                &[
+                    i32_of(keys::CONV_CONTEXT_SIZE, l as i64)?,
+                    i32_of(keys::CONV_CONTEXT_SIZE, r as i64)?,
+                ],
+            )?;
+        }
+        if e.conv_layer_norm {
+            w.set_str(keys::CONV_NORM_TYPE, CONV_NORM_LAYER_NORM)?;
+        }
         if self.model_type.has_transducer() {
             set_u32(w, keys::PRED_HIDDEN, self.pred_hidden)?;
             set_u32(w, keys::PRED_RNN_LAYERS, self.pred_layers)?;
@@ -566,6 +791,9 @@ pub struct FrameGeometry {
     pub sample_rate: usize,
     pub hop_length: usize,
     pub subsampling_factor: usize,
+    /// Causal subsampling convs (padding 2 + 1 instead of 1 + 1) yield one frame more on an
+    /// even length.
+    pub causal_downsampling: bool,
 }
 
 impl FrameGeometry {
@@ -584,7 +812,11 @@ impl FrameGeometry {
         let mut len = feature_frames;
         let mut factor = self.subsampling_factor;
         while factor > 1 {
-            len = subsampled_len(len);
+            len = if self.causal_downsampling {
+                causal_subsampled_len(len)
+            } else {
+                subsampled_len(len)
+            };
             factor /= 2;
         }
         len
@@ -594,6 +826,11 @@ impl FrameGeometry {
 /// NeMo's subsampled length for one stride-2, kernel-3, pad-1 conv: `floor((L - 1) / 2) + 1`.
 pub fn subsampled_len(len: usize) -> usize {
     if len == 0 { 0 } else { (len - 1) / 2 + 1 }
+}
+
+/// The same for NeMo's `CausalConv2D` (pads 2 before, 1 after): `floor(L / 2) + 1`.
+pub fn causal_subsampled_len(len: usize) -> usize {
+    if len == 0 { 0 } else { len / 2 + 1 }
 }
 
 #[cfg(test)]

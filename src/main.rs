@@ -12,10 +12,15 @@ use parakeet::layout::Layout;
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
 use parakeet::session::{BeamPlan, DecoderChoice, Session};
+use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
+use parakeet::stream::open::{LiveOptions, open_live};
+use parakeet::stream::pump::{PumpOptions, pump};
+use parakeet::stream::render::{EventFormat, EventWriter};
 use parakeet::transcript::{StageTimes, Transcript};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
@@ -45,7 +50,11 @@ enum Command {
     },
     /// List the converted models in the cache.
     Models,
-    /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions) over one loaded model.
+    /// Transcribe live audio as it arrives (a cache-aware streaming model): the default
+    /// microphone when no INPUT is given, `-` for standard input, or a file.
+    Stream(StreamArgs),
+    /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions, and live
+    /// transcription over a WebSocket at /v1/realtime) over one loaded model.
     Serve(parakeet::server::ServeArgs),
     /// Describe a model: architecture, hyperparameters, tensors by type; or, with `--system`,
     /// this machine: CPU features found and the kernels chosen (ours and ggml's).
@@ -120,6 +129,56 @@ struct TranscribeArgs {
     beam: BeamArgs,
 }
 
+#[derive(Args)]
+struct StreamArgs {
+    /// Audio to transcribe: `-` reads standard input (a WAV stream, or headerless samples with
+    /// --raw), a path reads a file; none listens to the default microphone.
+    input: Option<PathBuf>,
+    /// Model: a cache-aware streaming model (.gguf, .nemo or hub id).
+    #[arg(short, long, env = "PARAKEET_MODEL")]
+    model: PathBuf,
+    /// The input is headerless samples in this layout (needs --rate).
+    #[arg(long, value_enum, requires = "rate")]
+    raw: Option<RawFormat>,
+    /// Sample rate of --raw input, in Hz.
+    #[arg(long, value_name = "HZ", requires = "raw")]
+    rate: Option<u32>,
+    /// Interleaved channels of --raw input (mixed down to mono).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "raw")]
+    channels: u16,
+    /// Feed a file at the speaker's pace instead of as fast as possible.
+    #[arg(long)]
+    realtime: bool,
+    /// text: finished utterances one a line (on a terminal the current one grows in place);
+    /// jsonl: every partial and final as a JSON object a line.
+    #[arg(long, value_enum, default_value = "text")]
+    format: EventFormat,
+    /// One of the model's lookaheads, `L,R` in encoder frames (default: NeMo's for the model).
+    #[arg(long, value_name = "L,R", value_parser = parse_att_context)]
+    att_context: Option<[usize; 2]>,
+    /// Decoder head: the model's transducer (default) or a hybrid model's CTC head.
+    #[arg(long, value_enum, default_value = "auto")]
+    decoder: DecoderChoice,
+    /// Threads for the compute backend (default: available cores).
+    #[arg(short, long)]
+    threads: Option<usize>,
+    /// Stop after this many seconds of audio: the utterance under way ends with a final, then
+    /// the command fails (exit 1) saying the stream was cut.
+    #[arg(long, value_name = "S")]
+    max_seconds: Option<f64>,
+}
+
+fn parse_att_context(s: &str) -> Result<[usize; 2], String> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    match parts.as_slice() {
+        [l, r] => match (l.parse(), r.parse()) {
+            (Ok(l), Ok(r)) => Ok([l, r]),
+            _ => Err(format!("{s:?}: expected two frame counts L,R such as 70,1")),
+        },
+        _ => Err(format!("{s:?}: expected two frame counts L,R such as 70,1")),
+    }
+}
+
 /// Exit codes: 0 all good, 1 some inputs failed, 2 usage or model errors.
 const EXIT_FAILED_INPUTS: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -153,6 +212,7 @@ fn main() -> ExitCode {
         } => info(&model).map(|_| 0),
         Command::Info { model: None, .. } => system_info().map(|_| 0),
         Command::Models => list_models().map(|_| 0),
+        Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
     };
     match result {
@@ -219,7 +279,7 @@ macro_rules! outln {
 fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
     let r = convert_with_progress(input, output, ty, |_, _| {})?;
     eprintln!(
-        "{} -> {}: {:?} ({} tensors, {:.1}M params; f32 {} ({} panel-packed), f16 {}, q8_0 {} ({} as q8_0x8), q4_0 {}), {:.1} MiB in {:.2} s",
+        "{} -> {}: {:?} ({} tensors, {:.1}M params; f32 {} ({} panel-packed), f16 {}, q8_0 {} ({} as q8_0x8), q4_0 {} ({} as q4_0x8)), {:.1} MiB in {:.2} s",
         input.display(),
         output.display(),
         r.model_type,
@@ -231,6 +291,7 @@ fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
         r.q8_0_tensors,
         r.repacked_tensors,
         r.q4_0_tensors,
+        r.repacked_q4_tensors,
         r.bytes as f64 / (1 << 20) as f64,
         r.elapsed.as_secs_f64()
     );
@@ -330,6 +391,36 @@ fn info(model: &Path) -> Result<()> {
         e.xscaling,
         e.attention
     )?;
+    if !hp.preprocessor.normalize_per_feature {
+        outln!("features:     raw log-mel (normalize NA)")?;
+    }
+    for (i, &context) in e.att_context_sizes.iter().enumerate() {
+        let Some(s) = e.streaming(context) else {
+            continue;
+        };
+        let ms = |feature_frames: usize| {
+            feature_frames as f64 * hp.preprocessor.hop_length as f64 * 1000.0
+                / hp.preprocessor.sample_rate as f64
+        };
+        outln!(
+            "streaming:    att_context [{}, {}]{}: chunk {} ms ({}/{} mel frames, shift {}/{}), {} \
+             encoder frames a chunk, attention cache {} frames, conv cache {}, pre-encode cache \
+             {} mel frames, drop_extra_pre_encoded {}",
+            context[0],
+            context[1],
+            if i == 0 { " (default)" } else { "" },
+            ms(s.shift_size[1]),
+            s.chunk_size[0],
+            s.chunk_size[1],
+            s.shift_size[0],
+            s.shift_size[1],
+            s.valid_out_len,
+            s.last_channel_cache_size,
+            s.last_time_cache_size,
+            s.pre_encode_cache_size,
+            s.drop_extra_pre_encoded
+        )?;
+    }
     if hp.model_type.has_transducer() {
         outln!(
             "decoder:      LSTM {} x {}, joint {}, max symbols {}{}",
@@ -356,7 +447,7 @@ fn info(model: &Path) -> Result<()> {
             let kind = match w.layout() {
                 Layout::Plain => w.dtype().name().to_string(),
                 Layout::Panel16 => format!("{} panel16", w.dtype().name()),
-                Layout::Q8_0x8 => "q8_0x8".to_string(),
+                Layout::Q8_0x8 | Layout::Q4_0x8 => w.layout().name().to_string(),
             };
             let entry = by_type.entry(kind).or_default();
             entry.0 += 1;
@@ -778,6 +869,86 @@ fn progress_bar(n: usize) -> indicatif::ProgressBar {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     pb
+}
+
+/// `parakeet stream`: opens the input first (a bad header or a missing microphone is reported
+/// before any model is loaded), then the model, then pumps until the input ends.
+fn stream(args: StreamArgs) -> Result<u8> {
+    let raw = match (args.raw, args.rate) {
+        (Some(format), Some(rate)) => Some(RawLayout {
+            format,
+            rate,
+            channels: args.channels,
+        }),
+        (None, None) => None,
+        _ => bail!("--raw and --rate go together: headerless samples need their rate"),
+    };
+    let mut source = open_stream_input(args.input.as_deref(), raw)?;
+    if let Some(s) = args.max_seconds
+        && (s.is_nan() || s <= 0.0)
+    {
+        bail!("--max-seconds must be positive (got {s})");
+    }
+    let model = Arc::new(Model::load(&resolve_model(&args.model)?)?);
+    let options = LiveOptions {
+        att_context: args.att_context,
+        decoder: args.decoder,
+        threads: args.threads.unwrap_or_else(default_threads),
+    };
+    let mut transcriber = open_live(&model, &options)?;
+    let stdout = std::io::stdout();
+    let terminal = stdout.is_terminal();
+    let mut writer = EventWriter::new(stdout.lock(), args.format, terminal);
+    let pumped = pump(
+        source.as_mut(),
+        transcriber.as_mut(),
+        &PumpOptions {
+            realtime: args.realtime,
+            max_seconds: args.max_seconds,
+        },
+        &mut |event| Ok(writer.write(event)?),
+    );
+    writer.close()?;
+    let summary = pumped?;
+    if summary.cut_at_limit {
+        eprintln!(
+            "error: {}: the stream is longer than --max-seconds {}; stopped there",
+            source.name(),
+            args.max_seconds.unwrap_or_default()
+        );
+        return Ok(EXIT_FAILED_INPUTS);
+    }
+    Ok(0)
+}
+
+/// The `stream` command's input: a file, standard input (`-`) or the default microphone.
+fn open_stream_input(input: Option<&Path>, raw: Option<RawLayout>) -> Result<Box<dyn AudioSource>> {
+    match input {
+        Some(p) if p.as_os_str() == "-" => input::open_stdin(raw),
+        Some(p) => input::open_file(p, raw),
+        None if raw.is_some() => {
+            bail!("--raw describes standard input or a file: give `-` or a path")
+        }
+        None => open_microphone(),
+    }
+}
+
+#[cfg(feature = "mic")]
+fn open_microphone() -> Result<Box<dyn AudioSource>> {
+    let mic = parakeet::stream::mic::Microphone::open()?;
+    eprintln!(
+        "listening on {} ({} Hz); Ctrl-C stops",
+        mic.name(),
+        mic.sample_rate()
+    );
+    Ok(Box::new(mic))
+}
+
+#[cfg(not(feature = "mic"))]
+fn open_microphone() -> Result<Box<dyn AudioSource>> {
+    bail!(
+        "no microphone: this build has no microphone support (built without the `mic` feature); give a file, or pipe audio to `-`"
+    )
 }
 
 fn default_threads() -> usize {

@@ -5,7 +5,7 @@
 
 use crate::backend::{DType, HostWeights, Weight};
 use crate::gguf::GgufFile;
-use crate::hparams::{EncoderParams, Hparams, keys, subsampled_len};
+use crate::hparams::{EncoderParams, Hparams, keys};
 use crate::layout::{self, Elem, Layout, Role};
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result, bail};
@@ -51,9 +51,13 @@ pub struct RelPositionAttention {
 #[derive(Clone, Debug)]
 pub struct ConvModule {
     pub pointwise_conv1: Linear,
-    /// `depthwise_conv` with `batch_norm` folded in at load: [kernel, d] and [d].
+    /// `depthwise_conv` with `batch_norm` folded in at load: [kernel, d] and [d] (with a
+    /// LayerNorm `batch_norm`, the conv as it is, a missing bias as zeros).
     pub depthwise_conv_folded: Weight,
     pub depthwise_bias_folded: Weight,
+    /// `batch_norm` when it is a LayerNorm over channels (`conv_norm_type: layer_norm`),
+    /// applied after the depthwise conv; a BatchNorm is folded into it instead.
+    pub batch_norm_layer_norm: Option<LayerNorm>,
     pub pointwise_conv2: Linear,
 }
 
@@ -350,6 +354,13 @@ impl Loader<'_> {
             let conv = format!("encoder.layers.{i}.conv");
             let dw = self.w(&format!("{conv}.depthwise_conv.weight"), &[k, 1, d])?;
             let dw_bias = self.opt_bias(&format!("{conv}.depthwise_conv.bias"), d)?;
+            if hp.encoder.conv_layer_norm {
+                // Nothing to fold: the LayerNorm's statistics are the frame's own.
+                let bias = dw_bias.map_or_else(|| vec![0.0; d], |b| b.to_host_f32());
+                host.push(&fold_name(i, "weight"), &[k, d], dw.to_host_f32());
+                host.push(&fold_name(i, "bias"), &[d], bias);
+                continue;
+            }
             let bn = |what: &str| -> Result<Vec<f32>> {
                 Ok(self
                     .w(&format!("{conv}.batch_norm.{what}"), &[d])?
@@ -380,7 +391,12 @@ impl Loader<'_> {
         // conv.0 (1 -> C, 3 x 3) runs in the stem op (`FusedOps::conv_stem`), which reads its
         // [9, C] panels sixteen channels at a time; conv.3 and conv.6 as [C, C] products;
         // torch's [out, in, kh, kw] is the row-major [m][k] of a Linear.
+        // The stem op pads 1 frame on each side: causal subsampling takes the plain convs.
+        let stem = !hp.encoder.causal_downsampling;
         for (conv, side, cin) in [("0", 3, 1), ("3", 1, c), ("6", 1, c)] {
+            if conv == "0" && !stem {
+                continue;
+            }
             let name = format!("encoder.pre_encode.conv.{conv}.weight");
             let w = self.file.weight(&name, &[side, side, cin, c], F32)?;
             let k = side * side * cin;
@@ -394,7 +410,8 @@ impl Loader<'_> {
     fn pre_encode(&self, hp: &Hparams, derived: &mut HashMap<String, Weight>) -> Result<PreEncode> {
         let c = hp.encoder.subsampling_channels;
         let p = "encoder.pre_encode";
-        let f_out = subsampled_len(subsampled_len(subsampled_len(hp.encoder.feat_in)));
+        // The convs shrink the mel axis as they shrink time.
+        let f_out = hp.geometry().encoded_len(hp.encoder.feat_in);
         let depthwise = |derived: &mut HashMap<String, Weight>, conv: &str| -> Result<Conv2d> {
             Ok(Conv2d {
                 weight: take(derived, &cwhn_name(conv))?,
@@ -465,6 +482,11 @@ impl Loader<'_> {
                 pointwise_conv1: self.conv1x1(&format!("{conv}.pointwise_conv1"), d, 2 * d)?,
                 depthwise_conv_folded: take(derived, &fold_name(i, "weight"))?,
                 depthwise_bias_folded: take(derived, &fold_name(i, "bias"))?,
+                batch_norm_layer_norm: if hp.conv_layer_norm {
+                    Some(self.norm(&format!("{conv}.batch_norm"), d)?)
+                } else {
+                    None
+                },
                 pointwise_conv2: self.conv1x1(&format!("{conv}.pointwise_conv2"), d, d)?,
             },
             norm_feed_forward2: self.norm(&format!("{p}.norm_feed_forward2"), d)?,

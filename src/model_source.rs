@@ -63,7 +63,13 @@ pub fn resolve(spec: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
         } else {
             ""
         };
-        bail!("{}: no such model file{hint}", spec.display());
+        // An io::Error underneath, so that callers can tell a missing file from a broken one
+        // (the Python package raises FileNotFoundError); the message is the same.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{}: no such model file{hint}", spec.display()),
+        )
+        .into());
     }
     let is_nemo = spec
         .extension()
@@ -176,5 +182,7 @@ mod tests {
         let msg = format!("{err:#}");
         assert!(msg.contains("models/tdt.gguf: no such model file"), "{msg}");
         assert!(msg.contains("not taken for a hub id"), "{msg}");
+        let io = err.downcast_ref::<std::io::Error>().map(|e| e.kind());
+        assert_eq!(io, Some(std::io::ErrorKind::NotFound));
     }
 }

@@ -11,6 +11,7 @@ use crate::decoder::boosting::BoostingTree;
 use crate::decoder::confidence::{ConfidenceConfig, ctc_frames};
 use crate::decoder::ctc::{ctc_greedy, ctc_greedy_boosted, log_softmax_rows};
 use crate::decoder::greedy::{GreedyTransducer, Step};
+use crate::decoder::hypothesis::Hypothesis;
 use crate::encoder::{
     AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
 };
@@ -134,6 +135,7 @@ impl Session {
             n_mels: pp.n_mels,
             preemph: pp.preemph,
             log_zero_guard: pp.log_zero_guard,
+            normalize_per_feature: pp.normalize_per_feature,
         };
         Ok(Session {
             model,
@@ -269,6 +271,48 @@ impl Session {
         )
     }
 
+    /// The front end's settings (the model's `preprocessor`).
+    pub fn mel_config(&self) -> &MelConfig {
+        &self.mel
+    }
+
+    /// One chunk of a cache-aware stream (or a whole file from a fresh `state`) through the
+    /// encoder with `attention`, returning `outputs`; `state` keeps the stream's caches.
+    pub fn encode_chunk(
+        &mut self,
+        state: &mut EncoderState,
+        chunk: FeatureImage,
+        attention: Attention,
+        outputs: Outputs,
+    ) -> Result<Encoded> {
+        encode(
+            &mut self.backend,
+            &self.model,
+            state,
+            chunk,
+            attention,
+            outputs,
+        )
+    }
+
+    /// Greedy transducer decoding of a stream's next chunk (`joint_enc`, `[frames][joint
+    /// hidden]`) from `hyp` (`None`: the stream's start). The new tokens are in the returned
+    /// hypothesis, their frames counted from the chunk's start.
+    pub fn continue_greedy(
+        &mut self,
+        hyp: Option<Hypothesis>,
+        joint_enc: &[f32],
+        frames: usize,
+    ) -> Result<Hypothesis> {
+        let mut search = GreedyTransducer::new(&self.model)?;
+        let mut hyp = match hyp {
+            Some(h) => h,
+            None => search.start(&mut self.backend)?,
+        };
+        search.resume(&mut self.backend, joint_enc, frames, &mut hyp)?;
+        Ok(hyp)
+    }
+
     /// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's
     /// `encoder_out`, for teacher-forced decoder tests): `output` is `[frames][d_model]`.
     pub fn encode_heads(&mut self, output: &[f32], frames: usize) -> Result<Encoded> {
@@ -276,7 +320,7 @@ impl Session {
     }
 
     /// The head `choice` decodes with, or why this model has none.
-    fn head(&self, choice: DecoderChoice) -> Result<Outputs> {
+    pub fn head(&self, choice: DecoderChoice) -> Result<Outputs> {
         let model = &self.model;
         let ctc = match choice {
             DecoderChoice::Ctc => true,

@@ -85,6 +85,26 @@ impl Audio {
     }
 }
 
+impl Audio {
+    /// Audio handed over as samples instead of a file (the Python package's arrays):
+    /// `channels` interleaved channels at `sample_rate` Hz, mixed down to mono and checked as
+    /// a decoded file's samples are (rate range, finite values in range). Errors say what is
+    /// wrong with the samples, with no file to name.
+    pub fn from_interleaved(samples: &[f32], channels: usize, sample_rate: u32) -> Result<Audio> {
+        if !(MIN_SAMPLE_RATE..=MAX_SAMPLE_RATE).contains(&sample_rate) {
+            bail!(
+                "sample rate {sample_rate} Hz is outside the supported {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz"
+            );
+        }
+        if channels == 0 || channels > usize::from(MAX_WAV_CHANNELS) {
+            bail!("{channels} channels (1..={MAX_WAV_CHANNELS} supported)");
+        }
+        let mono = samples.chunks_exact(channels).map(mean).collect();
+        // At most 32 channels: the cast cannot truncate.
+        Audio::new(mono, sample_rate, channels as u16)
+    }
+}
+
 /// Decodes an audio file of any supported format. Pipes, FIFOs and devices (`<(cat x.wav)`)
 /// cannot seek, and a WAV from a streaming writer has no length in its header: both are read
 /// into memory first and decoded like standard input.

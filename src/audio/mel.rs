@@ -32,6 +32,8 @@ pub struct MelConfig {
     pub preemph: f32,
     /// Added to the mel energies before the log.
     pub log_zero_guard: f32,
+    /// NeMo's `per_feature` normalisation; false for `NA` (raw log-mel).
+    pub normalize_per_feature: bool,
 }
 
 impl MelConfig {
@@ -44,6 +46,7 @@ impl MelConfig {
             n_mels,
             preemph: 0.97,
             log_zero_guard: 2f32.powi(-24),
+            normalize_per_feature: true,
         }
     }
 
@@ -100,8 +103,10 @@ pub fn log_mel(samples: &[f32], window: &[f32], fb: &[f32], cfg: &MelConfig) -> 
             data[m * n_frames + t] = (band.apply(power) + cfg.log_zero_guard).ln();
         }
     }
-    for row in data.chunks_exact_mut(n_frames.max(1)) {
-        normalize(row);
+    if cfg.normalize_per_feature {
+        for row in data.chunks_exact_mut(n_frames.max(1)) {
+            normalize(row);
+        }
     }
     Features {
         data,
@@ -141,19 +146,36 @@ impl PowerStft {
         }
     }
 
+    /// Index of the first sample frame `t` windows (negative near the start).
+    fn first_sample(&self, t: usize) -> isize {
+        (t * self.hop + self.window_offset) as isize - (self.frame.len() / 2) as isize
+    }
+
     /// Power spectrum of frame `t`. The signal is centred (`center=True`): frame `t` covers
     /// samples `t * hop - n_fft / 2 ..`, with zeros (not reflection) outside the signal.
     fn frame(&mut self, samples: &[f32], t: usize) -> &[f64] {
-        let n_fft = self.frame.len();
-        // Index of the first windowed sample; may be negative near the start.
-        let start = (t * self.hop + self.window_offset) as isize - (n_fft / 2) as isize;
+        self.frame_of(samples, 0, samples.len(), t)
+    }
+
+    /// [`Self::frame`] where `samples` holds the signal's samples from index `first` on (and
+    /// the one before `first`, unless `first` is 0) and the signal has `len` samples so far.
+    fn frame_of(&mut self, samples: &[f32], first: usize, len: usize, t: usize) -> &[f64] {
+        let start = self.first_sample(t);
         self.frame.fill(0.0);
         let windowed = &mut self.frame[self.window_offset..self.window_offset + self.window.len()];
+        let kept = first.saturating_sub(1);
         for (k, (out, w)) in windowed.iter_mut().zip(&self.window).enumerate() {
             let i = start + k as isize;
-            if i >= 0 && (i as usize) < samples.len() {
+            if i >= 0 && (i as usize) < len {
+                // Pre-emphasis, in f32 as torch does: y[0] = x[0], y[i] = x[i] - a x[i - 1].
+                let i = i as usize;
+                let y = if i == 0 {
+                    samples[0]
+                } else {
+                    samples[i - kept] - self.preemph * samples[i - 1 - kept]
+                };
                 // Windowing rounds in f32, as in torch; the FFT runs in f64.
-                *out = f64::from(emphasized(samples, i as usize, self.preemph) * w);
+                *out = f64::from(y * w);
             }
         }
         self.fft
@@ -166,9 +188,103 @@ impl PowerStft {
     }
 }
 
-/// Pre-emphasised sample `i`: `y[0] = x[0]`, `y[i] = x[i] - a x[i-1]` (f32, as torch does).
-fn emphasized(x: &[f32], i: usize, a: f32) -> f32 {
-    if i == 0 { x[0] } else { x[i] - a * x[i - 1] }
+/// NeMo's log-mel features computed as the audio arrives, without normalisation (`NA`, the
+/// cache-aware streaming models). Frame `t` only depends on the samples around `t * hop`, so it
+/// is computed as soon as they are all there, equal to the whole signal's frame `t`; the last
+/// frames, which reach past the end, when the input ends. Only the samples that later frames
+/// need are kept.
+pub struct StreamingMel {
+    stft: PowerStft,
+    bands: Vec<MelBand>,
+    guard: f32,
+    n_mels: usize,
+    /// Samples of the signal from `first - 1` on (from 0 when `first` is 0).
+    samples: Vec<f32>,
+    first: usize,
+    received: usize,
+    next_frame: usize,
+}
+
+impl StreamingMel {
+    /// # Panics
+    /// As [`log_mel`], on a window or filterbank of the wrong size.
+    pub fn new(window: &[f32], fb: &[f32], cfg: &MelConfig) -> StreamingMel {
+        assert!(cfg.hop_length > 0, "hop_length is 0");
+        assert!(cfg.win_length <= cfg.n_fft, "win_length > n_fft");
+        assert_eq!(window.len(), cfg.win_length, "window length");
+        assert_eq!(fb.len(), cfg.n_mels * cfg.n_bins(), "filterbank size");
+        StreamingMel {
+            stft: PowerStft::new(window, cfg),
+            bands: fb
+                .chunks_exact(cfg.n_bins())
+                .map(MelBand::from_row)
+                .collect(),
+            guard: cfg.log_zero_guard,
+            n_mels: cfg.n_mels,
+            samples: Vec::new(),
+            first: 0,
+            received: 0,
+            next_frame: 0,
+        }
+    }
+
+    /// Mel bands per frame.
+    pub fn n_mels(&self) -> usize {
+        self.n_mels
+    }
+
+    /// Samples received so far.
+    pub fn received(&self) -> usize {
+        self.received
+    }
+
+    /// Feeds `samples`; returns the frames they completed, `[frames][n_mels]` (mels fastest).
+    pub fn push(&mut self, samples: &[f32]) -> Vec<f32> {
+        self.samples.extend_from_slice(samples);
+        self.received += samples.len();
+        let valid = self.received / self.stft.hop;
+        let (span, received) = (self.stft.window.len() as isize, self.received as isize);
+        let complete = |t: usize, stft: &PowerStft| stft.first_sample(t) + span <= received;
+        let mut out = Vec::new();
+        while self.next_frame < valid && complete(self.next_frame, &self.stft) {
+            self.emit_frame(&mut out);
+        }
+        self.forget();
+        out
+    }
+
+    /// The input ended: the remaining frames (NeMo's `n_samples / hop` in all).
+    pub fn finish(&mut self) -> Vec<f32> {
+        let mut out = Vec::new();
+        while self.next_frame < self.received / self.stft.hop {
+            self.emit_frame(&mut out);
+        }
+        out
+    }
+
+    fn emit_frame(&mut self, out: &mut Vec<f32>) {
+        let t = self.next_frame;
+        let power = self
+            .stft
+            .frame_of(&self.samples, self.first, self.received, t);
+        out.extend(
+            self.bands
+                .iter()
+                .map(|band| (band.apply(power) + self.guard).ln()),
+        );
+        self.next_frame += 1;
+    }
+
+    /// Drops the samples no later frame reads (keeping one more for the pre-emphasis).
+    fn forget(&mut self) {
+        let needed = self.stft.first_sample(self.next_frame).max(0) as usize;
+        let keep_from = needed.saturating_sub(1);
+        let kept = self.first.saturating_sub(1);
+        if keep_from > kept {
+            self.samples.drain(..keep_from - kept);
+            self.first = keep_from + 1;
+        }
+    }
 }
 
 /// One mel filterbank row stored as its non-zero span only: each triangular filter covers a few
@@ -238,6 +354,7 @@ mod tests {
             n_mels: 3,
             preemph: 0.97,
             log_zero_guard: 2f32.powi(-24),
+            normalize_per_feature: true,
         };
         let window = vec![1.0; cfg.win_length];
         let mut fb = vec![0.0; cfg.n_mels * cfg.n_bins()];
@@ -310,5 +427,34 @@ mod tests {
             .map(|row| MelBand::from_row(row).apply(&power))
             .collect();
         assert_eq!(mels, [0.5 * 5.0 + 2.0 * 7.0, 13.0, 0.0]);
+    }
+
+    /// Any split of the input gives the whole signal's frames, bit for bit.
+    #[test]
+    fn streaming_frames_equal_the_whole_signal() {
+        let (mut cfg, window, fb) = tiny();
+        cfg.normalize_per_feature = false;
+        let samples: Vec<f32> = (0..203)
+            .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+            .collect();
+        let whole = log_mel(&samples, &window, &fb, &cfg);
+        for piece in [1, 3, 7, 64, 203] {
+            let mut mel = StreamingMel::new(&window, &fb, &cfg);
+            let mut frames = Vec::new();
+            for chunk in samples.chunks(piece) {
+                frames.extend(mel.push(chunk));
+            }
+            frames.extend(mel.finish());
+            assert_eq!(frames.len(), whole.n_frames * cfg.n_mels, "piece {piece}");
+            for t in 0..whole.n_frames {
+                for m in 0..cfg.n_mels {
+                    assert_eq!(
+                        frames[t * cfg.n_mels + m].to_bits(),
+                        whole.band(m)[t].to_bits(),
+                        "piece {piece} frame {t} mel {m}"
+                    );
+                }
+            }
+        }
     }
 }

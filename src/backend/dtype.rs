@@ -58,6 +58,7 @@ impl DType {
         match self {
             DType::F32 => Elem::F32,
             DType::Q8_0 => Elem::Q8_0,
+            DType::Q4_0 => Elem::Q4_0,
             _ => Elem::Other,
         }
     }

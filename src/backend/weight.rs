@@ -167,9 +167,11 @@ impl Weight {
         let mut raw = vec![0u8; self.bytes()];
         // SAFETY: the tensor is allocated; raw has exactly its size.
         unsafe { sys::ggml_backend_tensor_get(self.raw(), raw.as_mut_ptr().cast(), 0, raw.len()) };
-        if self.layout == Layout::Q8_0x8 {
-            let [k, m, ..] = self.shape();
-            raw = layout::unpack_q8_0x8(&raw, k, m);
+        let [k, m, ..] = self.shape();
+        match self.layout {
+            Layout::Q8_0x8 => raw = layout::unpack_q8_0x8(&raw, k, m),
+            Layout::Q4_0x8 => raw = layout::unpack_q4_0x8(&raw, k, m),
+            Layout::Plain | Layout::Panel16 => {}
         }
         match self.dtype() {
             DType::F32 => raw

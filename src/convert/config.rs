@@ -210,8 +210,8 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<PreprocessorParams> {
     };
     let normalize = cfg.str_or("preprocessor.normalize", "per_feature")?;
     ensure!(
-        normalize == "per_feature",
-        "model_config.yaml: preprocessor.normalize {normalize} is not supported (per_feature only)"
+        matches!(normalize, "per_feature" | "NA"),
+        "model_config.yaml: preprocessor.normalize {normalize} is not supported (per_feature or NA)"
     );
     require_setting(cfg, "preprocessor.log", &Value::Bool(true), "true")?;
     require_setting(cfg, "preprocessor.frame_splicing", &Value::from(1), "1")?;
@@ -253,6 +253,7 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<PreprocessorParams> {
         hop_length: hop_length as usize,
         preemph,
         log_zero_guard: log_zero_guard_value(cfg)?,
+        normalize_per_feature: normalize == "per_feature",
     })
 }
 
@@ -314,16 +315,47 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
         "model_config.yaml: encoder.self_attention_model {self_attention_model} is not supported \
          (rel_pos, rel_pos_local_attn)"
     );
-    let [left, right] = att_context_size(cfg)?;
-    let attention = Attention::from_nemo(self_attention_model, [left.into(), right.into()])
-        .with_context(|| {
-            format!(
-                "model_config.yaml: encoder.self_attention_model {self_attention_model} with \
-                 encoder.att_context_size [{left}, {right}] is not supported (rel_pos with \
-                 [-1, -1], or rel_pos_local_attn with a window)"
-            )
-        })?;
-    reject_streaming_setups(cfg, conv_kernel_size)?;
+    let contexts = att_context_sizes(cfg)?;
+    let [left, right] = contexts[0];
+    let style = cfg.str_or("encoder.att_context_style", "regular")?;
+    let attention = match style {
+        "regular" if contexts.len() == 1 => {
+            Attention::from_nemo(self_attention_model, [left.into(), right.into()])
+        }
+        "chunked_limited" if self_attention_model == "rel_pos" => {
+            Attention::chunked([left.into(), right.into()])
+        }
+        _ => None,
+    }
+    .with_context(|| {
+        format!(
+            "model_config.yaml: encoder.self_attention_model {self_attention_model} with \
+             encoder.att_context_style {style} and encoder.att_context_size {contexts:?} is not \
+             supported (rel_pos with [-1, -1], rel_pos_local_attn with a window, or \
+             chunked_limited rel_pos with [L, R] pairs, L a multiple of R + 1)"
+        )
+    })?;
+    let mut att_context_sizes = Vec::new();
+    if matches!(attention, Attention::Chunked { .. }) {
+        for &[l, r] in &contexts {
+            ensure!(
+                Attention::chunked([l.into(), r.into()]).is_some(),
+                "model_config.yaml: encoder.att_context_size [{l}, {r}] is not supported with \
+                 chunked_limited (L a multiple of R + 1, both >= 0)"
+            );
+            att_context_sizes.push([l as usize, r as usize]);
+        }
+    }
+    let conv_context = conv_context_size(cfg, conv_kernel_size)?;
+    let conv_layer_norm = match cfg.str_or("encoder.conv_norm_type", "batch_norm")? {
+        "batch_norm" => false,
+        "layer_norm" => true,
+        other => bail!(
+            "model_config.yaml: encoder.conv_norm_type {other} is not supported (batch_norm or \
+             layer_norm)"
+        ),
+    };
+    reject_unsupported_setups(cfg)?;
 
     let use_bias = cfg.bool_or("encoder.use_bias", true)?;
     let has_bias = t.has("encoder.layers.0.self_attn.linear_q.bias");
@@ -380,29 +412,15 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
         xscaling: cfg.bool_or("encoder.xscaling", true)?,
         use_bias,
         attention,
+        att_context_sizes,
+        causal_downsampling: cfg.bool_or("encoder.causal_downsampling", false)?,
+        conv_context,
+        conv_layer_norm,
     })
 }
 
-/// Cache-aware streaming models and other encoder variants the runtime doesn't implement.
-fn reject_streaming_setups(cfg: &Cfg, kernel: u32) -> Result<()> {
-    require_setting(
-        cfg,
-        "encoder.causal_downsampling",
-        &Value::Bool(false),
-        "false",
-    )?;
-    require_setting(
-        cfg,
-        "encoder.att_context_style",
-        &Value::from("regular"),
-        "regular",
-    )?;
-    require_setting(
-        cfg,
-        "encoder.conv_norm_type",
-        &Value::from("batch_norm"),
-        "batch_norm",
-    )?;
+/// Encoder variants the runtime doesn't implement.
+fn reject_unsupported_setups(cfg: &Cfg) -> Result<()> {
     require_setting(cfg, "encoder.untie_biases", &Value::Bool(true), "true")?;
     require_setting(cfg, "encoder.feat_out", &Value::from(-1), "-1")?;
     for key in ["encoder.reduction", "encoder.reduction_position"] {
@@ -415,39 +433,60 @@ fn reject_streaming_setups(cfg: &Cfg, kernel: u32) -> Result<()> {
         cfg.i64_or("encoder.global_tokens", 0)? == 0,
         "model_config.yaml: encoder.global_tokens (Longformer attention) is not supported"
     );
-    if let Some(ctx) = cfg.i32_list("encoder.conv_context_size").ok().flatten() {
-        let half = (kernel as i32 - 1) / 2;
-        ensure!(
-            ctx == [half, half],
-            "model_config.yaml: encoder.conv_context_size {ctx:?} is not supported (symmetric only)"
-        );
-    } else if cfg.get("encoder.conv_context_size").is_some() {
-        bail!(
-            "model_config.yaml: encoder.conv_context_size (causal convolutions) is not supported"
-        );
-    }
     Ok(())
 }
 
-fn att_context_size(cfg: &Cfg) -> Result<[i32; 2]> {
+/// `encoder.conv_context_size`: absent (symmetric), `causal`, or a `[left, right]` pair that is
+/// one of those two.
+fn conv_context_size(cfg: &Cfg, kernel: u32) -> Result<[usize; 2]> {
+    const KEY: &str = "encoder.conv_context_size";
+    let k = kernel as usize;
+    let (half, causal) = ([k / 2; 2], [k - 1, 0]);
+    if cfg.get(KEY).and_then(Value::as_str) == Some("causal") {
+        return Ok(causal);
+    }
+    let Some(ctx) = cfg.i32_list(KEY)? else {
+        return Ok(half);
+    };
+    let ctx: Vec<i64> = ctx.into_iter().map(i64::from).collect();
+    let as_i64 = |c: [usize; 2]| c.map(|v| v as i64);
+    if ctx == as_i64(half) {
+        Ok(half)
+    } else if ctx == as_i64(causal) {
+        Ok(causal)
+    } else {
+        bail!("model_config.yaml: {KEY} {ctx:?} is not supported ({half:?} or causal {causal:?})")
+    }
+}
+
+/// `encoder.att_context_size`: one `[left, right]` (absent: `[-1, -1]`) or, for a
+/// multi-lookahead streaming model, a list of them (the first is NeMo's default).
+fn att_context_sizes(cfg: &Cfg) -> Result<Vec<[i32; 2]>> {
     const KEY: &str = "encoder.att_context_size";
+    let pair = |v: &[i32]| -> Result<[i32; 2]> {
+        match *v {
+            [left, right] if left >= -1 && right >= -1 => Ok([left, right]),
+            _ => bail!("model_config.yaml: bad {KEY} entry {v:?} (two values >= -1)"),
+        }
+    };
     if let Some(Value::Sequence(items)) = cfg.get(KEY)
         && items.iter().any(|v| v.is_sequence())
     {
-        bail!(
-            "model_config.yaml: {KEY} lists several contexts (multi-lookahead streaming); not supported"
-        );
+        return items
+            .iter()
+            .map(|item| {
+                let v: Option<Vec<i32>> = item.as_sequence().and_then(|xs| {
+                    xs.iter()
+                        .map(|x| x.as_i64().and_then(|n| i32::try_from(n).ok()))
+                        .collect()
+                });
+                pair(&v.with_context(|| format!("model_config.yaml: bad {KEY} entry"))?)
+            })
+            .collect();
     }
-    match cfg.i32_list(KEY)?.as_deref() {
-        None => Ok([-1, -1]),
-        Some(&[left, right]) => {
-            ensure!(
-                left >= -1 && right >= -1,
-                "model_config.yaml: bad {KEY} [{left}, {right}]"
-            );
-            Ok([left, right])
-        }
-        Some(other) => bail!("model_config.yaml: {KEY} should have two entries, found {other:?}"),
+    match cfg.i32_list(KEY)? {
+        None => Ok(vec![[-1, -1]]),
+        Some(v) => Ok(vec![pair(&v)?]),
     }
 }
 
@@ -805,16 +844,26 @@ mod tests {
     #[test]
     fn att_context_size_forms() {
         let full = yaml("encoder: {}");
-        assert_eq!(att_context_size(&Cfg(&full)).unwrap(), [-1, -1]);
+        assert_eq!(att_context_sizes(&Cfg(&full)).unwrap(), [[-1, -1]]);
         let local = yaml("encoder: {att_context_size: [128, 128]}");
-        assert_eq!(att_context_size(&Cfg(&local)).unwrap(), [128, 128]);
+        assert_eq!(att_context_sizes(&Cfg(&local)).unwrap(), [[128, 128]]);
         let multi = yaml("encoder: {att_context_size: [[70, 13], [70, 6]]}");
-        assert!(
-            att_context_size(&Cfg(&multi))
-                .unwrap_err()
-                .to_string()
-                .contains("several contexts")
+        assert_eq!(
+            att_context_sizes(&Cfg(&multi)).unwrap(),
+            [[70, 13], [70, 6]]
         );
+        let bad = yaml("encoder: {att_context_size: [[70, 13], [70]]}");
+        assert!(att_context_sizes(&Cfg(&bad)).is_err());
+    }
+
+    #[test]
+    fn conv_context_size_forms() {
+        let c = |s: &str| conv_context_size(&Cfg(&yaml(s)), 9);
+        assert_eq!(c("encoder: {}").unwrap(), [4, 4]);
+        assert_eq!(c("encoder: {conv_context_size: causal}").unwrap(), [8, 0]);
+        assert_eq!(c("encoder: {conv_context_size: [8, 0]}").unwrap(), [8, 0]);
+        assert_eq!(c("encoder: {conv_context_size: [4, 4]}").unwrap(), [4, 4]);
+        assert!(c("encoder: {conv_context_size: [6, 2]}").is_err());
     }
 
     #[test]

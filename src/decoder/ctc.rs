@@ -22,7 +22,7 @@ pub fn ctc_greedy(logits: &[f32], classes: usize) -> Vec<Token> {
 
 /// NeMo's CTC fold of per-frame labels: a token wherever a non-blank label differs from the
 /// previous frame's, at that frame.
-fn fold(labels: impl Iterator<Item = usize>, blank: usize) -> Vec<Token> {
+pub fn fold(labels: impl Iterator<Item = usize>, blank: usize) -> Vec<Token> {
     let mut out = Vec::new();
     let mut prev = blank;
     for (frame, k) in labels.enumerate() {

@@ -72,8 +72,44 @@ impl<'m> GreedyTransducer<'m> {
         joint_enc: &[f32],
         frames: usize,
         boost: Option<&BoostingTree>,
-        mut trace: Option<&mut Vec<Step>>,
+        trace: Option<&mut Vec<Step>>,
     ) -> Result<Vec<Token>> {
+        let mut hyp = self.nets.start(backend)?;
+        self.run(backend, joint_enc, frames, &mut hyp, boost, trace)?;
+        Ok(hyp.into_tokens())
+    }
+
+    /// The hypothesis a stream starts from (the start symbol fed).
+    pub fn start(&mut self, backend: &mut Backend) -> Result<Hypothesis> {
+        self.nets.start(backend)
+    }
+
+    /// Continues `hyp` over the next chunk of a stream, as NeMo's label looping continues its
+    /// previous hypotheses: the prediction net's state and last label carry over, and a TDT
+    /// duration that runs past the chunk's end skips as many frames of the next one. The new
+    /// tokens' frames count from the chunk's first frame.
+    pub fn resume(
+        &mut self,
+        backend: &mut Backend,
+        joint_enc: &[f32],
+        frames: usize,
+        hyp: &mut Hypothesis,
+    ) -> Result<()> {
+        self.run(backend, joint_enc, frames, hyp, None, None)?;
+        hyp.frame = hyp.frame.saturating_sub(frames);
+        Ok(())
+    }
+
+    /// NeMo's label-looping frame loop over `frames` frames from `hyp`.
+    fn run(
+        &mut self,
+        backend: &mut Backend,
+        joint_enc: &[f32],
+        frames: usize,
+        hyp: &mut Hypothesis,
+        boost: Option<&BoostingTree>,
+        mut trace: Option<&mut Vec<Step>>,
+    ) -> Result<()> {
         let nets = &mut self.nets;
         let (confidence, steps) = (self.confidence.as_ref(), &mut self.steps);
         steps.clear();
@@ -89,7 +125,6 @@ impl<'m> GreedyTransducer<'m> {
                 tree.vocab_size()
             );
         }
-        let mut hyp: Hypothesis = nets.start(backend)?;
         let mut cursor = boost.map(BoostCursor::new);
         // Logits already evaluated (with the last emission's prediction) for a frame.
         let mut ready: Option<(usize, Vec<f32>)> = None;
@@ -206,6 +241,6 @@ impl<'m> GreedyTransducer<'m> {
                 hyp.frame += 1;
             }
         }
-        Ok(hyp.into_tokens())
+        Ok(())
     }
 }

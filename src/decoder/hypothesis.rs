@@ -68,6 +68,11 @@ impl Hypothesis {
         &self.state
     }
 
+    /// The tokens emitted since the last call (a stream hands them on chunk by chunk).
+    pub fn take_tokens(&mut self) -> Vec<Token> {
+        std::mem::take(&mut self.tokens)
+    }
+
     /// The emitted tokens, giving up the rest.
     pub fn into_tokens(self) -> Vec<Token> {
         self.tokens

@@ -8,8 +8,8 @@
 
 use crate::audio::mel::Features;
 use crate::backend::{Backend, Graph, Tensor};
-use crate::hparams::{Attention, EncoderParams};
-use crate::kernels::FusedOps;
+use crate::hparams::{Attention, EncoderParams, StreamingParams};
+use crate::kernels::{Chunking, FusedOps, KeyWindow};
 use crate::layout::Layout;
 use crate::model::{
     ConformerLayer, ConvModule, FeedForward, LayerNorm, Model, PreEncode, RelPositionAttention,
@@ -63,9 +63,14 @@ impl AttentionChoice {
     pub fn resolve(self, model: Attention, frames: usize, frame_seconds: f64) -> Attention {
         match self {
             AttentionChoice::Full => Attention::Full,
-            AttentionChoice::Local { left, right } => Attention::Local { left, right },
+            // A streaming model's lookahead: its own kind of attention, when NeMo builds it.
+            AttentionChoice::Local { left, right } => match model {
+                Attention::Chunked { .. } => Attention::chunked([left as i64, right as i64])
+                    .unwrap_or(Attention::Local { left, right }),
+                _ => Attention::Local { left, right },
+            },
             AttentionChoice::Auto => match model {
-                Attention::Local { .. } => model,
+                Attention::Local { .. } | Attention::Chunked { .. } => model,
                 Attention::Full
                     if frames <= (AUTO_FULL_MAX_SECONDS / frame_seconds).round() as usize =>
                 {
@@ -120,6 +125,23 @@ pub struct FeatureImage {
     n_frames: usize,
 }
 
+impl FeatureImage {
+    /// Frames already laid out `[frames][n_mels]` (mels fastest), e.g. a stream's chunk.
+    pub fn from_frames(data: Vec<f32>, n_mels: usize) -> Result<FeatureImage> {
+        if n_mels == 0 || !data.len().is_multiple_of(n_mels) {
+            bail!(
+                "{} feature values are not whole frames of {n_mels} mels",
+                data.len()
+            );
+        }
+        Ok(FeatureImage {
+            n_frames: data.len() / n_mels,
+            data,
+            n_mels,
+        })
+    }
+}
+
 impl From<&Features> for FeatureImage {
     fn from(features: &Features) -> FeatureImage {
         let (n_mels, n_frames) = (features.n_mels, features.n_frames);
@@ -137,30 +159,69 @@ impl From<&Features> for FeatureImage {
     }
 }
 
-/// What the encoder carries from one chunk of a stream to the next.
+/// What the encoder carries from one chunk of a stream to the next (NeMo's
+/// `cache_last_channel`, `cache_last_channel_len` and `cache_last_time`).
 ///
-/// Empty for now: every utterance is encoded as one chunk (the whole file) from a fresh state,
-/// which is exactly the whole-utterance encoder. Cache-aware streaming will keep its caches
-/// here, per conformer layer: the last frames' keys and values that the next chunk's
-/// self-attention looks back at (its left context), and the last `conv_kernel - 1` frames of
-/// the depthwise convolution's input; and, for the subsampling, the feature frames its
-/// convolutions need from before the chunk. Until then a state takes one chunk only.
+/// A whole file is one chunk from a fresh [`EncoderState::new`], which keeps no caches. A
+/// stream of a cache-aware model starts from [`EncoderState::streaming`]: every chunk then
+/// attends to the last `last_channel_cache_size` frames of each layer's attention input before
+/// it and continues each layer's causal depthwise conv from its last `kernel - 1` inputs.
 #[derive(Debug, Default)]
 pub struct EncoderState {
-    /// A chunk has been encoded from this state (a second would need the caches above).
+    /// A chunk has been encoded from this state.
     started: bool,
+    stream: Option<StreamCaches>,
+}
+
+/// The per-layer caches of a stream.
+#[derive(Clone, Debug)]
+pub struct StreamCaches {
+    pub params: StreamingParams,
+    /// Per layer, `[last_channel_cache_size][d_model]` row-major: the last frames of the
+    /// LayerNorm'd attention input (`norm_self_att`'s output), oldest first; the first
+    /// `cache_size - channel_len` rows are not filled yet (zeros, masked).
+    pub channel: Vec<Vec<f32>>,
+    pub channel_len: usize,
+    /// Per layer, `[kernel - 1][d_model]` row-major: the last inputs of the depthwise conv
+    /// (zeros at the start: the causal conv's padding).
+    pub time: Vec<Vec<f32>>,
+    /// Chunks encoded so far.
+    pub chunks: usize,
 }
 
 impl EncoderState {
-    /// The state at the start of a stream.
+    /// The state at the start of a stream (or of a whole file).
     pub fn new() -> EncoderState {
         EncoderState::default()
+    }
+
+    /// The state at the start of a cache-aware stream of `model` with `params` (one of its
+    /// lookaheads, [`EncoderParams::streaming`]): NeMo's `get_initial_cache_state`.
+    pub fn streaming(model: &Model, params: StreamingParams) -> EncoderState {
+        let hp = &model.hparams.encoder;
+        let layers = hp.n_layers;
+        EncoderState {
+            started: false,
+            stream: Some(StreamCaches {
+                params,
+                channel: vec![vec![0.0; params.last_channel_cache_size * hp.d_model]; layers],
+                channel_len: 0,
+                time: vec![vec![0.0; params.last_time_cache_size * hp.d_model]; layers],
+                chunks: 0,
+            }),
+        }
+    }
+
+    /// The stream's caches (None for a whole-file state).
+    pub fn caches(&self) -> Option<&StreamCaches> {
+        self.stream.as_ref()
     }
 }
 
 /// Run the encoder over the next `chunk` of a stream (valid frames only) from `state`, with the
 /// given self-attention, returning only `outputs`. A whole file is one chunk from a fresh
-/// state.
+/// state; a chunk of a cache-aware stream (its feature frames as NeMo's buffer gives them: the
+/// pre-encode cache first after the first chunk) updates the state's caches.
 pub fn encode(
     backend: &mut Backend,
     model: &Model,
@@ -169,10 +230,9 @@ pub fn encode(
     attention: Attention,
     outputs: Outputs,
 ) -> Result<Encoded> {
-    if state.started {
-        bail!("the encoder keeps no streaming caches yet: each utterance needs a fresh state");
+    if state.started && state.stream.is_none() {
+        bail!("a whole-file encoder state takes one chunk: each utterance needs a fresh state");
     }
-    state.started = true;
     let hp = &model.hparams.encoder;
     if chunk.n_mels != hp.feat_in {
         bail!(
@@ -190,25 +250,54 @@ pub fn encode(
         _ => {}
     }
     let t_feat = chunk.n_frames;
-    let frames = model.hparams.geometry().encoded_len(t_feat);
-    let window = attention.window(frames);
+    let subsampled = model.hparams.geometry().encoded_len(t_feat);
+    // A later chunk of a stream starts with the previous chunk's last feature frames; their
+    // subsampled frames are dropped (NeMo's `drop_extra_pre_encoded`).
+    let (drop, cache) = match &state.stream {
+        Some(c) if c.chunks > 0 => (c.params.drop_extra_pre_encoded, Some(c)),
+        Some(c) => (0, Some(c)),
+        None => (0, None),
+    };
+    if subsampled <= drop {
+        bail!("a chunk of {t_feat} feature frames leaves no encoder frame after the cache");
+    }
+    let frames = subsampled - drop;
+    let past = cache.map_or(0, |c| c.params.last_channel_cache_size);
+    let first_valid = cache.map_or(0, |c| past - c.channel_len);
+    let window = key_window(attention, frames, past, first_valid);
     let pos = positional_rows(attention, frames, hp.d_model);
     let capture_layers = outputs == Outputs::All { layers: true };
+    let time_len = hp.conv_kernel - 1;
 
     let mut head_ids = HeadIds::default();
+    let mut cache_ids = Vec::new();
     let computed = backend.compute_sized(graph_nodes(t_feat, frames, hp.n_layers), |g| {
         let x = g.input_f32_owned(chunk.data, &[hp.feat_in, t_feat, 1, 1]);
-        let mut x = pre_encode_sliced(g, &model.encoder.pre_encode, x, frames);
+        let mut x = pre_encode_sliced(g, &model.encoder.pre_encode, x, subsampled, hp);
+        if drop > 0 {
+            x = g.rows(x, drop, frames);
+        }
         if capture_layers {
             g.capture("enc_pre_encode", x);
         }
         if hp.xscaling {
             x = g.scale(x, (hp.d_model as f32).sqrt());
         }
-        let pos = g.input_f32_owned(pos, &[hp.d_model, window.0 + window.1 + 1]);
+        let pos = g.input_f32_owned(pos, &[hp.d_model, window.left + window.right + 1]);
         for (i, layer) in model.encoder.layers.iter().enumerate() {
             let taps = capture_layers && i == 0;
-            x = conformer_layer(g, hp, layer, x, (pos, window), taps);
+            let layer_cache = cache.map(|c| LayerCache {
+                channel: g.input_f32(&c.channel[i], &[hp.d_model, past]),
+                time: g.input_f32(&c.time[i], &[hp.d_model, time_len]),
+            });
+            let (y, next) = conformer_layer(g, hp, layer, x, (pos, window), taps, layer_cache);
+            x = y;
+            if let Some(next) = next {
+                cache_ids.push((
+                    g.capture(&format!("cache_last_channel_{i:02}"), next.channel),
+                    g.capture(&format!("cache_last_time_{i:02}"), next.time),
+                ));
+            }
             if capture_layers {
                 g.capture(&format!("enc_layer_{i:02}"), x);
             }
@@ -223,6 +312,16 @@ pub fn encode(
             Outputs::CtcLogits => ctc_logits(g, model, x).expect("checked above"),
         })
     })?;
+    state.started = true;
+    let mut computed = computed;
+    if let Some(c) = state.stream.as_mut() {
+        for (i, (channel, time)) in cache_ids.into_iter().enumerate() {
+            c.channel[i] = computed.take(channel)?;
+            c.time[i] = computed.take(time)?;
+        }
+        c.channel_len = (c.channel_len + frames).min(c.params.last_channel_cache_size);
+        c.chunks += 1;
+    }
     if let Outputs::All { .. } = outputs {
         return collect(frames, hp.d_model, computed, head_ids);
     }
@@ -238,6 +337,26 @@ pub fn encode(
         ctc_logits,
         ..Encoded::default()
     })
+}
+
+/// The keys each query of `attention` sees, for `frames` queries after `past` cache frames of
+/// which those before `first_valid` are empty.
+fn key_window(attention: Attention, frames: usize, past: usize, first_valid: usize) -> KeyWindow {
+    let (left, right) = attention.window(frames);
+    let chunk = match attention {
+        Attention::Chunked { left, right } => Some(Chunking {
+            size: right + 1,
+            left_chunks: left / (right + 1),
+        }),
+        _ => None,
+    };
+    KeyWindow {
+        left,
+        right,
+        past,
+        first_valid,
+        chunk,
+    }
 }
 
 /// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's
@@ -326,8 +445,9 @@ fn collect(
 pub fn positional_rows(attention: Attention, frames: usize, d: usize) -> Vec<f32> {
     let (left, right) = attention.window(frames);
     match attention {
-        // NeMo's RelPositionalEncoding: relative position i - j = -(j - i).
-        Attention::Full => sinusoids(
+        // NeMo's RelPositionalEncoding: relative position i - j = -(j - i). The chunked mask
+        // only narrows what each query sees of it.
+        Attention::Full | Attention::Chunked { .. } => sinusoids(
             (0..left + right + 1).map(|r| Some(left as i64 - r as i64)),
             d,
         ),
@@ -397,10 +517,12 @@ fn pre_encode_sliced<'g>(
     p: &PreEncode,
     x: Tensor<'g>,
     frames: usize,
+    hp: &EncoderParams,
 ) -> Tensor<'g> {
     let t_feat = x.ne(1);
+    let pre_encode = |g: &mut Graph<'g>, x| pre_encode(g, p, x, hp.causal_downsampling);
     if t_feat <= PRE_ENCODE_SLICE {
-        return pre_encode(g, p, x);
+        return pre_encode(g, x);
     }
     let per_slice = PRE_ENCODE_SLICE / 8;
     let mut parts = Vec::new();
@@ -410,7 +532,7 @@ fn pre_encode_sliced<'g>(
         let start = (8 * a).saturating_sub(PRE_ENCODE_HALO);
         let end = if b == frames { t_feat } else { 8 * b };
         let xs = g.rows(x, start, end - start);
-        let y = pre_encode(g, p, xs);
+        let y = pre_encode(g, xs);
         parts.push(g.rows(y, a - start / 8, b - a));
         a = b;
     }
@@ -418,12 +540,15 @@ fn pre_encode_sliced<'g>(
 }
 
 /// dw_striding subsampling. `x` is the feature image [n_mels, T] (W = mels, H = time).
-fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>) -> Tensor<'g> {
+/// `causal`: NeMo's `causal_downsampling` (each conv pads 2 before and 1 after, in time and in
+/// frequency).
+fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>, causal: bool) -> Tensor<'g> {
     // conv.0: full 3x3 conv, 1 -> C channels, in f32 (f32 kernel -> f32 im2col).
     // Channels fastest ([C, F, T]) from here: the depthwise convs read that layout directly
     // and the pointwise convs are plain matmuls.
     let c = p.conv2.bias.shape()[0];
-    let x = if p.conv0.weight.layout() == Layout::Panel16 {
+    // The stem op pads 1 on each side; the loader packs conv.0 for it only then.
+    let x = if p.conv0.weight.layout() == Layout::Panel16 && !causal {
         // conv.0 (packed at load, `Model::derived_weights`) and the depthwise conv.2 as one
         // node that never holds conv.0's whole output.
         let y = g.conv_stem(
@@ -433,14 +558,15 @@ fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>) -> Tensor<'g>
         ); // [C, F2, T2]
         pointwise(g, y, &p.conv3)
     } else {
+        let (x, pad) = conv_padding(g, x, causal, [0, 1]);
         let k0 = g.weight(&p.conv0.weight);
-        let x = g.conv2d(k0, x, 2, 1);
+        let x = g.conv2d(k0, x, 2, pad);
         let b0 = g.weight(&p.conv0.bias);
         let x = g.add(x, b0);
         let x = g.relu(x); // [C, F1, T1]
-        dw_pw_block(g, x, &p.conv2, &p.conv3)
+        dw_pw_block(g, x, &p.conv2, &p.conv3, causal)
     };
-    let x = dw_pw_block(g, x, &p.conv5, &p.conv6);
+    let x = dw_pw_block(g, x, &p.conv5, &p.conv6, causal);
     // torch flattens (C, F) per frame with F fastest.
     let (f, t) = (x.ne(1), x.ne(2));
     let x = g.permute(x, [1, 0, 2, 3]); // [F, C, T]
@@ -449,17 +575,41 @@ fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>) -> Tensor<'g>
     g.linear(x, &p.out.weight, p.out.bias.as_ref())
 }
 
+/// Causal padding of NeMo's `CausalConv2D` (kernel 3, stride 2): before, after.
+const CAUSAL_PAD: (usize, usize) = (2, 1);
+
+/// The input of a stride-2, kernel-3 conv and the padding the conv adds itself: 1 on each
+/// side, or (`causal_downsampling`) none after padding `x` by 2 before and 1 after along the
+/// two image axes (frequency and time) `axes`.
+fn conv_padding<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    causal: bool,
+    axes: [usize; 2],
+) -> (Tensor<'g>, usize) {
+    if !causal {
+        return (x, 1);
+    }
+    let mut pads = [(0, 0); 4];
+    for a in axes {
+        pads[a] = CAUSAL_PAD;
+    }
+    (g.pad(x, pads), 0)
+}
+
 /// Depthwise 3x3 stride-2 conv + pointwise 1x1 conv + ReLU on a channels-fastest [C, F, T].
 fn dw_pw_block<'g>(
     g: &mut Graph<'g>,
     x: Tensor<'g>,
     dw: &crate::model::Conv2d,
     pw: &crate::model::Conv2d,
+    causal: bool,
 ) -> Tensor<'g> {
+    let (x, pad) = conv_padding(g, x, causal, [1, 2]);
     let whcn = g.permute(x, [2, 0, 1, 3]); // logical [F, T, C], channels contiguous
     let k = g.weight(&dw.weight); // [C, 1, KW, KH] in memory
     let k = g.permute(k, [3, 2, 0, 1]); // logical [KW, KH, 1, C], channels contiguous
-    let y = g.conv2d_depthwise(k, whcn, 2, 1); // same channels-fastest layout
+    let y = g.conv2d_depthwise(k, whcn, 2, pad); // same channels-fastest layout
     let y = g.permute(y, [1, 2, 0, 3]); // back to [C, F', T'] (contiguous)
     let b = g.weight(&dw.bias);
     let y = g.add(y, b);
@@ -557,15 +707,27 @@ fn feed_forward<'g>(
     })
 }
 
-/// One conformer layer (macaron FF, rel-pos MHSA, conv module, FF, LayerNorm).
+/// A layer's streaming caches in the graph: `cache_last_channel` [d, cache] and
+/// `cache_last_time` [d, kernel - 1] (as inputs, or the next chunk's as results).
+#[derive(Clone, Copy)]
+struct LayerCache<'g> {
+    channel: Tensor<'g>,
+    time: Tensor<'g>,
+}
+
+/// One conformer layer (macaron FF, rel-pos MHSA, conv module, FF, LayerNorm); with `cache`,
+/// one chunk of a stream, returning the caches for the next chunk.
 fn conformer_layer<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     l: &ConformerLayer,
     x: Tensor<'g>,
-    pos: (Tensor<'g>, (usize, usize)),
+    pos: (Tensor<'g>, KeyWindow),
     taps: bool,
-) -> Tensor<'g> {
+    cache: Option<LayerCache<'g>>,
+) -> (Tensor<'g>, Option<LayerCache<'g>>) {
+    let next_channel = std::cell::Cell::new(None);
+    let next_time = std::cell::Cell::new(None);
     let tap = |g: &mut Graph<'g>, name: &str, t: Tensor<'g>| {
         if taps {
             g.capture(&format!("enc_layer_00_{name}"), t);
@@ -604,7 +766,17 @@ fn conformer_layer<'g>(
         (&l.norm_self_att, "norm_self_att"),
         "self_attn",
         1.0,
-        &|g, n, r| self_attention(g, hp, &l.self_attn, n, pos, r),
+        &|g, n, r| {
+            // The cache holds this LayerNorm's outputs: keys and values are computed over
+            // [cache, chunk], and the next cache is the last frames of that.
+            let Some(c) = cache else {
+                return self_attention(g, hp, &l.self_attn, n, n, pos, r);
+            };
+            let keys = g.concat(c.channel, n, 1);
+            let size = c.channel.ne(1);
+            next_channel.set(Some(g.rows(keys, keys.ne(1) - size, size)));
+            self_attention(g, hp, &l.self_attn, n, keys, pos, r)
+        },
     );
     let x = residual(
         g,
@@ -612,7 +784,11 @@ fn conformer_layer<'g>(
         (&l.norm_conv, "norm_conv"),
         "conv",
         1.0,
-        &|g, n, r| conv_module(g, &l.conv, n, r),
+        &|g, n, r| {
+            let (y, next) = conv_module(g, hp, &l.conv, n, r, cache.map(|c| c.time));
+            next_time.set(next);
+            y
+        },
     );
     let x = residual(
         g,
@@ -625,44 +801,58 @@ fn conformer_layer<'g>(
 
     let out = layer_norm(g, x, &l.norm_out);
     tap(g, "norm_out", out);
-    out
+    let next = match (next_channel.get(), next_time.get()) {
+        (Some(channel), Some(time)) => Some(LayerCache { channel, time }),
+        _ => None,
+    };
+    (out, next)
 }
 
 /// Multi-head self-attention with relative positions (Transformer-XL style, untied biases):
 /// `softmax(((q + u) k^T + rel_shift((q + v) p^T)) / sqrt(d_k)) v` over each query's window,
 /// as one fused op (`FusedOps::rel_pos_attention`).
+/// `x` are the queries' frames, `kv` the keys' and values' (`x` itself, or a stream's cache
+/// followed by `x`).
+#[allow(clippy::too_many_arguments)]
 fn self_attention<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     a: &RelPositionAttention,
     x: Tensor<'g>,
-    (pos, (left, right)): (Tensor<'g>, (usize, usize)),
+    kv: Tensor<'g>,
+    (pos, window): (Tensor<'g>, KeyWindow),
     residual: Residual<'g>,
 ) -> Tensor<'g> {
     let (d, t, h) = (hp.d_model, x.ne(1), hp.n_heads);
     let dk = d / h;
+    let tk = kv.ne(1);
     let q = g.linear(x, &a.linear_q.weight, a.linear_q.bias.as_ref());
     let q = g.reshape(q, &[dk, h, t]);
-    let k = g.linear(x, &a.linear_k.weight, a.linear_k.bias.as_ref());
-    let k = g.reshape(k, &[dk, h, t]);
-    let v = g.linear(x, &a.linear_v.weight, a.linear_v.bias.as_ref());
-    let v = g.reshape(v, &[dk, h, t]);
+    let k = g.linear(kv, &a.linear_k.weight, a.linear_k.bias.as_ref());
+    let k = g.reshape(k, &[dk, h, tk]);
+    let v = g.linear(kv, &a.linear_v.weight, a.linear_v.bias.as_ref());
+    let v = g.reshape(v, &[dk, h, tk]);
     let p = g.linear(pos, &a.linear_pos, None);
     let p = g.reshape(p, &[dk, h, pos.ne(1)]);
     let u = g.weight(&a.pos_bias_u);
     let vb = g.weight(&a.pos_bias_v);
-    let o = g.rel_pos_attention(q, k, v, p, u, vb, left, right);
+    let o = g.rel_pos_attention(q, k, v, p, u, vb, window);
     let o = g.reshape(o, &[d, t]);
     last_linear(g, o, &a.linear_out, residual)
 }
 
-/// pointwise_conv1 -> GLU -> depthwise conv (BatchNorm folded) -> Swish -> pointwise_conv2.
+/// pointwise_conv1 -> GLU -> depthwise conv (BatchNorm folded) -> Swish -> pointwise_conv2;
+/// with `conv_norm_type: layer_norm`, the LayerNorm between the depthwise conv and the Swish.
+/// A causal depthwise conv continues from `time_cache` (a stream's last `kernel - 1` conv
+/// inputs; zeros otherwise), and returns the next one when given one.
 fn conv_module<'g>(
     g: &mut Graph<'g>,
+    hp: &EncoderParams,
     c: &ConvModule,
     x: Tensor<'g>,
     residual: Residual<'g>,
-) -> Tensor<'g> {
+    time_cache: Option<Tensor<'g>>,
+) -> (Tensor<'g>, Option<Tensor<'g>>) {
     let y = per_frame(g, x, None, &|g, x, _| {
         let y = g.linear(
             x,
@@ -673,6 +863,32 @@ fn conv_module<'g>(
     });
     let k = g.weight(&c.depthwise_conv_folded);
     let b = g.weight(&c.depthwise_bias_folded);
-    let y = g.conv1d_depthwise_same_silu(y, k, Some(b));
-    last_linear(g, y, &c.pointwise_conv2, residual)
+    let silu_in_conv = c.batch_norm_layer_norm.is_none();
+    let conv = |g: &mut Graph<'g>, y| {
+        if silu_in_conv {
+            g.conv1d_depthwise_same_silu(y, k, Some(b))
+        } else {
+            g.conv1d_depthwise_same(y, k, Some(b))
+        }
+    };
+    let (mut y, next) = if hp.causal_conv() {
+        // A causal conv over T frames is the middle T outputs of a 'same' conv over the
+        // kernel - 1 frames before them (zeros, or the stream's cache) and the T frames.
+        let (t, before) = (y.ne(1), hp.conv_kernel - 1);
+        let z = match time_cache {
+            Some(cache) => g.concat(cache, y, 1),
+            None => g.pad(y, [(0, 0), (before, 0), (0, 0), (0, 0)]),
+        };
+        let next = time_cache.map(|_| g.rows(z, t, before));
+        let out = conv(g, z);
+        let out = g.rows(out, before / 2, t);
+        (g.cont(out), next)
+    } else {
+        (conv(g, y), None)
+    };
+    if let Some(norm) = &c.batch_norm_layer_norm {
+        y = layer_norm(g, y, norm);
+        y = g.silu(y);
+    }
+    (last_linear(g, y, &c.pointwise_conv2, residual), next)
 }

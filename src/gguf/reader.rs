@@ -7,7 +7,7 @@
 
 use crate::backend::DType;
 use crate::backend::weight::{Weight, WeightBuffers};
-use crate::layout::{Layout, PANEL16_KEY, Q8_0X8_KEY};
+use crate::layout::{Layout, PANEL16_KEY, Q4_0X8_KEY, Q8_0X8_KEY};
 use anyhow::{Context, Result, anyhow, bail};
 use llama_cpp_sys_2 as sys;
 use memmap2::Mmap;
@@ -359,37 +359,35 @@ fn panel16_names(
     }
 }
 
-/// Flags the tensors that [`Q8_0X8_KEY`] lists as stored in the `q8_0x8` layout, after
-/// checking that each exists and is a q8_0 matrix that layout can hold.
+/// Flags the tensors that [`Q8_0X8_KEY`] and [`Q4_0X8_KEY`] list as stored in those layouts,
+/// after checking that each exists and is a matrix of the right type that the layout can hold.
 fn mark_repacked(
     path: &Path,
     meta: &HashMap<String, MetaValue>,
     weights: &mut HashMap<String, Weight>,
 ) -> Result<()> {
     let shown = path.display();
-    let names = match meta.get(Q8_0X8_KEY) {
-        None => return Ok(()),
-        Some(MetaValue::StrArray(v)) => v,
-        Some(v) => bail!(
-            "{shown}: metadata key '{}' should be a string array, found {v:?}",
-            Q8_0X8_KEY
-        ),
-    };
-    for name in names {
-        let Some(w) = weights.get_mut(name) else {
-            bail!(
-                "{shown}: '{}' lists tensor '{name}', which is missing",
-                Q8_0X8_KEY
-            );
+    for (layout, key) in [(Layout::Q8_0x8, Q8_0X8_KEY), (Layout::Q4_0x8, Q4_0X8_KEY)] {
+        let names = match meta.get(key) {
+            None => continue,
+            Some(MetaValue::StrArray(v)) => v,
+            Some(v) => bail!("{shown}: metadata key '{key}' should be a string array, found {v:?}"),
         };
-        if !Layout::Q8_0x8.fits(w.dtype().elem(), &trim(w.shape())) {
-            bail!(
-                "{shown}: tensor '{name}' cannot be in the q8_0x8 layout: it is {} {:?} (q8_0 [k, m] with k % 32 == 0 and m % 8 == 0 needed)",
-                w.dtype().name(),
-                trim(w.shape())
-            );
+        let ty = layout.name().trim_end_matches("x8");
+        for name in names {
+            let Some(w) = weights.get_mut(name) else {
+                bail!("{shown}: '{key}' lists tensor '{name}', which is missing");
+            };
+            if !layout.fits(w.dtype().elem(), &trim(w.shape())) {
+                bail!(
+                    "{shown}: tensor '{name}' cannot be in the {} layout: it is {} {:?} ({ty} [k, m] with k % 32 == 0 and m % 8 == 0 needed)",
+                    layout.name(),
+                    w.dtype().name(),
+                    trim(w.shape())
+                );
+            }
+            w.set_layout(layout);
         }
-        w.set_layout(Layout::Q8_0x8);
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! copy of the model. The file appears under its final name only once complete.
 
 use crate::backend::{DType, MAX_NAME, quantize_rows};
-use crate::layout::{self, Layout, PANEL16_KEY, Q8_0X8_KEY};
+use crate::layout::{self, Layout};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use llama_cpp_sys_2 as sys;
 use std::collections::HashSet;
@@ -134,7 +134,7 @@ impl GgufWriter {
 
     /// [`add_tensor`](Self::add_tensor), its bytes arranged in `layout` (chosen by
     /// [`layout::choose`]): [`write`](Self::write) packs them and lists the tensor under the
-    /// layout's key ([`PANEL16_KEY`], [`Q8_0X8_KEY`]).
+    /// layout's key ([`Layout::key`]).
     pub fn add_tensor_with_layout(
         &mut self,
         name: &str,
@@ -236,7 +236,7 @@ impl GgufWriter {
     /// The metadata keys naming the tensors stored in each packed layout, in declaration order
     /// (none for a layout no tensor uses).
     fn list_layouts(&mut self) -> Result<()> {
-        for (layout, key) in [(Layout::Panel16, PANEL16_KEY), (Layout::Q8_0x8, Q8_0X8_KEY)] {
+        for (layout, key) in Layout::ALL.iter().filter_map(|&l| Some((l, l.key()?))) {
             let names: Vec<String> = self
                 .tensors
                 .iter()
@@ -337,12 +337,13 @@ fn encode(t: &PlannedTensor, data: Vec<f32>) -> Result<Vec<u8>> {
     // ggml [k, m] is torch [m, k]: m rows of k.
     let data = match t.layout {
         Layout::Panel16 => layout::pack_panels(&data, t.ne[1], t.ne[0]),
-        Layout::Plain | Layout::Q8_0x8 => data,
+        Layout::Plain | Layout::Q8_0x8 | Layout::Q4_0x8 => data,
     };
     let bytes =
         quantize_rows(&data, t.ne[0], t.ty).with_context(|| format!("tensor {}", t.name))?;
     Ok(match t.layout {
         Layout::Q8_0x8 => layout::repack_q8_0x8(&bytes, t.ne[0], t.ne[1]),
+        Layout::Q4_0x8 => layout::repack_q4_0x8(&bytes, t.ne[0], t.ne[1]),
         Layout::Plain | Layout::Panel16 => bytes,
     })
 }

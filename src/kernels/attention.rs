@@ -7,7 +7,9 @@
 //! `O(T * d)` and the work `O(T * window * d)`. The rel-shift of Transformer-XL is folded into
 //! the indexing (`p` has one row per offset `j - i`), so full attention is the window
 //! `[T - 1, T - 1]` with NeMo's `2T - 1` positional rows, and NeMo's local attention
-//! (`rel_pos_local_attn`) is the window `[L, R]` with its `L + R + 1` rows.
+//! (`rel_pos_local_attn`) is the window `[L, R]` with its `L + R + 1` rows. NeMo's
+//! `chunked_limited` mask narrows each query's window to whole chunks, and a streaming cache
+//! puts keys before the first query ([`KeyWindow`]).
 //!
 //! Keys outside the utterance get exactly zero weight, as NeMo's `-inf` / `-10000` masks give
 //! after an f32 softmax.
@@ -19,12 +21,61 @@ use super::vmath::exp_in_place;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::{DType, Graph, Tensor};
 
-/// Fused rel-pos multi-head attention over the window `[left, right]` around each query.
-/// `q`, `k`, `v`: `[d_k, h, T]` (a linear's `[d, T]` output reshaped); `p`: the projected
-/// positional rows `[d_k, h, left + right + 1]`, row `j - i + left` for key `j` of query `i`;
-/// `bias_u`, `bias_v`: `[d_k, h]`. Returns `[d_k, h, T]` (before `linear_out`).
+/// The keys each query attends to.
+///
+/// Keys are the query frames, optionally preceded by `past` frames (a streaming cache): query
+/// `i` sits at key `past + i`. Each query sees the keys of the band `[-left, right]` around it
+/// that exist, from `first_valid` on (earlier cache frames are not filled yet), and with
+/// `chunk`, only its own chunk and the chunks before it that the chunking allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyWindow {
+    pub left: usize,
+    pub right: usize,
+    pub past: usize,
+    pub first_valid: usize,
+    pub chunk: Option<Chunking>,
+}
+
+/// NeMo's `chunked_limited` mask: key position `j` is in chunk `j / size`; a query sees its own
+/// chunk and `left_chunks` chunks before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunking {
+    pub size: usize,
+    pub left_chunks: usize,
+}
+
+impl KeyWindow {
+    /// Every key within `[-left, right]` of its query (full or local attention).
+    pub fn band(left: usize, right: usize) -> KeyWindow {
+        KeyWindow {
+            left,
+            right,
+            past: 0,
+            first_valid: 0,
+            chunk: None,
+        }
+    }
+
+    /// The keys `[lo, hi]` query `i` attends to among `keys` keys.
+    fn keys_of(&self, i: usize, keys: usize) -> (usize, usize) {
+        let at = self.past + i;
+        let mut lo = at.saturating_sub(self.left).max(self.first_valid);
+        let mut hi = (at + self.right).min(keys - 1);
+        if let Some(c) = self.chunk {
+            let chunk = at / c.size;
+            lo = lo.max(chunk.saturating_sub(c.left_chunks) * c.size);
+            hi = hi.min((chunk + 1) * c.size - 1);
+        }
+        (lo, hi)
+    }
+}
+
+/// Fused rel-pos multi-head attention over the keys `window` gives each query. `q`: `[d_k, h,
+/// T]` (a linear's `[d, T]` output reshaped); `k`, `v`: `[d_k, h, past + T]`; `p`: the projected
+/// positional rows `[d_k, h, left + right + 1]`, row `j - (past + i) + left` for key `j` of
+/// query `i`; `bias_u`, `bias_v`: `[d_k, h]`. Returns `[d_k, h, T]` (before `linear_out`).
 #[allow(clippy::too_many_arguments)]
-pub fn rel_pos_attention<'g>(
+pub fn rel_pos_attention_over<'g>(
     g: &mut Graph<'g>,
     q: Tensor<'g>,
     k: Tensor<'g>,
@@ -32,21 +83,23 @@ pub fn rel_pos_attention<'g>(
     p: Tensor<'g>,
     bias_u: Tensor<'g>,
     bias_v: Tensor<'g>,
-    left: usize,
-    right: usize,
+    window: KeyWindow,
 ) -> Tensor<'g> {
     let [dk, h, t, one] = q.shape();
+    let KeyWindow { left, right, .. } = window;
     let ok = one == 1
         && t > 0
-        && k.shape() == q.shape()
-        && v.shape() == q.shape()
+        && k.shape() == [dk, h, window.past + t, 1]
+        && v.shape() == k.shape()
+        && window.first_valid <= window.past
+        && window.chunk.is_none_or(|c| c.size > 0)
         && p.shape() == [dk, h, left + right + 1, 1]
         && bias_u.shape() == [dk, h, 1, 1]
         && bias_v.shape() == [dk, h, 1, 1];
     assert!(
         ok,
         "graph shape error: rel_pos_attention q {:?} k {:?} v {:?} p {:?} u {:?} v {:?} \
-         window [{left}, {right}]",
+         keys {window:?}",
         q.shape(),
         k.shape(),
         v.shape(),
@@ -69,7 +122,7 @@ pub fn rel_pos_attention<'g>(
             Out::F32,
             [dk, h, t, 1],
             &sources,
-            RelPosAttention { left, right },
+            RelPosAttention { window },
             "rel_pos_attention",
         )
     }
@@ -83,8 +136,7 @@ const QUERY_BLOCK: usize = 32;
 /// result `[d_k, h, T]`. Tasks are (head, block of queries) pairs dealt round-robin over the
 /// threads.
 struct RelPosAttention {
-    left: usize,
-    right: usize,
+    window: KeyWindow,
 }
 
 impl Body for RelPosAttention {
@@ -94,8 +146,8 @@ impl Body for RelPosAttention {
             h,
             dk,
             t,
-            left: self.left,
-            right: self.right,
+            keys: op.src_shape(1)[2],
+            window: self.window,
             q: op.src_f32(0),
             k: op.src_f32(1),
             v: op.src_f32(2),
@@ -132,9 +184,10 @@ fn chunks_per_head(h: usize, threads: usize, blocks: usize) -> usize {
 struct Operands<'a> {
     h: usize,
     dk: usize,
+    /// Queries, and keys (`window.past` more).
     t: usize,
-    left: usize,
-    right: usize,
+    keys: usize,
+    window: KeyWindow,
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
@@ -153,11 +206,13 @@ impl Operands<'_> {
     /// The keys `[j0, j1]` that queries `queries` attend to (the union of their windows), and
     /// the positional rows `[r0, r1]` those pairs need (row `j - i + left`).
     fn reach(&self, queries: &std::ops::Range<usize>) -> (usize, usize, usize, usize) {
+        let w = &self.window;
         let (i0, i_last) = (queries.start, queries.end - 1);
-        let j0 = i0.saturating_sub(self.left);
-        let j1 = (i_last + self.right).min(self.t - 1);
-        let r0 = (j0 + self.left).saturating_sub(i_last);
-        let r1 = (j1 + self.left - i0).min(self.left + self.right);
+        let (j0, _) = w.keys_of(i0, self.keys);
+        let (_, j1) = w.keys_of(i_last, self.keys);
+        let (a0, a_last) = (w.past + i0, w.past + i_last);
+        let r0 = (j0 + w.left).saturating_sub(a_last);
+        let r1 = (j1 + w.left - a0).min(w.left + w.right);
         (j0, j1, r0, r1)
     }
 }
@@ -302,11 +357,12 @@ fn attend_block(
     for (b, i) in queries.clone().enumerate() {
         let row = &mut ac[b * nk_pad..(b + 1) * nk_pad];
         // This query's keys, as columns of the block's key range.
-        let lo = i.saturating_sub(o.left) - j0;
-        let hi = (i + o.right).min(o.t - 1) - j0;
+        let (lo, hi) = o.window.keys_of(i, o.keys);
+        let (lo, hi) = (lo - j0, hi - j0);
         let shift = &bd[b * nr_pad..(b + 1) * nr_pad];
-        // Key j0 + c needs positional row (j0 + c) - i + left: column c + first of `shift`.
-        let first = j0 + lo + o.left - i - r0;
+        // Key j0 + c needs positional row (j0 + c) - (past + i) + left: column c + first of
+        // `shift`.
+        let first = j0 + lo + o.window.left - (o.window.past + i) - r0;
         let window = &mut row[lo..=hi];
         for (x, &pos) in window.iter_mut().zip(&shift[first..]) {
             *x = (*x + pos) * scale;
@@ -772,17 +828,27 @@ mod tests {
     /// Plain per-query reference of the op's math, in f64.
     fn naive(o: &Operands<'_>) -> Vec<f64> {
         let (dk, h, t) = (o.dk, o.h, o.t);
+        let w = o.window;
         let mut out = vec![0f64; dk * h * t];
         for head in 0..h {
             for i in 0..t {
                 let q = o.row(o.q, i, head);
                 let (bu, bv) = (&o.bu[head * dk..][..dk], &o.bv[head * dk..][..dk]);
-                let keys: Vec<usize> =
-                    (i.saturating_sub(o.left)..=(i + o.right).min(t - 1)).collect();
+                // Written out from the definitions, not from `keys_of`.
+                let at = w.past + i;
+                let keys: Vec<usize> = (w.first_valid..o.keys)
+                    .filter(|&j| j + w.left >= at && j <= at + w.right)
+                    .filter(|&j| {
+                        w.chunk.is_none_or(|c| {
+                            let (cq, ck) = (at / c.size, j / c.size);
+                            ck <= cq && cq - ck <= c.left_chunks
+                        })
+                    })
+                    .collect();
                 let scores: Vec<f64> = keys
                     .iter()
                     .map(|&j| {
-                        let (k, p) = (o.row(o.k, j, head), o.row(o.p, j + o.left - i, head));
+                        let (k, p) = (o.row(o.k, j, head), o.row(o.p, j + w.left - at, head));
                         (0..dk)
                             .map(|c| {
                                 (q[c] + bu[c]) as f64 * k[c] as f64
@@ -807,22 +873,46 @@ mod tests {
 
     #[test]
     fn blocks_match_a_per_query_reference_for_full_and_local_windows() {
+        let chunked = |left_chunks, size, past, first_valid| KeyWindow {
+            left: left_chunks * size + size - 1,
+            right: size - 1,
+            past,
+            first_valid,
+            chunk: Some(Chunking { size, left_chunks }),
+        };
+        check_windows(&[
+            (8, 2, 5, KeyWindow::band(4, 4)),
+            (16, 2, 70, KeyWindow::band(69, 69)),
+            (8, 3, 70, KeyWindow::band(16, 16)),
+            (24, 1, 33, KeyWindow::band(3, 7)),
+            (8, 2, 16, KeyWindow::band(16, 16)),
+            (8, 2, 100, KeyWindow::band(0, 5)),
+            (32, 3, 41, KeyWindow::band(40, 40)),
+        ]);
+        // NeMo's chunked_limited masks, whole-file and over a streaming cache (some of it not
+        // filled yet).
+        check_windows(&[
+            (8, 2, 100, chunked(5, 14, 0, 0)),
+            (16, 2, 61, chunked(35, 2, 0, 0)),
+            (8, 2, 37, chunked(70, 1, 0, 0)),
+            (8, 2, 14, chunked(5, 14, 70, 56)),
+            (16, 2, 2, chunked(35, 2, 70, 0)),
+            (8, 3, 1, chunked(70, 1, 70, 69)),
+            (8, 2, 9, chunked(10, 7, 70, 14)),
+        ]);
+    }
+
+    fn check_windows(cases: &[(usize, usize, usize, KeyWindow)]) {
         let mut rng = crate::kernels::TestValues::new(1);
         let mut rnd = |n: usize| rng.take(n);
-        for &(dk, h, t, left, right) in &[
-            (8, 2, 5, 4, 4),
-            (16, 2, 70, 69, 69),
-            (8, 3, 70, 16, 16),
-            (24, 1, 33, 3, 7),
-            (8, 2, 16, 16, 16),
-            (8, 2, 100, 0, 5),
-            (32, 3, 41, 40, 40),
-        ] {
+        for &(dk, h, t, window) in cases {
+            let (left, right) = (window.left, window.right);
             let rows = left + right + 1;
+            let keys = window.past + t;
             let (q, k, v, p, bu, bv) = (
                 rnd(dk * h * t),
-                rnd(dk * h * t),
-                rnd(dk * h * t),
+                rnd(dk * h * keys),
+                rnd(dk * h * keys),
                 rnd(dk * h * rows),
                 rnd(dk * h),
                 rnd(dk * h),
@@ -831,8 +921,8 @@ mod tests {
                 h,
                 dk,
                 t,
-                left,
-                right,
+                keys,
+                window,
                 q: &q,
                 k: &k,
                 v: &v,
@@ -860,7 +950,7 @@ mod tests {
                     .fold(0f64, f64::max);
                 assert!(
                     worst < 1e-5,
-                    "dk {dk} h {h} t {t} window [{left}, {right}], {chunks} chunks: worst {worst:e}"
+                    "dk {dk} h {h} t {t} {window:?}, {chunks} chunks: worst {worst:e}"
                 );
                 match &first {
                     None => first = Some(got),

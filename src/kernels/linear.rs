@@ -3,13 +3,15 @@
 //!
 //! - [`Layout::Panel16`] (f32): our panel GEMM ([`super::sgemm`]), the input packed once for
 //!   every linear reading it, the bias, a ReLU and a residual in its store.
-//! - [`Layout::Q8_0x8`] (q8_0): our int8 GEMM ([`super::qgemm`]), the input quantized once for
-//!   every linear reading it, the bias and a residual in its store.
+//! - [`Layout::Q8_0x8`] (q8_0) and [`Layout::Q4_0x8`] (q4_0): our int8 GEMM
+//!   ([`super::qgemm`]), the input quantized once for every linear reading it, the bias and a
+//!   residual in its store.
 //! - [`Layout::Plain`]: [`matmul`], the `gemm` crate's packed kernels for a large plain f32
 //!   product (about twice ggml's f32 tinyBLAS throughput, `examples/gemm_throughput.rs`), ggml's
 //!   `mul_mat` for everything else (quantized weights, batched and small products).
 
 use super::panel::GemmNode;
+use super::qgemm::Format;
 use super::qgemm::node::{Int8Gemm, Quantize, quantized_bytes};
 use super::sgemm::{PackActivations, Panel16Gemm};
 use crate::backend::custom::{Body, CustomOp, Out};
@@ -167,9 +169,12 @@ pub(super) fn linear<'g>(
             && r.dtype() == Some(DType::F32)
     });
     match w.layout() {
-        Layout::Q8_0x8 if fusable => return linear_q8_0x8(g, x, w, b, fused),
+        layout @ (Layout::Q8_0x8 | Layout::Q4_0x8) if fusable => {
+            let format = Format::of(layout).expect("an int8 GEMM layout");
+            return linear_int8(g, x, (w, format), b, fused);
+        }
         Layout::Panel16 if fusable => return linear_panel16(g, x, w, b, fused),
-        Layout::Q8_0x8 | Layout::Panel16 => {
+        Layout::Q8_0x8 | Layout::Q4_0x8 | Layout::Panel16 => {
             // Separate nodes around the packed product.
             let x = if fused.silu_input { g.silu(x) } else { x };
             let y = linear(g, x, w, b, Fused::default());
@@ -284,12 +289,13 @@ fn linear_panel16<'g>(
     }
 }
 
-/// [`linear`] on a `q8_0x8` weight: the input quantized by one node (shared by every linear
-/// reading it), then our int8 kernel as another, the bias added in its store.
-fn linear_q8_0x8<'g>(
+/// [`linear`] on a `q8_0x8` or `q4_0x8` weight: the input quantized by one node (shared by
+/// every linear of the format reading it), then our int8 kernel as another, the bias added in
+/// its store.
+fn linear_int8<'g>(
     g: &mut Graph<'g>,
     x: Tensor<'g>,
-    w: &Weight,
+    (w, format): (&Weight, Format),
     b: Option<&Weight>,
     fused: Fused<'g>,
 ) -> Tensor<'g> {
@@ -297,12 +303,14 @@ fn linear_q8_0x8<'g>(
     let xs = x.shape();
     check_operands(x, w, b);
     let n = xs[1] * xs[2] * xs[3];
-    let key = ("q8_0 quantization", x.raw() as usize, fused.silu_input);
+    // Per format: on AMX CPUs the two formats' kernels read the activations laid out apart.
+    let key = (format.name(), x.raw() as usize, fused.silu_input);
     let xq = g.shared(key, |g| {
         let xc = if x.is_contiguous() { x } else { g.cont(x) };
         let x2 = g.reshape(xc, &[k, n]);
         let quantize = Quantize {
             silu: fused.silu_input,
+            format,
         };
         // SAFETY: x2 is a contiguous f32 [k, n], k % 32 == 0 (the weight's rows are whole
         // q8_0 blocks), as Quantize reads it.
@@ -326,15 +334,19 @@ fn linear_q8_0x8<'g>(
         ..Default::default()
     };
     let sources = gemm_sources(g, (w, xq), b, fused.residual.map(|r| r.0));
-    // SAFETY: a q8_0x8 weight [k, m], the quantized [k, n] input, the optional f32 bias [m]
-    // and residual [m, n] (checked above or by the caller), as Int8Gemm reads them.
+    let name = match format {
+        Format::Q8_0x8 => "linear (q8_0x8)",
+        Format::Q4_0x8 => "linear (q4_0x8)",
+    };
+    // SAFETY: a weight [k, m] in `format`, the quantized [k, n] input, the optional f32 bias
+    // [m] and residual [m, n] (checked above or by the caller), as Int8Gemm reads them.
     let y = unsafe {
         g.custom(
             Out::F32,
             [m, n, 1, 1],
             &sources,
-            Int8Gemm { node },
-            "linear (q8_0x8)",
+            Int8Gemm { node, format },
+            name,
         )
     };
     if xs[2] * xs[3] == 1 {

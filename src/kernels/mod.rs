@@ -18,6 +18,8 @@ pub mod sgemm;
 mod stem;
 pub mod vmath;
 
+pub use attention::{Chunking, KeyWindow};
+
 use crate::backend::{Graph, Tensor, Weight};
 use linear::Fused;
 
@@ -112,8 +114,8 @@ pub trait FusedOps<'g> {
         conv2: (&Weight, &Weight),
     ) -> Tensor<'g>;
 
-    /// Rel-pos multi-head attention over the window `[left, right]` around each query (see
-    /// [`attention::rel_pos_attention`]).
+    /// Rel-pos multi-head attention over the keys `window` gives each query (see
+    /// [`attention::rel_pos_attention_over`]).
     #[allow(clippy::too_many_arguments)]
     fn rel_pos_attention(
         &mut self,
@@ -123,8 +125,7 @@ pub trait FusedOps<'g> {
         p: Tensor<'g>,
         bias_u: Tensor<'g>,
         bias_v: Tensor<'g>,
-        left: usize,
-        right: usize,
+        window: attention::KeyWindow,
     ) -> Tensor<'g>;
 }
 
@@ -234,10 +235,9 @@ impl<'g> FusedOps<'g> for Graph<'g> {
         p: Tensor<'g>,
         bias_u: Tensor<'g>,
         bias_v: Tensor<'g>,
-        left: usize,
-        right: usize,
+        window: attention::KeyWindow,
     ) -> Tensor<'g> {
-        attention::rel_pos_attention(self, q, k, v, p, bias_u, bias_v, left, right)
+        attention::rel_pos_attention_over(self, q, k, v, p, bias_u, bias_v, window)
     }
 }
 

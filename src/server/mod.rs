@@ -4,10 +4,12 @@
 //! its own [`Session`] (backend + graph allocator). HTTP is axum on a small tokio runtime;
 //! the compute happens on the workers ([`pool`]), fed by a bounded queue: a request that finds
 //! the queue full is answered 503 with `Retry-After` at once. Uploads are decoded from memory
-//! (nothing is written to disk).
+//! (nothing is written to disk). Live transcription is a WebSocket at `/v1/realtime`
+//! ([`realtime`]): each connection gets its own transcriber over the same model.
 
 mod openai;
 pub mod pool;
+pub mod realtime;
 
 use crate::audio;
 use crate::decoder::boosting::BoostingTree;
@@ -15,6 +17,7 @@ use crate::decoder::confidence::ConfidenceConfig;
 use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
 use crate::model::Model;
 use crate::session::{DecoderChoice, Session};
+use crate::stream::open::{LiveOptions, open_live};
 use crate::transcript::Transcript;
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
@@ -66,6 +69,15 @@ pub struct ServeArgs {
     /// fresh backend afterwards, releasing that memory.
     #[arg(long, value_name = "MIB", default_value_t = 256)]
     pub release_buffer_mb: u64,
+    /// Live streams (WebSocket connections at /v1/realtime) at once; more are refused.
+    #[arg(long, default_value_t = 8)]
+    pub max_streams: usize,
+    /// A live stream that sends no event for this long is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub stream_idle_seconds: f64,
+    /// Longest audio one live stream may send, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
+    pub max_stream_seconds: f64,
     /// Confidence for verbose_json's words (`probability`); `--confidence none` turns it off.
     #[command(flatten)]
     pub confidence: ConfidenceArgs,
@@ -156,6 +168,23 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
+    let live_config = realtime::RealtimeConfig {
+        model_name: model.name.clone(),
+        idle_timeout: std::time::Duration::try_from_secs_f64(args.stream_idle_seconds)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .context("--stream-idle-seconds must be a positive number of seconds")?,
+        max_seconds: args.max_stream_seconds,
+        max_streams: args.max_streams,
+    };
+    let live_factory: realtime::TranscriberFactory = {
+        let model = model.clone();
+        let options = LiveOptions {
+            threads,
+            ..LiveOptions::default()
+        };
+        Arc::new(move || open_live(&model, &options))
+    };
     let state = Arc::new(AppState {
         pool,
         model: model.clone(),
@@ -188,7 +217,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             path.display(),
             args.queue
         );
-        axum::serve(listener, router(state))
+        let app = router(state).merge(realtime::router(live_config, live_factory));
+        axum::serve(listener, app)
             .with_graceful_shutdown(shutdown_signal())
             .await
             .context("server error")

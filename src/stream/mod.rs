@@ -6,6 +6,13 @@
 //! `stream` command, the server's WebSocket endpoint) speak only this trait, so they neither
 //! know nor care how the chunks are scheduled or which head decodes.
 
+pub mod input;
+#[cfg(feature = "mic")]
+pub mod mic;
+pub mod open;
+pub mod pump;
+pub mod render;
+
 use crate::tokenizer::{Token, Word};
 use anyhow::Result;
 
@@ -48,3 +55,7 @@ pub trait LiveTranscriber {
     /// has text) and resets, so the next `accept` starts a new stream at time 0.
     fn finish(&mut self) -> Result<Vec<StreamEvent>>;
 }
+
+mod cache_aware;
+
+pub use cache_aware::{CacheAwareConfig, CacheAwareStream, ChunkRecord, STREAMING_MODELS};

@@ -181,27 +181,23 @@ fn ctc_head_of_a_hybrid_and_info() {
 #[test]
 fn info_shows_quantized_layouts() {
     let root = scratch("info-q");
-    let q8 = gguf("tiny_tdt", parakeet::convert::OutType::Q8_0);
-    let s = text(&parakeet(&["info", q8.to_str().unwrap()], &root).stdout);
     // 2 layers x (4 ff + 5 attention + 2 pointwise) encoder matrices, pre_encode.out, joint.enc,
     // the 2-layer LSTM's 4 matrices and joint.pred are repacked; joint_net.2 (48 + 1 + 5 rows)
-    // stays ggml q8_0.
-    let line = |ty: &str| {
-        s.lines()
-            .find(|l| l.trim_start().starts_with(ty))
-            .map(str::to_owned)
-    };
-    assert!(
-        line("q8_0x8").is_some_and(|l| l.contains(" 29 tensors")),
-        "{s}"
-    );
-    assert!(
-        line("q8_0 ").is_some_and(|l| l.contains(" 1 tensors")),
-        "{s}"
-    );
-    let q4 = gguf("tiny_tdt", parakeet::convert::OutType::Q4_0);
-    let s = text(&parakeet(&["info", q4.to_str().unwrap()], &root).stdout);
-    assert!(line_has(&s, "q4_0") && !s.contains("q8_0"), "{s}");
+    // stays on ggml's layout.
+    for (ty, other, repacked, plain) in [
+        (parakeet::convert::OutType::Q8_0, "q4_0", "q8_0x8", "q8_0 "),
+        (parakeet::convert::OutType::Q4_0, "q8_0", "q4_0x8", "q4_0 "),
+    ] {
+        let model = gguf("tiny_tdt", ty);
+        let s = text(&parakeet(&["info", model.to_str().unwrap()], &root).stdout);
+        let line = |ty: &str| s.lines().find(|l| l.trim_start().starts_with(ty));
+        assert!(!s.contains(other), "{s}");
+        assert!(
+            line(repacked).is_some_and(|l| l.contains(" 29 tensors")),
+            "{s}"
+        );
+        assert!(line(plain).is_some_and(|l| l.contains(" 1 tensors")), "{s}");
+    }
 }
 
 /// `info --system`: the build's baseline, and ggml compiled for that baseline and no more (a
@@ -245,10 +241,6 @@ fn system_info_shows_the_baseline_and_ggml_built_for_it() {
     for args in [&["info", "--system", "m.gguf"][..], &["info"][..]] {
         assert_eq!(parakeet(args, &root).status.code(), Some(2), "{args:?}");
     }
-}
-
-fn line_has(s: &str, ty: &str) -> bool {
-    s.lines().any(|l| l.trim_start().starts_with(ty))
 }
 
 #[test]
@@ -549,5 +541,25 @@ fn beam_nbest_in_json_equals_nemo() {
         assert_eq!(ours["decoding"]["beam_size"], 4);
         assert_eq!(ours["decoding"]["boosted_phrases"], flags.len() / 2);
         assert!(ours["tokens"][0].get("confidence").is_none(), "{case}");
+    }
+}
+
+/// `info` on a cache-aware streaming model lists every lookahead's schedule and caches (NeMo's
+/// `streaming_cfg`: chunk 1+8R / 8(R+1) mel frames, 70-frame attention cache, 9 pre-encode
+/// frames, 2 subsampled frames dropped).
+#[test]
+fn info_shows_the_streaming_parameters() {
+    let root = scratch("info-stream");
+    let model = gguf("tiny_stream_rnnt", parakeet::convert::OutType::F32);
+    let s = text(&parakeet(&["info", model.to_str().unwrap()], &root).stdout);
+    for want in [
+        "attention chunked [70, 13]",
+        "raw log-mel (normalize NA)",
+        "att_context [70, 13] (default): chunk 1120 ms (105/112 mel frames, shift 105/112), 14 \
+         encoder frames a chunk, attention cache 70 frames, conv cache 8, pre-encode cache 9 mel \
+         frames, drop_extra_pre_encoded 2",
+        "att_context [70, 0]: chunk 80 ms (1/8 mel frames",
+    ] {
+        assert!(s.contains(want), "{want}: {s}");
     }
 }

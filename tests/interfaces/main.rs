@@ -5,4 +5,8 @@ mod common;
 
 mod cli;
 mod hub;
+mod live_double;
+mod live_nemo;
+mod realtime;
 mod serve;
+mod stream;

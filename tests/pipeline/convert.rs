@@ -9,7 +9,7 @@ use parakeet::convert::{
     storage_type,
 };
 use parakeet::gguf::{GgufFile, MetaValue};
-use parakeet::layout::{Layout, Q8_0X8_KEY};
+use parakeet::layout::{Layout, Q4_0X8_KEY, Q8_0X8_KEY};
 use serde_yaml::Value;
 
 const MODELS: [&str; 4] = ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt", "tiny_ctc"];
@@ -88,18 +88,20 @@ fn converts_every_model_in_every_type() {
                     "{model} {ty:?}: nothing converted"
                 );
             }
-            // q8_0 repacks the encoder graph's matrices (and lists them); nothing else does.
-            let listed = match g.get(Q8_0X8_KEY) {
-                Some(MetaValue::StrArray(v)) => v.len(),
-                None => 0,
-                Some(v) => panic!("{model} {ty:?}: {Q8_0X8_KEY} = {v:?}"),
-            };
-            assert_eq!(listed, report.repacked_tensors, "{model} {ty:?}");
-            assert_eq!(
-                report.repacked_tensors > 0,
-                ty == OutType::Q8_0,
-                "{model} {ty:?}"
-            );
+            // q8_0 (q4_0) repacks the encoder graph's matrices (and lists them); nothing else
+            // does.
+            for (key, repacked, by) in [
+                (Q8_0X8_KEY, report.repacked_tensors, OutType::Q8_0),
+                (Q4_0X8_KEY, report.repacked_q4_tensors, OutType::Q4_0),
+            ] {
+                let listed = match g.get(key) {
+                    Some(MetaValue::StrArray(v)) => v.len(),
+                    None => 0,
+                    Some(v) => panic!("{model} {ty:?}: {key} = {v:?}"),
+                };
+                assert_eq!(listed, repacked, "{model} {ty:?} {key}");
+                assert_eq!(repacked > 0, ty == by, "{model} {ty:?} {key}");
+            }
         }
     }
 }
@@ -116,8 +118,8 @@ fn check_tensors(model: &str, ty: OutType, nemo: &NemoModel, g: &GgufFile) {
             .unwrap_or_else(|e| panic!("{model} {ty:?}: {e:#}"));
         let layout = storage_layout(&t.name, &ne, want_type);
         assert_eq!(w.layout(), layout, "{model} {ty:?} {}", t.name);
-        if layout == Layout::Q8_0x8 {
-            // The values of ggml's q8_0, reordered: the read-back undoes the order.
+        if matches!(layout, Layout::Q8_0x8 | Layout::Q4_0x8) {
+            // The values of ggml's q8_0 (q4_0), reordered: the read-back undoes the order.
             assert!(
                 t.name.starts_with("encoder.")
                     || t.name

@@ -99,31 +99,32 @@ fn quantized_encoders_stay_close_to_nemo() {
     }
 }
 
-/// A q8_0 file in ggml's plain layout (as written before `q8_0x8` existed) still loads and runs
-/// on ggml's q8_0 kernels, and the int8 kernel on the repacked file agrees with it: same
-/// weights, activations quantized the same way, only the order of the sums differs (measured
-/// worst 3.5e-3 on tiny_tdt, whose random layers amplify any difference; a kernel error gives
-/// ~1).
+/// A q8_0 (q4_0) file in ggml's plain layout (as written before `q8_0x8` (`q4_0x8`) existed)
+/// still loads and runs on ggml's kernels, and the int8 kernel on the repacked file agrees with
+/// it: same weights, activations quantized the same way, only the order of the sums differs
+/// (measured worst q8_0 3.5e-3 on tiny_tdt, whose random layers amplify any difference; a
+/// kernel error gives ~1).
 #[test]
-fn plain_and_repacked_q8_0_agree() {
+fn plain_and_repacked_quantized_agree() {
     let dir = tempfile::tempdir().unwrap();
-    for model in MODELS {
-        let plain = dir.path().join(format!("{model}-plain.gguf"));
-        let r =
-            parakeet::convert::convert_ggml_layout(&nemo(model), &plain, OutType::Q8_0).unwrap();
-        assert_eq!(r.repacked_tensors, 0);
-        let features = {
-            let session = Session::load(&plain, 1).unwrap();
-            session.features(&clip_samples("speech_10s.wav"))
-        };
-        let mut enc = Vec::new();
-        for path in [plain.clone(), gguf(model, OutType::Q8_0)] {
-            let mut session = Session::load(&path, 2).unwrap();
-            enc.push(session.encode(&features, false).unwrap().output);
+    for ty in [OutType::Q8_0, OutType::Q4_0] {
+        for model in MODELS {
+            let plain = dir.path().join(format!("{model}-{ty:?}-plain.gguf"));
+            let r = parakeet::convert::convert_ggml_layout(&nemo(model), &plain, ty).unwrap();
+            assert_eq!(r.repacked_tensors + r.repacked_q4_tensors, 0);
+            let features = {
+                let session = Session::load(&plain, 1).unwrap();
+                session.features(&clip_samples("speech_10s.wav"))
+            };
+            let mut enc = Vec::new();
+            for path in [plain.clone(), gguf(model, ty)] {
+                let mut session = Session::load(&path, 2).unwrap();
+                enc.push(session.encode(&features, false).unwrap().output);
+            }
+            let err = rel_err(&enc[1], &enc[0]);
+            println!("{model}: repacked vs plain {ty:?} encoder_out rel err {err:.2e}");
+            assert!(err <= 1e-2, "{model} {ty:?}: rel err {err:.3e}");
         }
-        let err = rel_err(&enc[1], &enc[0]);
-        println!("{model}: repacked vs plain q8_0 encoder_out rel err {err:.2e}");
-        assert!(err <= 1e-2, "{model}: rel err {err:.3e}");
     }
 }
 

@@ -143,7 +143,7 @@ fn hyperparameters_out_of_range_are_refused_by_key_and_value() {
         (
             "parakeet.preprocessor.normalize",
             Set::Str("all_features"),
-            "parakeet.preprocessor.normalize = all_features is not supported (per_feature only)",
+            "parakeet.preprocessor.normalize = all_features is not supported (per_feature or NA)",
         ),
         (
             "parakeet.preprocessor.hop_length",

@@ -14,7 +14,7 @@ use std::path::Path;
 const TOL: f64 = 1e-4;
 
 /// Every dumped layer of `dir` against ours, then the decoded heads against `result.json`.
-fn check_against_nemo(session: &mut Session, samples: &[f32], dir: &Path, name: &str) {
+pub(crate) fn check_against_nemo(session: &mut Session, samples: &[f32], dir: &Path, name: &str) {
     let result = json(&dir.join("result.json"));
     let features = session.features(samples);
     let enc = session.encode(&features, true).unwrap();

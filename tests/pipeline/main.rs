@@ -14,4 +14,5 @@ mod hardening;
 mod local_attention;
 mod model;
 mod output;
+mod streaming;
 mod tokenizer;

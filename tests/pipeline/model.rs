@@ -57,7 +57,7 @@ fn rewrite(src: &Path, dst: &Path, drop_key: Option<&str>, reshape: Option<(&str
             // Stored bytes as they were: panel-packed tensors go back packed.
             match t.layout() {
                 Layout::Panel16 => pack_panels(&t.to_host_f32(), shape[1], shape[0]),
-                Layout::Plain | Layout::Q8_0x8 => t.to_host_f32(),
+                Layout::Plain | Layout::Q8_0x8 | Layout::Q4_0x8 => t.to_host_f32(),
             }
         } else {
             vec![0.0; shape.iter().product()]

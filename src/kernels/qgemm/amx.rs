@@ -20,7 +20,10 @@
 //! for even blocks and tmm5/tmm6 for odd ones: a block's sums are stored and scaled while the
 //! next block's products run (a tile store read back at once stalls for its whole latency).
 
-use super::{Cols, PANEL, PANEL_BLOCK, QK, STEP_PAD};
+use super::{Cols, PANEL, QK, STEP_PAD, panel_block};
+
+/// Bytes of a `q8_0x8` panel block (the only format this kernel reads).
+const PANEL_BLOCK: usize = panel_block::<false>();
 use std::arch::asm;
 use std::arch::x86_64::*;
 

@@ -1,6 +1,6 @@
 //! The int8 GEMM's AVX2 kernels: a block's quantization and 8-row panels.
 
-use super::{Cols, PANEL, PANEL_BLOCK, QK};
+use super::{Cols, PANEL, QK, panel_block};
 use std::arch::x86_64::*;
 
 /// Columns per register tile: 4 f32 and 4 i32 accumulators plus the weights fit in 16 ymm.
@@ -50,10 +50,12 @@ pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [u8], biased: bool) -> f3
     }
 }
 
+/// One `q8_0x8` panel (with `Q4`, `q4_0x8`), every step.
+///
 /// # Safety
 /// AVX2/FMA/F16C available; `out` holds 8 rows of `n` steps with step stride `m`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn panel(
+pub(super) unsafe fn panel<const Q4: bool>(
     panel: &[u8],
     k: usize,
     x: Cols,
@@ -63,7 +65,7 @@ pub(super) unsafe fn panel(
     m: usize,
 ) {
     let nb = k / QK;
-    assert!(panel.len() == nb * PANEL_BLOCK && x.q.len() >= n * k && x.d.len() >= n * nb);
+    assert!(panel.len() == nb * panel_block::<Q4>() && x.q.len() >= n * k && x.d.len() >= n * nb);
     let bias = bias.map(|b| {
         assert!(b.len() >= PANEL);
         b.as_ptr()
@@ -72,22 +74,40 @@ pub(super) unsafe fn panel(
     // SAFETY: sizes asserted above; out per the contract.
     unsafe {
         while c + NC <= n {
-            tile::<NC>(panel, k, x, c, bias, out.add(c * m), m);
+            tile::<NC, Q4>(panel, k, x, c, bias, out.add(c * m), m);
             c += NC;
         }
         match n - c {
-            3 => tile::<3>(panel, k, x, c, bias, out.add(c * m), m),
-            2 => tile::<2>(panel, k, x, c, bias, out.add(c * m), m),
-            1 => tile::<1>(panel, k, x, c, bias, out.add(c * m), m),
+            3 => tile::<3, Q4>(panel, k, x, c, bias, out.add(c * m), m),
+            2 => tile::<2, Q4>(panel, k, x, c, bias, out.add(c * m), m),
+            1 => tile::<1, Q4>(panel, k, x, c, bias, out.add(c * m), m),
             _ => {}
         }
+    }
+}
+
+/// Group `g` (quants `4g..4g + 4`) of a panel block's 8 rows (`blk` at its scales) as signed
+/// bytes: the `q8_0x8` bytes, or with `Q4` the low (groups 0-3) or high (4-7) `q4_0x8`
+/// nibbles minus their offset of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn quant_load<const Q4: bool>(blk: *const u8, g: usize) -> __m256i {
+    // SAFETY: the caller's block holds its scales and quants after blk.
+    unsafe {
+        if !Q4 {
+            return _mm256_loadu_si256(blk.add(2 * PANEL + g * 4 * PANEL).cast());
+        }
+        let v = _mm256_loadu_si256(blk.add(2 * PANEL + (g % 4) * 4 * PANEL).cast());
+        let v = if g < 4 { v } else { _mm256_srli_epi16::<4>(v) };
+        let nibbles = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+        _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8))
     }
 }
 
 /// 8 rows x `N` steps starting at step `c0`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile<const N: usize>(
+unsafe fn tile<const N: usize, const Q4: bool>(
     panel: &[u8],
     k: usize,
     x: Cols,
@@ -105,11 +125,11 @@ unsafe fn tile<const N: usize>(
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); N];
         for b in 0..nb {
-            let blk = wp.add(b * PANEL_BLOCK);
+            let blk = wp.add(b * panel_block::<Q4>());
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
             let mut isum = [_mm256_setzero_si256(); N];
             for g in 0..QK / 4 {
-                let w = _mm256_loadu_si256(blk.add(2 * PANEL + g * 4 * PANEL).cast());
+                let w = quant_load::<Q4>(blk, g);
                 let aw = _mm256_abs_epi8(w);
                 for (j, s) in isum.iter_mut().enumerate() {
                     let xv = xq

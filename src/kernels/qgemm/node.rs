@@ -1,8 +1,8 @@
 //! The int8 GEMM as graph nodes: one quantizing a linear's input (shared by every linear that
-//! reads it), one multiplying a `q8_0x8` weight by it.
+//! reads it), one multiplying a `q8_0x8` or `q4_0x8` weight by it.
 
 use super::quantize::{quantize_cols, quants_at, reads_tiles};
-use super::{Cols, Kernel, PANEL, Q8_BLOCK, QK, STEP_PAD, gemm_panels};
+use super::{Cols, Format, PANEL, QK, STEP_PAD, gemm_panels};
 use crate::backend::custom::{Body, CustomOp};
 use crate::kernels::panel::GemmNode;
 
@@ -15,9 +15,11 @@ pub(crate) fn quantized_bytes(k: usize, n: usize) -> usize {
 
 /// The node quantizing `x` (source 0, contiguous f32 `[k, n]`, `k` a multiple of 32) for the
 /// int8 GEMM into [`quantized_bytes`] bytes, split over the threads by steps (each GEMM thread
-/// needs all of them). With `silu`, what it quantizes is `silu(x)`.
+/// needs all of them), laid out for the kernel that multiplies `format`. With `silu`, what it
+/// quantizes is `silu(x)`.
 pub(crate) struct Quantize {
     pub silu: bool,
+    pub format: Format,
 }
 
 impl Body for Quantize {
@@ -30,7 +32,7 @@ impl Body for Quantize {
         // SAFETY: the result holds quantized_bytes(k, n); the scales start at padded * k,
         // 4-aligned as k is a multiple of 32.
         let scales = unsafe { base.add(padded * k) } as *mut f32;
-        let kernel = Kernel::for_steps(n);
+        let kernel = self.format.kernel(n);
         if op.ith() + 1 == op.nth() && padded > n {
             // The padding steps' quants: after the last step, or inside each block of the last
             // tile; the threads quantizing the real steps there write other bytes.
@@ -58,11 +60,13 @@ impl Body for Quantize {
     }
 }
 
-/// The node `[m, n] = w^T x (+ bias)`: `w` a `q8_0x8` weight `[k, m]` (source 0), `x` the
-/// [`Quantize`] node of an f32 `[k, n]` (source 1), then the f32 bias `[m]` and residual
-/// `[m, n]` its [`GemmNode`] lists; the threads claim panels of rows from the node's queue.
+/// The node `[m, n] = w^T x (+ bias)`: `w` a weight `[k, m]` in `format` (source 0), `x` the
+/// [`Quantize`] node (of the same format) of an f32 `[k, n]` (source 1), then the f32 bias
+/// `[m]` and residual `[m, n]` its [`GemmNode`] lists; the threads claim panels of rows from
+/// the node's queue.
 pub(crate) struct Int8Gemm {
     pub node: GemmNode,
+    pub format: Format,
 }
 
 impl Body for Int8Gemm {
@@ -70,7 +74,7 @@ impl Body for Int8Gemm {
         let [k, m, ..] = op.src_shape(0);
         let n = op.shape()[1];
         let nb = k / QK;
-        let w = &op.src_bytes(0)[..m * nb * Q8_BLOCK];
+        let w = &op.src_bytes(0)[..m * nb * self.format.row_block_bytes()];
         let xq = op.src_bytes(1);
         let padded = n.next_multiple_of(STEP_PAD);
         assert!(xq.len() >= quantized_bytes(k, n));
@@ -89,7 +93,8 @@ impl Body for Int8Gemm {
             // SAFETY: the result holds n steps of m rows; this thread owns the claimed panels.
             unsafe {
                 gemm_panels(
-                    Kernel::for_steps(n),
+                    self.format.kernel(n),
+                    self.format,
                     w,
                     k,
                     m,

@@ -8,8 +8,11 @@
 //! per 8 `vpdpbusd` (the scaling, not the products, bounds this kernel: 10 % faster than single
 //! panels). A last odd panel permutes each load into `[row][group]` (lane `2r + h` = row `r`,
 //! group `h`) for an 8-byte broadcast, and sums a row's two lanes after the last block.
+//!
+//! With `Q4` the weights are `q4_0x8`: [`quant_loads`] unpacks two 64-byte registers from
+//! each 64-byte load of nibbles, the rest is the same.
 
-use super::{Cols, PANEL, PANEL_BLOCK, QK};
+use super::{Cols, PANEL, QK, panel_block};
 use std::arch::x86_64::*;
 
 /// Columns per register tile: one accumulator each, plus about 10 shared registers.
@@ -23,8 +26,8 @@ const K_BLOCKS: usize = 32;
 /// stay in L2 while each column tile's activations, read from L1, meet all of them.
 const GROUP: usize = 16;
 
-/// Panels `p0..p1` of the whole `q8_0x8` matrix `w`, every step: per group of panels,
-/// column tile by column tile.
+/// Panels `p0..p1` of the whole `q8_0x8` (with `Q4`, `q4_0x8`) matrix `w`, every step: per
+/// group of panels, column tile by column tile.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI and F16C available; the activations were quantized for this kernel;
@@ -32,7 +35,7 @@ const GROUP: usize = 16;
 /// `m`) and the rows of these panels are ours alone.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn panels(
+pub(super) unsafe fn panels<const Q4: bool>(
     w: &[u8],
     k: usize,
     m: usize,
@@ -54,27 +57,59 @@ pub(super) unsafe fn panels(
             unsafe {
                 let span = Span { group, blocks };
                 while c + NC <= n {
-                    tiles::<NC>(w, k, m, span, x, c, bias, out);
+                    tiles::<NC, Q4>(w, k, m, span, x, c, bias, out);
                     c += NC;
                 }
                 if n - c >= 8 {
-                    tiles::<8>(w, k, m, span, x, c, bias, out);
+                    tiles::<8, Q4>(w, k, m, span, x, c, bias, out);
                     c += 8;
                 }
                 match n - c {
-                    7 => tiles::<7>(w, k, m, span, x, c, bias, out),
-                    6 => tiles::<6>(w, k, m, span, x, c, bias, out),
-                    5 => tiles::<5>(w, k, m, span, x, c, bias, out),
-                    4 => tiles::<4>(w, k, m, span, x, c, bias, out),
-                    3 => tiles::<3>(w, k, m, span, x, c, bias, out),
-                    2 => tiles::<2>(w, k, m, span, x, c, bias, out),
-                    1 => tiles::<1>(w, k, m, span, x, c, bias, out),
+                    7 => tiles::<7, Q4>(w, k, m, span, x, c, bias, out),
+                    6 => tiles::<6, Q4>(w, k, m, span, x, c, bias, out),
+                    5 => tiles::<5, Q4>(w, k, m, span, x, c, bias, out),
+                    4 => tiles::<4, Q4>(w, k, m, span, x, c, bias, out),
+                    3 => tiles::<3, Q4>(w, k, m, span, x, c, bias, out),
+                    2 => tiles::<2, Q4>(w, k, m, span, x, c, bias, out),
+                    1 => tiles::<1, Q4>(w, k, m, span, x, c, bias, out),
                     _ => {}
                 }
             }
             b0 = blocks.1;
         }
         g0 = group.1;
+    }
+}
+
+/// A panel block's quants (`blk` at its scales) as four registers of signed bytes, register
+/// `q` holding groups `2q` and `2q + 1` of the 8 rows (`[group][row]`, 4 bytes each): the
+/// `q8_0x8` bytes as they are, or with `Q4` the `q4_0x8` nibbles of two loads (low nibbles:
+/// groups 0-3, high: 4-7) minus their offset of 8.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn quant_loads<const Q4: bool>(blk: *const u8) -> [__m512i; 4] {
+    // SAFETY: the caller's block holds its scales and quants after blk.
+    unsafe {
+        let quants = blk.add(2 * PANEL);
+        let first = _mm512_loadu_si512(quants.cast());
+        let second = _mm512_loadu_si512(quants.add(8 * PANEL).cast());
+        if !Q4 {
+            let third = _mm512_loadu_si512(quants.add(16 * PANEL).cast());
+            let fourth = _mm512_loadu_si512(quants.add(24 * PANEL).cast());
+            return [first, second, third, fourth];
+        }
+        let nibble = _mm512_set1_epi8(0x0F);
+        let eight = _mm512_set1_epi8(8);
+        let (first_hi, second_hi) = (
+            _mm512_srli_epi16::<4>(first),
+            _mm512_srli_epi16::<4>(second),
+        );
+        [
+            _mm512_sub_epi8(_mm512_and_si512(first, nibble), eight),
+            _mm512_sub_epi8(_mm512_and_si512(second, nibble), eight),
+            _mm512_sub_epi8(_mm512_and_si512(first_hi, nibble), eight),
+            _mm512_sub_epi8(_mm512_and_si512(second_hi, nibble), eight),
+        ]
     }
 }
 
@@ -88,7 +123,7 @@ struct Span {
 /// Steps `c..c + N` of every panel of the span, over its blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tiles<const N: usize>(
+unsafe fn tiles<const N: usize, const Q4: bool>(
     w: &[u8],
     k: usize,
     m: usize,
@@ -98,7 +133,7 @@ unsafe fn tiles<const N: usize>(
     bias: Option<&[f32]>,
     out: *mut f32,
 ) {
-    let size = k / QK * PANEL_BLOCK;
+    let size = k / QK * panel_block::<Q4>();
     let mut p = span.group.0;
     // Panels in pairs (16 rows, one lane per row), a last odd one on its own.
     while p < span.group.1 {
@@ -108,11 +143,11 @@ unsafe fn tiles<const N: usize>(
             let out = out.add(c * m + p * PANEL);
             if p + 1 < span.group.1 {
                 let pair = &w[p * size..][..2 * size];
-                pair_tile::<N>(pair, k, x, c, span.blocks, bias, out, m);
+                pair_tile::<N, Q4>(pair, k, x, c, span.blocks, bias, out, m);
                 p += 2;
             } else {
                 let panel = &w[p * size..][..size];
-                tile::<N>(panel, k, x, c, span.blocks, bias, out, m);
+                tile::<N, Q4>(panel, k, x, c, span.blocks, bias, out, m);
                 p += 1;
             }
         }
@@ -126,7 +161,7 @@ unsafe fn tiles<const N: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pair_tile<const N: usize>(
+unsafe fn pair_tile<const N: usize, const Q4: bool>(
     pair: &[u8],
     k: usize,
     x: Cols,
@@ -140,22 +175,25 @@ unsafe fn pair_tile<const N: usize>(
     // SAFETY: the caller checked the panel and activation sizes for steps c0..c0+N.
     unsafe {
         let wa = pair.as_ptr();
-        let wb = wa.add(nb * PANEL_BLOCK);
+        let wb = wa.add(nb * panel_block::<Q4>());
         let xq = x.q.as_ptr().add(c0 * k);
         let xd = x.d.as_ptr().add(c0 * nb);
         let bias128 = _mm512_set1_epi8(0x80u8 as i8);
         let mut acc = [_mm512_setzero_ps(); N];
         for b in b0..b1 {
-            let (ba, bb) = (wa.add(b * PANEL_BLOCK), wb.add(b * PANEL_BLOCK));
+            let (ba, bb) = (
+                wa.add(b * panel_block::<Q4>()),
+                wb.add(b * panel_block::<Q4>()),
+            );
             let dw = _mm512_cvtph_ps(_mm256_set_m128i(
                 _mm_loadu_si128(bb.cast()),
                 _mm_loadu_si128(ba.cast()),
             ));
             let mut w = [_mm512_setzero_si512(); QK / 4];
             let mut corr = _mm512_setzero_si512();
+            let (la, lb) = (quant_loads::<Q4>(ba), quant_loads::<Q4>(bb));
             for q in 0..QK / 8 {
-                let ra = _mm512_loadu_si512(ba.add(2 * PANEL + q * 8 * PANEL).cast());
-                let rb = _mm512_loadu_si512(bb.add(2 * PANEL + q * 8 * PANEL).cast());
+                let (ra, rb) = (la[q], lb[q]);
                 // Group 2q of both panels, then group 2q + 1.
                 w[2 * q] = _mm512_inserti64x4::<1>(ra, _mm512_castsi512_si256(rb));
                 w[2 * q + 1] = _mm512_shuffle_i64x2::<0xEE>(ra, rb);
@@ -190,7 +228,7 @@ unsafe fn pair_tile<const N: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const N: usize>(
+unsafe fn tile<const N: usize, const Q4: bool>(
     panel: &[u8],
     k: usize,
     x: Cols,
@@ -212,13 +250,13 @@ unsafe fn tile<const N: usize>(
         let bias128 = _mm512_set1_epi8(0x80u8 as i8);
         let mut acc = [_mm512_setzero_ps(); N];
         for b in b0..b1 {
-            let blk = wp.add(b * PANEL_BLOCK);
+            let blk = wp.add(b * panel_block::<Q4>());
             let dw8 = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
             let dw = _mm512_permutexvar_ps(pair_scales, _mm512_castps256_ps512(dw8));
             let mut w = [_mm512_setzero_si512(); QK / 8];
             let mut corr = _mm512_setzero_si512();
-            for (q, wq) in w.iter_mut().enumerate() {
-                let raw = _mm512_loadu_si512(blk.add(2 * PANEL + q * 8 * PANEL).cast());
+            let loads = quant_loads::<Q4>(blk);
+            for (wq, &raw) in w.iter_mut().zip(&loads) {
                 *wq = _mm512_permutexvar_epi32(to_rows, raw);
                 corr = _mm512_dpbusd_epi32(corr, bias128, *wq);
             }

@@ -1,0 +1,122 @@
+//! What confidence, phrase boosting and beam search cost against greedy decoding, measured in
+//! one process over one encoder pass: every variant decodes the same encoder output REPS times,
+//! interleaved, and the median decoder time is reported. Free of the noise a whole CLI run adds
+//! (process start, loading, the encoder), so a few percent show.
+//!
+//! Usage: cargo run --release --example decode_bench -- MODEL.gguf FILE.wav [PHRASES.txt]
+//!   env: THREADS=2 REPS=31 BEAM=4
+
+use anyhow::{Context, Result};
+use parakeet::audio::{load_audio, resample_to_16k};
+use parakeet::decoder::beam::{BeamConfig, BeamStrategy};
+use parakeet::decoder::boosting::{BoostingConfig, BoostingTree};
+use parakeet::decoder::confidence::ConfidenceConfig;
+use parakeet::session::{BeamPlan, DecoderChoice, Session};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::cpu_seconds;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (model, file) = match &args[..] {
+        [m, f, ..] => (PathBuf::from(m), PathBuf::from(f)),
+        _ => anyhow::bail!("usage: decode_bench MODEL.gguf FILE.wav [PHRASES.txt]"),
+    };
+    let (threads, reps, beam) = (env_or("THREADS", 2), env_or("REPS", 31), env_or("BEAM", 4));
+    parakeet::backend::silence_ggml_logs();
+    let mut session = Session::load(&model, threads)?;
+    let samples = resample_to_16k(load_audio(&file)?)?;
+    let features = session.features(&samples);
+    let encoded = session.encode(&features, false)?;
+
+    let boost = match args.get(2) {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| path.clone())?;
+            let cfg = BoostingConfig {
+                phrases: text
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(String::from)
+                    .collect(),
+                alpha: 1.0,
+                ..BoostingConfig::default()
+            };
+            let built = Instant::now();
+            let tree = BoostingTree::new(&session.model().tokenizer, &cfg)?;
+            println!(
+                "boosting tree: {} phrases, {} states, {} arcs, built in {:.1} ms",
+                tree.phrases(),
+                tree.states().len(),
+                tree.arcs().len(),
+                built.elapsed().as_secs_f64() * 1e3
+            );
+            Some(Arc::new(tree))
+        }
+        None => None,
+    };
+    let head = session.beam_head(DecoderChoice::Auto)?;
+    let beam_plan = BeamPlan {
+        config: BeamConfig::new(BeamStrategy::default_for(head), beam),
+        nbest: 1,
+    };
+
+    // (name, confidence, boosting, beam)
+    let mut variants: Vec<(&str, bool, bool, bool)> = vec![
+        ("greedy", false, false, false),
+        ("greedy+confidence", true, false, false),
+    ];
+    if boost.is_some() {
+        variants.push(("greedy+boost", false, true, false));
+    }
+    variants.push(("beam", false, false, true));
+    if boost.is_some() {
+        variants.push(("beam+boost", false, true, true));
+    }
+    let mut times = vec![Vec::new(); variants.len()];
+    let mut cpu = vec![Vec::new(); variants.len()];
+    let mut tokens = vec![0usize; variants.len()];
+    for _ in 0..reps {
+        for (i, &(_, conf, boosted, beamed)) in variants.iter().enumerate() {
+            session.set_confidence(conf.then(ConfidenceConfig::default))?;
+            session.set_boosting(if boosted { boost.clone() } else { None });
+            session.set_beam(DecoderChoice::Auto, beamed.then(|| beam_plan.clone()))?;
+            let (start, start_cpu) = (Instant::now(), cpu_seconds());
+            let decoded = session.decode(&encoded, DecoderChoice::Auto)?;
+            times[i].push(start.elapsed().as_secs_f64() * 1e3);
+            cpu[i].push((cpu_seconds() - start_cpu) * 1e3);
+            tokens[i] = decoded.tokens.len();
+        }
+    }
+    println!(
+        "{}, {} frames, {threads} threads, {reps} reps interleaved, median decoder ms (wall; process CPU)",
+        file.display(),
+        encoded.frames
+    );
+    let (base, base_cpu) = (median(times[0].clone()), median(cpu[0].clone()));
+    for (i, (name, ..)) in variants.iter().enumerate() {
+        let (m, c) = (median(times[i].clone()), median(cpu[i].clone()));
+        println!(
+            "{name:<20} wall {m:>9.3} ms {:>6.3}x   cpu {c:>9.3} ms {:>6.3}x  ({} tokens)",
+            m / base,
+            c / base_cpu,
+            tokens[i]
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,706 @@
+//! The `parakeet` Python package's native module: a [`Model`] is one loaded model shared by a
+//! pool of sessions (the server's worker pool: each worker a `Session` with its own backend),
+//! so that calls from several Python threads, and the inputs of one call, run at once. Every
+//! transcription runs with the GIL released; errors become Python exceptions carrying the
+//! command line's messages.
+
+use anyhow::Context as _;
+use clap::ValueEnum as _;
+use numpy::ndarray::ArrayViewD;
+use numpy::{
+    PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
+use parakeet::audio::{self, Audio};
+use parakeet::decoder::boosting::BoostingTree;
+use parakeet::decoder::confidence::ConfidenceConfig;
+use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs, DEFAULT_BOOST_ALPHA};
+use parakeet::encoder::AttentionChoice;
+use parakeet::server::plan_workers;
+use parakeet::server::pool::{JobFailure, Pool};
+use parakeet::session::{BeamPlan, DecoderChoice, Session};
+use parakeet::tokenizer::token_span;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyFileNotFoundError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+create_exception!(
+    parakeet,
+    ParakeetError,
+    PyException,
+    "A model that cannot be loaded (a broken or unsupported file) or an input that cannot be \
+     transcribed (undecodable audio, too short, a decoding option the model cannot use). The \
+     message is the command line's."
+);
+
+/// A failure that is the caller's argument (an array, an option): ValueError.
+fn value_error(e: anyhow::Error) -> PyErr {
+    PyValueError::new_err(format!("{e:#}"))
+}
+
+/// Any other failure: FileNotFoundError when a file is missing, else ParakeetError.
+fn parakeet_error(e: anyhow::Error) -> PyErr {
+    let missing = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
+    });
+    let msg = format!("{e:#}");
+    if missing {
+        PyFileNotFoundError::new_err(msg)
+    } else {
+        ParakeetError::new_err(msg)
+    }
+}
+
+/// One thing to transcribe.
+enum Input {
+    File(PathBuf),
+    /// An array's samples, mixed to mono and checked, at their own rate; `name` names it in
+    /// errors.
+    Samples {
+        audio: Audio,
+        name: String,
+    },
+}
+
+/// How one call decodes: the CLI's decoding flags, checked before any audio is read.
+struct Decoding {
+    decoder: DecoderChoice,
+    attention: AttentionChoice,
+    confidence: Option<ConfidenceConfig>,
+    boosting: Option<Arc<BoostingTree>>,
+    beam: BeamArgs,
+}
+
+impl Decoding {
+    /// Sets this call's options on a pooled session (the previous call may have set others),
+    /// in the CLI's order: confidence and boosting first, then the beam checked against them.
+    fn apply(&self, session: &mut Session) -> anyhow::Result<()> {
+        session.set_beam(self.decoder, None)?;
+        session.set_attention(self.attention);
+        session.set_confidence(self.confidence)?;
+        session.set_boosting(self.boosting.clone());
+        let plan = self.beam.plan(session.beam_head(self.decoder)?)?;
+        session.set_beam(
+            self.decoder,
+            plan.map(|(config, nbest)| BeamPlan { config, nbest }),
+        )
+    }
+}
+
+/// Why a job gave no transcript.
+enum JobError {
+    /// The call's options do not fit the model (ValueError).
+    Options(anyhow::Error),
+    /// The input (ParakeetError or FileNotFoundError).
+    Input(anyhow::Error),
+}
+
+fn run_job(
+    session: &mut Session,
+    input: Input,
+    decoding: &Decoding,
+) -> Result<parakeet::transcript::Transcript, JobError> {
+    decoding.apply(session).map_err(JobError::Options)?;
+    let transcribe = || {
+        let (audio, shown) = match input {
+            Input::File(path) => (audio::load_audio(&path)?, path.display().to_string()),
+            Input::Samples { audio, name } => (audio, name),
+        };
+        let samples =
+            audio::resample_to_16k(audio).with_context(|| format!("{shown}: resampling"))?;
+        session
+            .transcribe(samples, decoding.decoder)
+            .with_context(|| shown)
+    };
+    transcribe().map_err(JobError::Input)
+}
+
+/// A speech recognition model, loaded once and shared by a pool of workers.
+///
+/// ``Model(model, threads=None, workers=None)``
+///
+/// ``model`` is a ``.gguf`` file, a ``.nemo`` checkpoint (converted once into the cache,
+/// ``$PARAKEET_CACHE`` or ``~/.cache/parakeet``) or a Hugging Face hub id such as
+/// ``nvidia/parakeet-tdt-0.6b-v2`` (downloaded, converted and cached once), as for the
+/// command line's ``--model``.
+///
+/// ``workers`` inputs are transcribed at once (the inputs of one call, or the calls of several
+/// Python threads), each with ``threads`` compute threads. Defaults, as ``parakeet serve``:
+/// one worker per 4 cores, and the cores divided among the workers. A ``Model`` is safe to
+/// share between threads.
+#[pyclass(frozen, module = "parakeet")]
+struct Model {
+    model: Arc<parakeet::model::Model>,
+    pool: Pool<Session>,
+    /// The GGUF file loaded (the cached conversion for a .nemo or hub id).
+    path: PathBuf,
+    /// Transcriptions run at once.
+    #[pyo3(get)]
+    workers: usize,
+    /// Compute threads of each.
+    #[pyo3(get)]
+    threads: usize,
+}
+
+/// Calls waiting for a worker beyond the running ones: unbounded in practice (a Python caller
+/// waits its turn; the server's 503 has no meaning here).
+const QUEUE: usize = usize::MAX / 4;
+
+#[pymethods]
+impl Model {
+    #[new]
+    #[pyo3(signature = (model, threads=None, workers=None))]
+    fn new(
+        py: Python<'_>,
+        model: PathBuf,
+        threads: Option<usize>,
+        workers: Option<usize>,
+    ) -> PyResult<Model> {
+        if threads == Some(0) {
+            return Err(PyValueError::new_err("threads must be at least 1"));
+        }
+        if workers == Some(0) {
+            return Err(PyValueError::new_err("workers must be at least 1"));
+        }
+        py.detach(|| -> anyhow::Result<Model> {
+            let path = parakeet::model_source::resolve(&model, &mut |line| eprintln!("{line}"))?;
+            let loaded = Arc::new(parakeet::model::Model::load(&path)?);
+            loaded.file.populate();
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let (workers, threads) = plan_workers(cores, workers, threads);
+            let shared = loaded.clone();
+            let pool = Pool::new(
+                workers,
+                QUEUE,
+                move |_| Session::new(shared.clone(), threads),
+                // A session already trims its compute buffer after each encoder pass.
+                |_, _| false,
+            )?;
+            Ok(Model {
+                model: loaded,
+                pool,
+                path,
+                workers,
+                threads,
+            })
+        })
+        .map_err(parakeet_error)
+    }
+
+    /// The model's name (from its GGUF metadata).
+    #[getter]
+    fn name(&self) -> &str {
+        &self.model.name
+    }
+
+    /// The GGUF file loaded.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// The sample rate the model runs at (16000); other rates are resampled to it.
+    #[getter]
+    fn sample_rate(&self) -> u32 {
+        self.model.hparams.preprocessor.sample_rate
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Model(name={:?}, path={:?}, workers={}, threads={})",
+            self.model.name,
+            self.path.display().to_string(),
+            self.workers,
+            self.threads
+        )
+    }
+
+    /// Transcribe audio: a file path, a numpy array of samples, or a list of them (transcribed
+    /// in parallel by the model's workers; returns a list, in input order).
+    ///
+    /// Arrays: float32 or float64 in [-1, 1], or int16; 1-D (mono) or 2-D with the channels
+    /// on the shorter axis (``(channels, samples)`` or ``(samples, channels)``, at most 32
+    /// channels), mixed down to mono as for files. ``sample_rate`` is the arrays' rate in Hz
+    /// (required for arrays, ignored by nothing: files take theirs from their header);
+    /// other rates than the model's are resampled as files are.
+    ///
+    /// Decoding options mirror the command line's flags: ``decoder`` (``auto``, ``tdt``,
+    /// ``ctc``), ``confidence`` (a NeMo method name such as ``max_prob`` or
+    /// ``entropy_tsallis_exp``: token and word confidence), ``boost`` (phrases to boost) with
+    /// ``boost_alpha``, ``beam`` (beam size) with ``beam_strategy`` and ``nbest``,
+    /// ``att_context`` (``auto``, ``full`` or ``L,R``).
+    ///
+    /// Raises FileNotFoundError for a missing file, ValueError for a bad array or option, and
+    /// ParakeetError for audio that cannot be transcribed. The GIL is released meanwhile.
+    #[pyo3(signature = (
+        audio,
+        sample_rate=None,
+        *,
+        decoder="auto",
+        confidence=None,
+        boost=None,
+        boost_alpha=DEFAULT_BOOST_ALPHA,
+        beam=None,
+        beam_strategy=None,
+        nbest=1,
+        att_context="auto",
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn transcribe<'py>(
+        &self,
+        py: Python<'py>,
+        audio: &Bound<'py, PyAny>,
+        sample_rate: Option<u32>,
+        decoder: &str,
+        confidence: Option<String>,
+        boost: Option<&Bound<'py, PyAny>>,
+        boost_alpha: f32,
+        beam: Option<usize>,
+        beam_strategy: Option<String>,
+        nbest: usize,
+        att_context: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let decoding = self.decoding(
+            decoder,
+            confidence,
+            boost,
+            boost_alpha,
+            BeamArgs {
+                beam,
+                beam_strategy,
+                nbest,
+            },
+            att_context,
+        )?;
+        let many = audio.is_instance_of::<PyList>() || audio.is_instance_of::<PyTuple>();
+        let items: Vec<Bound<'py, PyAny>> = if many {
+            audio.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            vec![audio.clone()]
+        };
+        let mut arrays = 0;
+        let inputs = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let name = if many {
+                    format!("array #{i}")
+                } else {
+                    "array".to_string()
+                };
+                let input = input(item, sample_rate, name)?;
+                arrays += matches!(input, Input::Samples { .. }) as usize;
+                Ok(input)
+            })
+            .collect::<PyResult<Vec<Input>>>()?;
+        if sample_rate.is_some() && arrays == 0 && !inputs.is_empty() {
+            return Err(PyValueError::new_err(
+                "sample_rate= is for arrays: a file's rate comes from its header",
+            ));
+        }
+        let results = py.detach(|| self.run(inputs, decoding))?;
+        let transcripts = results
+            .into_iter()
+            .map(|t| Transcript::new(py, t, &self.model))
+            .collect::<PyResult<Vec<_>>>()?;
+        if many {
+            Ok(PyList::new(py, transcripts)?.into_any())
+        } else {
+            let one = transcripts.into_iter().next();
+            Ok(Bound::new(py, one.expect("one input, one transcript"))?.into_any())
+        }
+    }
+}
+
+/// A path or an array (checked here, with the GIL held: a bad one is a ValueError before any
+/// work starts).
+fn input(item: &Bound<'_, PyAny>, sample_rate: Option<u32>, name: String) -> PyResult<Input> {
+    if let Ok(array) = item.cast::<PyUntypedArray>() {
+        let Some(rate) = sample_rate else {
+            return Err(PyValueError::new_err(format!(
+                "{name}: an array needs sample_rate= (its rate in Hz)"
+            )));
+        };
+        let audio = array_audio(array, rate)
+            .map_err(|e| PyValueError::new_err(format!("{name}: {e:#}")))?;
+        return Ok(Input::Samples { audio, name });
+    }
+    if item.is_instance_of::<PyString>() || item.hasattr("__fspath__")? {
+        return Ok(Input::File(item.extract()?));
+    }
+    Err(PyTypeError::new_err(format!(
+        "expected a path, a numpy array or a list of them, got {}",
+        item.get_type().name()?
+    )))
+}
+
+/// Most channels an array may have (a WAV file's limit).
+const MAX_CHANNELS: usize = 32;
+
+/// An array's samples as mono audio: float32 / float64 as they are, int16 scaled by 1/32768
+/// (as 16-bit files are); 1-D, or 2-D with the channels on the shorter axis.
+fn array_audio(array: &Bound<'_, PyUntypedArray>, rate: u32) -> anyhow::Result<Audio> {
+    let py = array.py();
+    let dtype = array.dtype();
+    let shape = array.shape().to_vec();
+    let (channels, channels_first) = match shape[..] {
+        [_] => (1, false),
+        [a, b] if a.min(b) <= MAX_CHANNELS => (a.min(b), a <= b),
+        _ => anyhow::bail!(
+            "expected a 1-D array (mono samples) or a 2-D one with at most {MAX_CHANNELS} \
+             channels on its shorter axis, got shape {shape:?}"
+        ),
+    };
+    let interleaved = if dtype.is_equiv_to(&numpy::dtype::<f32>(py)) {
+        let a = array
+            .cast::<PyArrayDyn<f32>>()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        interleave(a.readonly().as_array(), channels_first, |x| x)
+    } else if dtype.is_equiv_to(&numpy::dtype::<f64>(py)) {
+        let a = array
+            .cast::<PyArrayDyn<f64>>()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        interleave(a.readonly().as_array(), channels_first, |x| x as f32)
+    } else if dtype.is_equiv_to(&numpy::dtype::<i16>(py)) {
+        let a = array
+            .cast::<PyArrayDyn<i16>>()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        interleave(a.readonly().as_array(), channels_first, |x| {
+            f32::from(x) / 32768.0
+        })
+    } else {
+        anyhow::bail!(
+            "unsupported dtype {dtype}: pass float32 or float64 samples in [-1, 1], or int16"
+        );
+    };
+    Audio::from_interleaved(&interleaved, channels, rate)
+}
+
+/// The samples frame by frame (each frame's channels together), whatever the array's layout
+/// in memory.
+fn interleave<T: Copy>(
+    view: ArrayViewD<'_, T>,
+    channels_first: bool,
+    to_f32: impl Fn(T) -> f32,
+) -> Vec<f32> {
+    let frames_first = if channels_first {
+        view.reversed_axes()
+    } else {
+        view
+    };
+    frames_first.iter().map(|&x| to_f32(x)).collect()
+}
+
+impl Model {
+    /// The call's options, checked against the model before any audio is read.
+    fn decoding(
+        &self,
+        decoder: &str,
+        confidence: Option<String>,
+        boost: Option<&Bound<'_, PyAny>>,
+        boost_alpha: f32,
+        beam: BeamArgs,
+        att_context: &str,
+    ) -> PyResult<Decoding> {
+        let decoder = DecoderChoice::from_str(decoder, true).map_err(|_| {
+            let names: Vec<String> = DecoderChoice::value_variants()
+                .iter()
+                .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_owned()))
+                .collect();
+            PyValueError::new_err(format!(
+                "decoder={decoder:?}: expected one of {}",
+                names.join(", ")
+            ))
+        })?;
+        let attention: AttentionChoice = att_context
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("att_context={att_context:?}: {e}")))?;
+        let phrases: Vec<String> = match boost {
+            None => Vec::new(),
+            Some(b) if b.is_instance_of::<PyString>() => vec![b.extract()?],
+            Some(b) => b.extract()?,
+        };
+        let boost = BoostArgs {
+            boost_alpha,
+            ..BoostArgs::default()
+        };
+        beam.check().map_err(value_error)?;
+        let confidence = ConfidenceArgs {
+            confidence,
+            ..ConfidenceArgs::default()
+        }
+        .resolve(false)
+        .map_err(value_error)?;
+        let boosting = boost
+            .tree(&self.model.tokenizer, phrases)
+            .map_err(value_error)?;
+        Ok(Decoding {
+            decoder,
+            attention,
+            confidence,
+            boosting,
+            beam,
+        })
+    }
+
+    /// Every input on the pool, in parallel; the transcripts in input order, or the first
+    /// input's error (in input order). Runs without the GIL; a KeyboardInterrupt stops the
+    /// waiting (inputs already queued still run, their results dropped).
+    fn run(
+        &self,
+        inputs: Vec<Input>,
+        decoding: Decoding,
+    ) -> PyResult<Vec<parakeet::transcript::Transcript>> {
+        let decoding = Arc::new(decoding);
+        let (tx, rx) = mpsc::channel();
+        let mut panics = Vec::new();
+        let n = inputs.len();
+        for (i, input) in inputs.into_iter().enumerate() {
+            let (tx, decoding) = (tx.clone(), decoding.clone());
+            let submitted = self.pool.submit(move |session: &mut Session| {
+                let _ = tx.send((i, run_job(session, input, &decoding)));
+            });
+            match submitted {
+                Ok(reply) => panics.push(reply),
+                Err(_) => return Err(ParakeetError::new_err("the model's workers have stopped")),
+            }
+        }
+        drop(tx);
+        let mut results: Vec<Option<Result<_, JobError>>> = (0..n).map(|_| None).collect();
+        let mut received = 0;
+        while received < n {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok((i, result)) => {
+                    results[i] = Some(result);
+                    received += 1;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    Python::attach(|py| py.check_signals())?;
+                }
+                // Every job is done and some sent nothing: they panicked.
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        for (result, reply) in results.into_iter().zip(panics) {
+            match result {
+                Some(Ok(t)) => out.push(t),
+                Some(Err(JobError::Options(e))) => return Err(value_error(e)),
+                Some(Err(JobError::Input(e))) => return Err(parakeet_error(e)),
+                None => {
+                    let why = match reply.blocking_recv() {
+                        Ok(Err(JobFailure::Panicked(msg))) => msg,
+                        _ => "the worker stopped".to_string(),
+                    };
+                    return Err(ParakeetError::new_err(format!(
+                        "internal error while transcribing: {why}"
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A word with its time span in seconds.
+#[pyclass(frozen, get_all, module = "parakeet")]
+struct Word {
+    /// The word's text.
+    text: String,
+    /// Start, in seconds from the start of the audio.
+    start: f64,
+    /// End, in seconds.
+    end: f64,
+    /// NeMo's word confidence in [0, 1], when ``confidence=`` was asked for; else None.
+    confidence: Option<f32>,
+}
+
+#[pymethods]
+impl Word {
+    fn __repr__(&self) -> String {
+        format!(
+            "Word(text={:?}, start={:.3}, end={:.3})",
+            self.text, self.start, self.end
+        )
+    }
+}
+
+/// One emitted token.
+#[pyclass(frozen, get_all, module = "parakeet")]
+struct Token {
+    /// Vocabulary id.
+    id: usize,
+    /// The SentencePiece piece (``▁`` marks a word start).
+    piece: String,
+    /// Encoder frame where it was emitted.
+    frame: usize,
+    /// TDT duration in frames (0 for RNN-T and CTC).
+    duration: usize,
+    /// The token's span in seconds: ``[frame, frame + max(duration, 1)]`` frames.
+    start: f64,
+    end: f64,
+    /// NeMo's token confidence in [0, 1], when ``confidence=`` was asked for; else None.
+    confidence: Option<f32>,
+}
+
+#[pymethods]
+impl Token {
+    fn __repr__(&self) -> String {
+        format!(
+            "Token(id={}, piece={:?}, frame={}, duration={})",
+            self.id, self.piece, self.frame, self.duration
+        )
+    }
+}
+
+/// Another hypothesis of a beam search.
+#[pyclass(frozen, get_all, module = "parakeet")]
+struct Alternative {
+    text: String,
+    /// Token ids.
+    tokens: Vec<usize>,
+    /// The search's score (sum of log-probabilities, boosting included).
+    score: f32,
+}
+
+#[pymethods]
+impl Alternative {
+    fn __repr__(&self) -> String {
+        format!("Alternative(text={:?}, score={})", self.text, self.score)
+    }
+}
+
+/// The result of one input: text, words and tokens with their times.
+#[pyclass(frozen, module = "parakeet")]
+struct Transcript {
+    /// The text.
+    #[pyo3(get)]
+    text: String,
+    /// list[Word]
+    #[pyo3(get)]
+    words: Py<PyList>,
+    /// list[Token]
+    #[pyo3(get)]
+    tokens: Py<PyList>,
+    /// Seconds of audio.
+    #[pyo3(get)]
+    audio_seconds: f64,
+    /// Seconds per encoder frame (token frames to seconds).
+    #[pyo3(get)]
+    frame_seconds: f64,
+    /// A beam search's N best, best first (``nbest=``); empty for greedy decoding.
+    #[pyo3(get)]
+    alternatives: Py<PyList>,
+    /// Seconds spent in each stage: features, encoder, decoder.
+    #[pyo3(get)]
+    timings: Py<PyDict>,
+}
+
+impl Transcript {
+    fn new(
+        py: Python<'_>,
+        t: parakeet::transcript::Transcript,
+        model: &parakeet::model::Model,
+    ) -> PyResult<Transcript> {
+        let words = t.words.into_iter().map(|w| Word {
+            text: w.text,
+            start: w.start,
+            end: w.end,
+            confidence: w.confidence,
+        });
+        let tokens = t.tokens.iter().enumerate().map(|(i, tok)| {
+            let (start, end) = token_span(tok, t.frame_seconds);
+            Token {
+                id: tok.id,
+                piece: model.tokenizer.piece(tok.id).unwrap_or_default().to_owned(),
+                frame: tok.frame,
+                duration: tok.duration,
+                start,
+                end,
+                confidence: t.token_confidence.as_ref().and_then(|c| c.get(i).copied()),
+            }
+        });
+        let alternatives = t.alternatives.into_iter().map(|a| Alternative {
+            text: a.text,
+            tokens: a.tokens.iter().map(|tok| tok.id).collect(),
+            score: a.score,
+        });
+        let timings = PyDict::new(py);
+        timings.set_item("features", t.times.features.as_secs_f64())?;
+        timings.set_item("encoder", t.times.encoder.as_secs_f64())?;
+        timings.set_item("decoder", t.times.decoder.as_secs_f64())?;
+        Ok(Transcript {
+            text: t.text,
+            words: PyList::new(py, words)?.unbind(),
+            tokens: PyList::new(py, tokens)?.unbind(),
+            audio_seconds: t.audio_seconds,
+            frame_seconds: t.frame_seconds,
+            alternatives: PyList::new(py, alternatives)?.unbind(),
+            timings: timings.unbind(),
+        })
+    }
+}
+
+#[pymethods]
+impl Transcript {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Transcript(text={:?}, words={}, audio_seconds={:.2})",
+            self.text,
+            self.words.bind(py).len(),
+            self.audio_seconds
+        )
+    }
+
+    /// Plain data (text, words and tokens as dicts, audio_seconds): for JSON, a DataFrame or a
+    /// Ray dataset.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("text", &self.text)?;
+        d.set_item("audio_seconds", self.audio_seconds)?;
+        let words = PyList::empty(py);
+        for w in self.words.bind(py) {
+            let w = w.cast::<Word>()?.get();
+            let item = PyDict::new(py);
+            item.set_item("text", &w.text)?;
+            item.set_item("start", w.start)?;
+            item.set_item("end", w.end)?;
+            item.set_item("confidence", w.confidence)?;
+            words.append(item)?;
+        }
+        d.set_item("words", words)?;
+        let tokens = PyList::empty(py);
+        for t in self.tokens.bind(py) {
+            let t = t.cast::<Token>()?.get();
+            let item = PyDict::new(py);
+            item.set_item("id", t.id)?;
+            item.set_item("piece", &t.piece)?;
+            item.set_item("frame", t.frame)?;
+            item.set_item("duration", t.duration)?;
+            item.set_item("start", t.start)?;
+            item.set_item("end", t.end)?;
+            item.set_item("confidence", t.confidence)?;
+            tokens.append(item)?;
+        }
+        d.set_item("tokens", tokens)?;
+        Ok(d)
+    }
+}
+
+#[pymodule]
+fn _parakeet(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    parakeet::backend::silence_ggml_logs();
+    m.add_class::<Model>()?;
+    m.add_class::<Transcript>()?;
+    m.add_class::<Word>()?;
+    m.add_class::<Token>()?;
+    m.add_class::<Alternative>()?;
+    m.add("ParakeetError", m.py().get_type::<ParakeetError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

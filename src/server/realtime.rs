@@ -1,0 +1,550 @@
+//! Live transcription over a WebSocket (`GET /v1/realtime`), speaking a subset of OpenAI's
+//! Realtime transcription sessions so that their clients work unchanged:
+//!
+//! - client events: `transcription_session.update` / `session.update` (the audio format:
+//!   `pcm16`, 24 kHz as OpenAI's, or `{"type": "audio/pcm", "rate": R}` for any rate the
+//!   resampler takes), `input_audio_buffer.append` (base64 little-endian pcm16, mono),
+//!   `input_audio_buffer.commit`, `input_audio_buffer.clear`;
+//! - server events: `transcription_session.created` (on connect), `.updated`,
+//!   `input_audio_buffer.committed`, `input_audio_buffer.cleared`,
+//!   `conversation.item.input_audio_transcription.delta` (the text added since the last delta,
+//!   sent while the audio arrives: a cache-aware model's text only grows) and `.completed` (the
+//!   utterance's transcript), `error` (OpenAI's shape; the connection stays usable).
+//!
+//! An utterance ends, and its item is committed and completed, when the client commits or when
+//! the model ends it itself (an end-of-utterance token). Each connection has its own
+//! transcriber (made by the [`TranscriberFactory`]); the model behind it is shared. A connection
+//! idle longer than the idle timeout, or whose audio passes the length limit, gets an `error`
+//! event and is closed; one that disconnects has its state dropped at once.
+
+use crate::audio::decode::{MAX_SAMPLE_RATE, MIN_SAMPLE_RATE};
+use crate::audio::resample::StreamResampler;
+use crate::stream::{LiveTranscriber, StreamEvent};
+use anyhow::Result;
+use axum::Router;
+use axum::extract::State;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::response::Response;
+use axum::routing::get;
+use base64::Engine;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Makes the transcriber of one connection (a new stream with its own state over the shared
+/// model), or says why the loaded model cannot stream.
+pub type TranscriberFactory =
+    Arc<dyn Fn() -> Result<Box<dyn LiveTranscriber + Send>> + Send + Sync>;
+
+/// The WebSocket endpoint's limits.
+#[derive(Clone, Debug)]
+pub struct RealtimeConfig {
+    /// The model's name, shown in the session object.
+    pub model_name: String,
+    /// A connection that sends nothing for this long is closed.
+    pub idle_timeout: Duration,
+    /// Seconds of audio one connection may send in all.
+    pub max_seconds: f64,
+    /// Connections streaming at once; more are refused with an `error` event.
+    pub max_streams: usize,
+}
+
+/// OpenAI's rate for `pcm16`.
+pub const OPENAI_PCM16_RATE: u32 = 24_000;
+
+/// Largest WebSocket message accepted (an append of 16 MiB is about 5.8 min of 24 kHz audio).
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+struct Live {
+    config: RealtimeConfig,
+    factory: TranscriberFactory,
+    streams: AtomicUsize,
+    next_session: AtomicU64,
+}
+
+/// The router serving `GET /v1/realtime` (a WebSocket upgrade).
+pub fn router(config: RealtimeConfig, factory: TranscriberFactory) -> Router {
+    let live = Arc::new(Live {
+        config,
+        factory,
+        streams: AtomicUsize::new(0),
+        next_session: AtomicU64::new(0),
+    });
+    Router::new()
+        .route("/v1/realtime", get(upgrade))
+        .with_state(live)
+}
+
+async fn upgrade(State(live): State<Arc<Live>>, ws: WebSocketUpgrade) -> Response {
+    ws.max_message_size(MAX_MESSAGE_BYTES)
+        .on_upgrade(move |socket| async move {
+            let id = live.next_session.fetch_add(1, Ordering::Relaxed) + 1;
+            let mut conn = Connection::new(live.clone(), socket, id);
+            let reason = conn.run().await;
+            eprintln!(
+                "realtime #{id}: closed ({reason}), {:.2} s of audio",
+                conn.received as f64 / f64::from(conn.rate)
+            );
+        })
+}
+
+/// Counts a connection among the live streams while it is held.
+struct Slot(Arc<Live>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The item the current utterance is transcribed into, and the text already sent as deltas.
+struct Item {
+    id: String,
+    sent: String,
+}
+
+struct Connection {
+    live: Arc<Live>,
+    socket: WebSocket,
+    session_id: String,
+    /// `None` while it computes on a blocking thread (or after it failed).
+    transcriber: Option<Box<dyn LiveTranscriber + Send>>,
+    resampler: Option<StreamResampler>,
+    /// The client's sample rate.
+    rate: u32,
+    /// Samples received in all (at the client's rate), for the length limit.
+    received: u64,
+    /// Samples appended since the last commit or clear.
+    buffered: u64,
+    item: Option<Item>,
+    previous_item: Option<String>,
+    next_event: u64,
+    next_item: u64,
+}
+
+/// Why a connection ends; its `error` event was sent already, if it gets one.
+type Closed = &'static str;
+
+impl Connection {
+    fn new(live: Arc<Live>, socket: WebSocket, id: u64) -> Self {
+        Self {
+            live,
+            socket,
+            session_id: format!("sess_{id}"),
+            transcriber: None,
+            resampler: None,
+            rate: OPENAI_PCM16_RATE,
+            received: 0,
+            buffered: 0,
+            item: None,
+            previous_item: None,
+            next_event: 0,
+            next_item: 0,
+        }
+    }
+
+    async fn run(&mut self) -> Closed {
+        let live = self.live.clone();
+        let limit = live.config.max_streams;
+        if live
+            .streams
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_err()
+        {
+            let msg = format!("the server is busy: {limit} streams are live (--max-streams)");
+            return self.refuse("server_busy", &msg).await;
+        }
+        let _slot = Slot(live.clone());
+        let factory = live.factory.clone();
+        match tokio::task::spawn_blocking(move || factory()).await {
+            Ok(Ok(t)) => self.transcriber = Some(t),
+            Ok(Err(e)) => return self.refuse("model_not_streaming", &format!("{e:#}")).await,
+            Err(_) => return self.refuse("internal_error", "cannot start a stream").await,
+        }
+        if let Err(closed) = self.set_rate(OPENAI_PCM16_RATE) {
+            return closed;
+        }
+        let created = json!({"type": "transcription_session.created", "session": self.session()});
+        if self.send(created).await.is_err() {
+            return "client gone";
+        }
+        loop {
+            let message =
+                match tokio::time::timeout(live.config.idle_timeout, self.socket.recv()).await {
+                    Err(_) => {
+                        let msg = format!(
+                            "no event for {} s: the connection is closed",
+                            live.config.idle_timeout.as_secs_f64()
+                        );
+                        return self.refuse("idle_timeout", &msg).await;
+                    }
+                    Ok(None) | Ok(Some(Err(_))) => return "client gone",
+                    Ok(Some(Ok(m))) => m,
+                };
+            let outcome = match message {
+                Message::Text(text) => self.handle(text.as_str()).await,
+                Message::Binary(_) => {
+                    self.error(
+                        "invalid_event",
+                        "binary messages are not events: send JSON text (audio goes base64 in input_audio_buffer.append)",
+                        None,
+                    )
+                    .await
+                }
+                Message::Close(_) => return "client closed",
+                Message::Ping(_) | Message::Pong(_) => Ok(()),
+            };
+            if let Err(closed) = outcome {
+                return closed;
+            }
+        }
+    }
+
+    /// Sends an `error` event and closes the connection.
+    async fn refuse(&mut self, code: &str, message: &str) -> Closed {
+        let _ = self.error(code, message, None).await;
+        let _ = self
+            .socket
+            .send(Message::Close(Some(CloseFrame {
+                code: axum::extract::ws::close_code::POLICY,
+                reason: code.into(),
+            })))
+            .await;
+        "refused"
+    }
+
+    async fn handle(&mut self, text: &str) -> Result<(), Closed> {
+        let event: Value = match serde_json::from_str(text) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                return self
+                    .error("invalid_json", "the message is not a JSON object", None)
+                    .await;
+            }
+        };
+        let client_id = event
+            .get("event_id")
+            .and_then(Value::as_str)
+            .map(String::from);
+        let client_id = client_id.as_deref();
+        match event.get("type").and_then(Value::as_str).unwrap_or("") {
+            kind @ ("transcription_session.update" | "session.update") => {
+                self.update(&event, kind, client_id).await
+            }
+            "input_audio_buffer.append" => self.append(&event, client_id).await,
+            "input_audio_buffer.commit" => self.commit(client_id).await,
+            "input_audio_buffer.clear" => self.clear().await,
+            "" => {
+                self.error("invalid_event", "the event has no `type`", client_id)
+                    .await
+            }
+            other => {
+                let msg = format!(
+                    "unsupported event type {other:?}: this server takes transcription_session.update, session.update and input_audio_buffer.append / commit / clear"
+                );
+                self.error("unknown_event", &msg, client_id).await
+            }
+        }
+    }
+
+    async fn update(
+        &mut self,
+        event: &Value,
+        kind: &str,
+        client_id: Option<&str>,
+    ) -> Result<(), Closed> {
+        let session = event.get("session").unwrap_or(&Value::Null);
+        // The beta shape names the format, the GA shape nests it with its rate.
+        let beta = session.get("input_audio_format");
+        let ga = session.pointer("/audio/input/format");
+        let rate = match (beta, ga) {
+            (Some(Value::String(f)), _) if f == "pcm16" => Some(OPENAI_PCM16_RATE),
+            (_, Some(format))
+                if format.get("type").and_then(Value::as_str) == Some("audio/pcm") =>
+            {
+                match format.get("rate") {
+                    None => Some(OPENAI_PCM16_RATE),
+                    Some(r) => match r.as_u64().and_then(|r| u32::try_from(r).ok()) {
+                        Some(r) if (MIN_SAMPLE_RATE..=MAX_SAMPLE_RATE).contains(&r) => Some(r),
+                        _ => {
+                            let msg = format!(
+                                "audio rate {r} is not a sample rate in {MIN_SAMPLE_RATE}..={MAX_SAMPLE_RATE} Hz"
+                            );
+                            return self
+                                .error("unsupported_audio_format", &msg, client_id)
+                                .await;
+                        }
+                    },
+                }
+            }
+            (None, None) => None,
+            (b, g) => {
+                let msg = format!(
+                    "unsupported audio format {}: this server takes pcm16 (mono, little-endian)",
+                    b.or(g).map_or_else(String::new, Value::to_string)
+                );
+                return self
+                    .error("unsupported_audio_format", &msg, client_id)
+                    .await;
+            }
+        };
+        if let Some(rate) = rate
+            && rate != self.rate
+        {
+            if self.buffered > 0 {
+                return self
+                    .error(
+                        "invalid_session_update",
+                        "the audio format cannot change while the buffer holds audio: commit or clear it first",
+                        client_id,
+                    )
+                    .await;
+            }
+            self.set_rate(rate)?;
+        }
+        let updated = kind.replace(".update", ".updated");
+        self.send(json!({"type": updated, "session": self.session()}))
+            .await
+    }
+
+    async fn append(&mut self, event: &Value, client_id: Option<&str>) -> Result<(), Closed> {
+        let Some(b64) = event.get("audio").and_then(Value::as_str) else {
+            return self
+                .error(
+                    "invalid_audio",
+                    "input_audio_buffer.append needs `audio`, base64 pcm16",
+                    client_id,
+                )
+                .await;
+        };
+        let bytes = match base64::engine::general_purpose::STANDARD.decode(b64) {
+            Ok(b) => b,
+            Err(e) => {
+                let msg = format!("`audio` is not base64: {e}");
+                return self.error("invalid_audio", &msg, client_id).await;
+            }
+        };
+        if bytes.len() % 2 != 0 {
+            return self
+                .error(
+                    "invalid_audio",
+                    "`audio` is not whole pcm16 samples (an odd number of bytes)",
+                    client_id,
+                )
+                .await;
+        }
+        let samples: Vec<f32> = bytes
+            .chunks_exact(2)
+            .map(|b| f32::from(i16::from_le_bytes([b[0], b[1]])) / 32768.0)
+            .collect();
+        let limit = (self.live.config.max_seconds * f64::from(self.rate)) as u64;
+        if self.received + samples.len() as u64 > limit {
+            let msg = format!(
+                "the stream is longer than this server's limit of {} s of audio (--max-stream-seconds)",
+                self.live.config.max_seconds
+            );
+            return Err(self.refuse("audio_too_long", &msg).await);
+        }
+        self.received += samples.len() as u64;
+        self.buffered += samples.len() as u64;
+        let mut resampled = Vec::new();
+        self.resampler()
+            .push(&samples, &mut resampled)
+            .map_err(|_| "resampler failed")?;
+        let events = self.compute(move |t| t.accept(&resampled)).await?;
+        self.forward(events).await.map(|_| ())
+    }
+
+    async fn commit(&mut self, client_id: Option<&str>) -> Result<(), Closed> {
+        if self.buffered == 0 {
+            return self
+                .error(
+                    "input_audio_buffer_commit_empty",
+                    "the input audio buffer is empty: append audio before committing",
+                    client_id,
+                )
+                .await;
+        }
+        let events = self.end_stream().await?;
+        // The commit is answered by an item even when the model heard no words in it.
+        if self.forward(events).await? == 0 {
+            let text = self
+                .item
+                .as_ref()
+                .map_or_else(String::new, |i| i.sent.clone());
+            self.complete(text).await?;
+        }
+        Ok(())
+    }
+
+    async fn clear(&mut self) -> Result<(), Closed> {
+        // What the buffer held is dropped unheard, the utterance with it.
+        self.end_stream().await?;
+        self.item = None;
+        self.send(json!({"type": "input_audio_buffer.cleared"}))
+            .await
+    }
+
+    /// Flushes the resampler and finishes the transcriber's stream (the next audio starts a
+    /// new one); returns the events that came of it.
+    async fn end_stream(&mut self) -> Result<Vec<StreamEvent>, Closed> {
+        self.buffered = 0;
+        let mut rest = Vec::new();
+        self.resampler()
+            .finish(&mut rest)
+            .map_err(|_| "resampler failed")?;
+        self.compute(move |t| {
+            let mut events = t.accept(&rest)?;
+            events.extend(t.finish()?);
+            Ok(events)
+        })
+        .await
+    }
+
+    /// Runs `work` on the transcriber on a blocking thread (the model's compute must not hold
+    /// the async runtime's threads). A failure is reported and closes the connection.
+    async fn compute<F>(&mut self, work: F) -> Result<Vec<StreamEvent>, Closed>
+    where
+        F: FnOnce(&mut dyn LiveTranscriber) -> Result<Vec<StreamEvent>> + Send + 'static,
+    {
+        let Some(mut t) = self.transcriber.take() else {
+            return Err("no transcriber");
+        };
+        let joined = tokio::task::spawn_blocking(move || {
+            let result = work(t.as_mut());
+            (t, result)
+        })
+        .await;
+        match joined {
+            Ok((t, Ok(events))) => {
+                self.transcriber = Some(t);
+                Ok(events)
+            }
+            Ok((_, Err(e))) => Err(self.refuse("transcription_failed", &format!("{e:#}")).await),
+            Err(_) => Err(self
+                .refuse("internal_error", "the transcriber panicked")
+                .await),
+        }
+    }
+
+    /// Turns the transcriber's events into deltas and completed items; returns how many items
+    /// were completed.
+    async fn forward(&mut self, events: Vec<StreamEvent>) -> Result<usize, Closed> {
+        let mut completed = 0;
+        for event in events {
+            let (StreamEvent::Partial(u) | StreamEvent::Final(u)) = &event;
+            self.delta(&u.text).await?;
+            if let StreamEvent::Final(u) = event {
+                self.complete(u.text).await?;
+                completed += 1;
+            }
+        }
+        Ok(completed)
+    }
+
+    /// Sends what `text` (the utterance so far) adds to the text already sent.
+    async fn delta(&mut self, text: &str) -> Result<(), Closed> {
+        let item = self.item_mut();
+        let Some(added) = text.strip_prefix(item.sent.as_str()) else {
+            return Ok(()); // not an extension: the completed transcript carries it
+        };
+        if added.is_empty() {
+            return Ok(());
+        }
+        let event = json!({
+            "type": "conversation.item.input_audio_transcription.delta",
+            "item_id": item.id,
+            "content_index": 0,
+            "delta": added,
+        });
+        item.sent = text.to_string();
+        self.send(event).await
+    }
+
+    /// Commits the current item and completes it with `transcript`.
+    async fn complete(&mut self, transcript: String) -> Result<(), Closed> {
+        let id = self.item_mut().id.clone();
+        self.item = None;
+        let previous = self.previous_item.replace(id.clone());
+        self.send(json!({
+            "type": "input_audio_buffer.committed",
+            "previous_item_id": previous,
+            "item_id": id,
+        }))
+        .await?;
+        self.send(json!({
+            "type": "conversation.item.input_audio_transcription.completed",
+            "item_id": id,
+            "content_index": 0,
+            "transcript": transcript,
+        }))
+        .await
+    }
+
+    fn item_mut(&mut self) -> &mut Item {
+        let next = &mut self.next_item;
+        self.item.get_or_insert_with(|| {
+            *next += 1;
+            Item {
+                id: format!("item_{next}"),
+                sent: String::new(),
+            }
+        })
+    }
+
+    fn set_rate(&mut self, rate: u32) -> Result<(), Closed> {
+        let to = self.transcriber.as_ref().map_or(rate, |t| t.sample_rate());
+        self.resampler = Some(StreamResampler::new(rate, to).map_err(|_| "resampler failed")?);
+        self.rate = rate;
+        Ok(())
+    }
+
+    fn resampler(&mut self) -> &mut StreamResampler {
+        self.resampler
+            .get_or_insert_with(|| StreamResampler::new(16_000, 16_000).expect("equal rates"))
+    }
+
+    fn session(&self) -> Value {
+        json!({
+            "id": self.session_id,
+            "object": "realtime.transcription_session",
+            "input_audio_format": "pcm16",
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate}}},
+            "input_audio_transcription": {"model": self.live.config.model_name},
+            "turn_detection": null,
+        })
+    }
+
+    /// An `error` event in OpenAI's shape; the connection stays open.
+    async fn error(
+        &mut self,
+        code: &str,
+        message: &str,
+        client_id: Option<&str>,
+    ) -> Result<(), Closed> {
+        self.send(json!({
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "code": code,
+                "message": message,
+                "param": null,
+                "event_id": client_id,
+            },
+        }))
+        .await
+    }
+
+    /// Sends a server event, numbering it.
+    async fn send(&mut self, mut event: Value) -> Result<(), Closed> {
+        self.next_event += 1;
+        event["event_id"] = Value::String(format!("event_{}", self.next_event));
+        self.socket
+            .send(Message::Text(event.to_string().into()))
+            .await
+            .map_err(|_| "client gone")
+    }
+}

@@ -1,0 +1,179 @@
+//! The live front ends over a real cache-aware model: `parakeet stream` (a file, a raw pipe)
+//! and the WebSocket endpoint give the partial and final texts of NeMo's streaming loop
+//! (tests/fixtures/reference/tiny_stream_tdt_ctc_stream, lookahead [70,13], the 10 s clip).
+
+use crate::common::*;
+use base64::Engine;
+use parakeet::convert::OutType;
+use parakeet::model::Model;
+use parakeet::server::realtime::{RealtimeConfig, TranscriberFactory};
+use parakeet::session::DecoderChoice;
+use parakeet::stream::open::{LiveOptions, open_live};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use tungstenite::Message;
+use tungstenite::stream::MaybeTlsStream;
+
+const MODEL: &str = "tiny_stream_tdt_ctc";
+
+/// NeMo's streaming texts for `head` ("rnnt" or "ctc"): the partial text after every chunk
+/// that emitted tokens, and the final text.
+fn nemo_texts(head: &str) -> (Vec<String>, String) {
+    let result = read_json(&reference("tiny_stream_tdt_ctc_stream").join("result.json"));
+    let streaming = &result["lookaheads"]["att_70_13"][head]["streaming"];
+    let partials = streaming["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["new_tokens"].as_array().unwrap().is_empty())
+        .map(|c| c["text"].as_str().unwrap().to_owned())
+        .collect();
+    (
+        partials,
+        streaming["final"]["text"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn read_json(path: &std::path::Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The partial and final texts of `parakeet stream ... --format jsonl` output.
+fn texts_of(jsonl: &str) -> (Vec<String>, Vec<String>) {
+    let (mut partials, mut finals) = (Vec::new(), Vec::new());
+    for line in jsonl.lines() {
+        let event: Value = serde_json::from_str(line).unwrap();
+        let text = event["text"].as_str().unwrap().to_owned();
+        match event["type"].as_str().unwrap() {
+            "partial" => partials.push(text),
+            "final" => finals.push(text),
+            other => panic!("event type {other}"),
+        }
+    }
+    (partials, finals)
+}
+
+fn run_stream(args: &[&str], stdin: Option<&[u8]>) -> (Vec<String>, Vec<String>) {
+    let model = gguf(MODEL, OutType::F32);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+        .arg("stream")
+        .args(args)
+        .args([
+            "-m",
+            model.to_str().unwrap(),
+            "--format",
+            "jsonl",
+            "-t",
+            "1",
+        ])
+        .env("GGML_NO_BACKTRACE", "1")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(bytes) = stdin {
+        child.stdin.take().unwrap().write_all(bytes).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    texts_of(&String::from_utf8(out.stdout).unwrap())
+}
+
+fn clip_s16le() -> Vec<u8> {
+    let mut reader = hound::WavReader::open(fixtures().join("audio/speech_10s.wav")).unwrap();
+    reader
+        .samples::<i16>()
+        .flat_map(|s| s.unwrap().to_le_bytes())
+        .collect()
+}
+
+#[test]
+fn the_stream_command_gives_nemos_streaming_texts() {
+    let wav = fixtures().join("audio/speech_10s.wav");
+    for (head, extra) in [("rnnt", None), ("ctc", Some("ctc"))] {
+        let (nemo_partials, nemo_final) = nemo_texts(head);
+        let mut args = vec![wav.to_str().unwrap()];
+        if let Some(d) = extra {
+            args.extend(["--decoder", d]);
+        }
+        let (partials, finals) = run_stream(&args, None);
+        assert_eq!(finals, [nemo_final], "{head}: finals");
+        if head == "rnnt" {
+            // CTC partials are re-folded across chunk borders; the pipeline tests check them.
+            assert_eq!(partials, nemo_partials, "{head}: partials");
+        }
+    }
+    // The same audio as a raw pipe.
+    let (partials, finals) = run_stream(
+        &["-", "--raw", "s16le", "--rate", "16000"],
+        Some(&clip_s16le()),
+    );
+    let (nemo_partials, nemo_final) = nemo_texts("rnnt");
+    assert_eq!((partials, finals), (nemo_partials, vec![nemo_final]));
+}
+
+#[test]
+fn the_websocket_gives_nemos_streaming_text() {
+    let model = Arc::new(Model::load(&gguf(MODEL, OutType::F32)).unwrap());
+    let options = LiveOptions {
+        att_context: None,
+        decoder: DecoderChoice::Auto,
+        threads: 1,
+    };
+    let factory: TranscriberFactory = Arc::new(move || open_live(&model, &options));
+    let config = RealtimeConfig {
+        model_name: MODEL.into(),
+        idle_timeout: Duration::from_secs(20),
+        max_seconds: 60.0,
+        max_streams: 2,
+    };
+    let addr = crate::realtime::start(config, factory);
+    let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime")).unwrap();
+    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    }
+    let send = |ws: &mut tungstenite::WebSocket<_>, v: Value| {
+        ws.send(Message::Text(v.to_string().into())).unwrap()
+    };
+    send(
+        &mut ws,
+        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
+    );
+    for piece in clip_s16le().chunks(6400) {
+        let audio = base64::engine::general_purpose::STANDARD.encode(piece);
+        send(
+            &mut ws,
+            json!({"type": "input_audio_buffer.append", "audio": audio}),
+        );
+    }
+    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    let (mut deltas, mut completed) = (String::new(), None);
+    while completed.is_none() {
+        let Ok(Message::Text(t)) = ws.read() else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(t.as_str()).unwrap();
+        match event["type"].as_str().unwrap() {
+            "conversation.item.input_audio_transcription.delta" => {
+                deltas.push_str(event["delta"].as_str().unwrap())
+            }
+            "conversation.item.input_audio_transcription.completed" => {
+                completed = Some(event["transcript"].as_str().unwrap().to_owned())
+            }
+            "error" => panic!("{event}"),
+            _ => {}
+        }
+    }
+    let (_, nemo_final) = nemo_texts("rnnt");
+    assert_eq!(completed.unwrap(), nemo_final);
+    assert_eq!(deltas, nemo_final);
+}

@@ -1,0 +1,363 @@
+//! The WebSocket endpoint (`/v1/realtime`) with a real client (tungstenite) against the server
+//! on an ephemeral port, the counting test double as each connection's transcriber.
+
+use crate::live_double::CountingTranscriber;
+use base64::Engine;
+use parakeet::server::realtime::{RealtimeConfig, TranscriberFactory, router};
+use serde_json::{Value, json};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tungstenite::stream::MaybeTlsStream;
+use tungstenite::{Message, WebSocket};
+
+type Client = WebSocket<MaybeTlsStream<TcpStream>>;
+
+fn config() -> RealtimeConfig {
+    RealtimeConfig {
+        model_name: "counting-double".into(),
+        idle_timeout: Duration::from_secs(20),
+        max_seconds: 60.0,
+        max_streams: 8,
+    }
+}
+
+/// Serves the endpoint on 127.0.0.1 (any free port) on a thread of its own.
+pub(crate) fn start(config: RealtimeConfig, factory: TranscriberFactory) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, router(config, factory))
+                .await
+                .unwrap();
+        });
+    });
+    addr
+}
+
+/// A factory of doubles with a word every 1600 samples (0.1 s at 16 kHz).
+fn doubles(eou_after: Option<usize>, alive: &Arc<AtomicUsize>) -> TranscriberFactory {
+    let alive = alive.clone();
+    Arc::new(move || Ok(Box::new(CountingTranscriber::new(1600, eou_after).counted(&alive)) as _))
+}
+
+fn connect(addr: SocketAddr) -> Client {
+    let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime")).unwrap();
+    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
+    ws
+}
+
+fn send(ws: &mut Client, event: Value) {
+    ws.send(Message::Text(event.to_string().into())).unwrap();
+}
+
+/// The next server event (control frames skipped); `None` when the server closed.
+fn next(ws: &mut Client) -> Option<Value> {
+    loop {
+        match ws.read() {
+            Ok(Message::Text(t)) => return Some(serde_json::from_str(t.as_str()).unwrap()),
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Reads events up to and including one of type `last`, dropping their `event_id`s.
+fn until(ws: &mut Client, last: &str) -> Vec<Value> {
+    let mut seen = Vec::new();
+    while let Some(mut e) = next(ws) {
+        assert!(e["event_id"].as_str().unwrap().starts_with("event_"));
+        e.as_object_mut().unwrap().remove("event_id");
+        let done = e["type"] == last;
+        seen.push(e);
+        if done {
+            return seen;
+        }
+    }
+    panic!("the server closed before {last}: {seen:?}");
+}
+
+fn append(ws: &mut Client, samples: usize) {
+    let pcm: Vec<u8> = (0..samples)
+        .flat_map(|i| ((i % 200) as i16).to_le_bytes())
+        .collect();
+    let audio = base64::engine::general_purpose::STANDARD.encode(pcm);
+    send(
+        ws,
+        json!({"type": "input_audio_buffer.append", "audio": audio}),
+    );
+}
+
+fn at_16k(ws: &mut Client) {
+    let created = until(ws, "transcription_session.created");
+    assert_eq!(
+        created[0]["session"]["audio"]["input"]["format"]["rate"],
+        24_000
+    );
+    send(
+        ws,
+        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
+    );
+    let updated = until(ws, "session.updated");
+    assert_eq!(
+        updated[0]["session"]["audio"]["input"]["format"]["rate"],
+        16_000
+    );
+}
+
+fn delta(item: &str, text: &str) -> Value {
+    json!({"type": "conversation.item.input_audio_transcription.delta", "item_id": item, "content_index": 0, "delta": text})
+}
+
+fn committed(item: &str, previous: Option<&str>) -> Value {
+    json!({"type": "input_audio_buffer.committed", "item_id": item, "previous_item_id": previous})
+}
+
+fn completed(item: &str, text: &str) -> Value {
+    json!({"type": "conversation.item.input_audio_transcription.completed", "item_id": item, "content_index": 0, "transcript": text})
+}
+
+#[test]
+fn appended_audio_streams_deltas_and_a_commit_completes_the_item() {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let addr = start(config(), doubles(None, &alive));
+    let mut ws = connect(addr);
+    at_16k(&mut ws);
+    for piece in [1000, 2000, 1800] {
+        append(&mut ws, piece);
+    }
+    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    assert_eq!(
+        until(
+            &mut ws,
+            "conversation.item.input_audio_transcription.completed"
+        ),
+        [
+            delta("item_1", "s1600"),
+            delta("item_1", " s3200"),
+            delta("item_1", " s4800"),
+            committed("item_1", None),
+            completed("item_1", "s1600 s3200 s4800"),
+        ]
+    );
+    // The next utterance starts a new stream and a new item.
+    append(&mut ws, 2000);
+    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    assert_eq!(
+        until(
+            &mut ws,
+            "conversation.item.input_audio_transcription.completed"
+        ),
+        [
+            delta("item_2", "s1600"),
+            delta("item_2", " s2000"),
+            committed("item_2", Some("item_1")),
+            completed("item_2", "s1600 s2000"),
+        ]
+    );
+}
+
+#[test]
+fn openai_rate_pcm16_is_resampled_and_the_model_may_end_utterances_itself() {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let addr = start(config(), doubles(Some(4), &alive));
+    let mut ws = connect(addr);
+    until(&mut ws, "transcription_session.created");
+    send(
+        &mut ws,
+        json!({"type": "transcription_session.update", "session": {"input_audio_format": "pcm16"}}),
+    );
+    until(&mut ws, "transcription_session.updated");
+    // 1 s at 24 kHz is 16,000 samples at 16 kHz: ten words, a final after every four.
+    for _ in 0..6 {
+        append(&mut ws, 4000);
+    }
+    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    let mut events = until(
+        &mut ws,
+        "conversation.item.input_audio_transcription.completed",
+    );
+    events.extend(until(
+        &mut ws,
+        "conversation.item.input_audio_transcription.completed",
+    ));
+    events.extend(until(
+        &mut ws,
+        "conversation.item.input_audio_transcription.completed",
+    ));
+    let of = |kind: &str, field: &str| -> Vec<(String, String)> {
+        events
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .map(|e| {
+                (
+                    e["item_id"].as_str().unwrap().to_string(),
+                    e[field].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let transcripts = of(
+        "conversation.item.input_audio_transcription.completed",
+        "transcript",
+    );
+    let words: Vec<String> = (1..=10).map(|k| format!("s{}", k * 1600)).collect();
+    let expected = [
+        ("item_1", words[0..4].join(" ")),
+        ("item_2", words[4..8].join(" ")),
+        ("item_3", words[8..10].join(" ")),
+    ];
+    assert_eq!(
+        transcripts,
+        expected.map(|(i, t)| (i.to_string(), t)).to_vec()
+    );
+    // Each item's deltas add up to its transcript.
+    for (item, text) in &transcripts {
+        let joined: String = of("conversation.item.input_audio_transcription.delta", "delta")
+            .into_iter()
+            .filter(|(i, _)| i == item)
+            .map(|(_, d)| d)
+            .collect();
+        assert_eq!(&joined, text);
+    }
+}
+
+/// Waits (at most 10 s) until `alive` transcribers are left.
+fn wait_until_alive(alive: &AtomicUsize, left: usize, failure: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive.load(Ordering::SeqCst) != left {
+        assert!(Instant::now() < deadline, "{failure}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn error_code(ws: &mut Client) -> (String, Value) {
+    let e = until(ws, "error").pop().unwrap();
+    (e["error"]["code"].as_str().unwrap().to_string(), e)
+}
+
+#[test]
+fn garbage_gets_error_events_and_the_connection_stays_usable() {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let addr = start(config(), doubles(None, &alive));
+    let mut ws = connect(addr);
+    at_16k(&mut ws);
+    ws.send(Message::Text("not json".into())).unwrap();
+    assert_eq!(error_code(&mut ws).0, "invalid_json");
+    send(
+        &mut ws,
+        json!({"type": "input_audio_buffer.append", "audio": "!!!"}),
+    );
+    assert_eq!(error_code(&mut ws).0, "invalid_audio");
+    send(
+        &mut ws,
+        json!({"type": "input_audio_buffer.append", "audio": "AA=="}),
+    );
+    assert_eq!(error_code(&mut ws).0, "invalid_audio");
+    send(
+        &mut ws,
+        json!({"type": "response.create", "event_id": "mine"}),
+    );
+    let (code, e) = error_code(&mut ws);
+    assert_eq!(code, "unknown_event");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    assert_eq!(e["error"]["event_id"], "mine");
+    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    assert_eq!(error_code(&mut ws).0, "input_audio_buffer_commit_empty");
+    send(
+        &mut ws,
+        json!({"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+    );
+    assert_eq!(error_code(&mut ws).0, "unsupported_audio_format");
+    ws.send(Message::Binary(vec![1, 2, 3].into())).unwrap();
+    assert_eq!(error_code(&mut ws).0, "invalid_event");
+    // Cleared audio is dropped unheard.
+    append(&mut ws, 1000);
+    send(&mut ws, json!({"type": "input_audio_buffer.clear"}));
+    until(&mut ws, "input_audio_buffer.cleared");
+    append(&mut ws, 1600);
+    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    let events = until(
+        &mut ws,
+        "conversation.item.input_audio_transcription.completed",
+    );
+    assert_eq!(events.last().unwrap()["transcript"], "s1600");
+}
+
+#[test]
+fn a_client_gone_mid_stream_frees_its_state_and_others_go_on() {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let addr = start(config(), doubles(None, &alive));
+    let mut first = connect(addr);
+    at_16k(&mut first);
+    append(&mut first, 2000);
+    until(
+        &mut first,
+        "conversation.item.input_audio_transcription.delta",
+    );
+    let mut second = connect(addr);
+    at_16k(&mut second);
+    assert_eq!(alive.load(Ordering::SeqCst), 2);
+    // The first client vanishes without a close frame.
+    drop(first);
+    wait_until_alive(&alive, 1, "the gone client's transcriber was never dropped");
+    append(&mut second, 1600);
+    send(&mut second, json!({"type": "input_audio_buffer.commit"}));
+    let events = until(
+        &mut second,
+        "conversation.item.input_audio_transcription.completed",
+    );
+    assert_eq!(events.last().unwrap()["transcript"], "s1600");
+}
+
+#[test]
+fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_with_an_error() {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let limits = RealtimeConfig {
+        idle_timeout: Duration::from_millis(300),
+        max_seconds: 0.1,
+        max_streams: 1,
+        ..config()
+    };
+    let addr = start(limits, doubles(None, &alive));
+    let mut ws = connect(addr);
+    at_16k(&mut ws);
+    let mut busy = connect(addr);
+    assert_eq!(error_code(&mut busy).0, "server_busy");
+    assert!(next(&mut busy).is_none());
+    append(&mut ws, 1601);
+    assert_eq!(error_code(&mut ws).0, "audio_too_long");
+    assert!(next(&mut ws).is_none());
+    // Its slot is free once its transcriber is gone.
+    wait_until_alive(&alive, 0, "the refused stream was never freed");
+    let mut idle = connect(addr);
+    until(&mut idle, "transcription_session.created");
+    let (code, e) = error_code(&mut idle);
+    assert_eq!(code, "idle_timeout", "{e}");
+    assert!(next(&mut idle).is_none());
+
+    let refusing: TranscriberFactory =
+        Arc::new(|| anyhow::bail!("the model tiny cannot stream: it is not cache-aware"));
+    let addr = start(config(), refusing);
+    let mut ws = connect(addr);
+    let (code, e) = error_code(&mut ws);
+    assert_eq!(code, "model_not_streaming");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot stream")
+    );
+    assert!(next(&mut ws).is_none());
+}

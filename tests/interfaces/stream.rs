@@ -1,0 +1,334 @@
+//! The `stream` front end: sources read as audio arrives, resampled to the transcriber's rate,
+//! the events rendered as text or JSON lines (with the counting test double as transcriber),
+//! and the command's errors on bad input.
+
+use crate::common::*;
+use crate::live_double::{CountingTranscriber, RATE};
+use parakeet::stream::StreamEvent;
+use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
+use parakeet::stream::pump::{PumpOptions, pump};
+use parakeet::stream::render::{EventFormat, EventWriter};
+use std::io::{Read, Write};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// A pipe that hands out at most `step` bytes a read and counts what it gave.
+struct Trickle {
+    data: Vec<u8>,
+    at: usize,
+    step: usize,
+    given: Arc<AtomicUsize>,
+}
+
+impl Read for Trickle {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.step).min(self.data.len() - self.at);
+        buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        self.given.store(self.at, Ordering::SeqCst);
+        Ok(n)
+    }
+}
+
+fn s16le(samples: &[i16]) -> Vec<u8> {
+    samples.iter().flat_map(|s| s.to_le_bytes()).collect()
+}
+
+fn raw(format: RawFormat, rate: u32, channels: u16) -> Option<RawLayout> {
+    Some(RawLayout {
+        format,
+        rate,
+        channels,
+    })
+}
+
+/// Pumps `source` through the double (a word every 1600 samples), returning the events.
+fn events_of(source: &mut dyn AudioSource, options: &PumpOptions) -> Vec<StreamEvent> {
+    let mut transcriber = CountingTranscriber::new(1600, None);
+    let mut events = Vec::new();
+    pump(source, &mut transcriber, options, &mut |e| {
+        events.push(e.clone());
+        Ok(())
+    })
+    .unwrap();
+    events
+}
+
+fn texts(events: &[StreamEvent]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match e {
+            StreamEvent::Partial(u) => format!("partial {}", u.text),
+            StreamEvent::Final(u) => format!("final {}", u.text),
+        })
+        .collect()
+}
+
+#[test]
+fn a_raw_pipe_is_transcribed_while_it_arrives() {
+    // 1 s at 8 kHz, given 1000 bytes a read: resampled to 16 kHz, a word every 0.1 s.
+    let given = Arc::new(AtomicUsize::new(0));
+    let data = s16le(&vec![1000; 8000]);
+    let total = data.len();
+    let pipe = Trickle {
+        data,
+        at: 0,
+        step: 1000,
+        given: given.clone(),
+    };
+    let mut source =
+        input::open_reader(pipe, "<pipe>", raw(RawFormat::S16le, 8000, 1), true).unwrap();
+    let mut transcriber = CountingTranscriber::new(1600, None);
+    let mut seen = Vec::new();
+    let mut first_at = None;
+    pump(
+        source.as_mut(),
+        &mut transcriber,
+        &PumpOptions::default(),
+        &mut |e| {
+            first_at.get_or_insert(given.load(Ordering::SeqCst));
+            seen.push(e.clone());
+            Ok(())
+        },
+    )
+    .unwrap();
+    let words: Vec<String> = (1..=10).map(|k| format!("s{}", k * 1600)).collect();
+    let mut expected: Vec<String> = (1..=10)
+        .map(|k| format!("partial {}", words[..k].join(" ")))
+        .collect();
+    expected.push(format!("final {}", words.join(" ")));
+    assert_eq!(texts(&seen), expected);
+    // The first word came while most of the pipe was still unread.
+    let first_at = first_at.unwrap();
+    assert!(
+        first_at < total / 2,
+        "first event after {first_at} of {total} bytes"
+    );
+}
+
+#[test]
+fn events_render_as_text_or_json_lines() {
+    let audio = s16le(&[0; 4800]);
+    let run = |format: EventFormat, terminal: bool| {
+        let mut source = input::open_reader(
+            std::io::Cursor::new(audio.clone()),
+            "<stdin>",
+            raw(RawFormat::S16le, RATE, 1),
+            true,
+        )
+        .unwrap();
+        let mut writer = EventWriter::new(Vec::new(), format, terminal);
+        let mut transcriber = CountingTranscriber::new(1600, None);
+        pump(
+            source.as_mut(),
+            &mut transcriber,
+            &PumpOptions::default(),
+            &mut |e| Ok(writer.write(e)?),
+        )
+        .unwrap();
+        writer.close().unwrap();
+        String::from_utf8(writer.into_inner()).unwrap()
+    };
+    assert_eq!(run(EventFormat::Text, false), "s1600 s3200 s4800\n");
+    assert_eq!(
+        run(EventFormat::Text, true),
+        "\r\x1b[2Ks1600\r\x1b[2Ks1600 s3200\r\x1b[2Ks1600 s3200 s4800\r\x1b[2Ks1600 s3200 s4800\n"
+    );
+    let jsonl = run(EventFormat::Jsonl, false);
+    let lines: Vec<&str> = jsonl.lines().collect();
+    assert_eq!(lines.len(), 4);
+    assert_eq!(
+        lines[0],
+        r#"{"type":"partial","text":"s1600","start":0.0,"end":0.1,"words":[{"text":"s1600","start":0.0,"end":0.1}]}"#
+    );
+    assert_eq!(
+        lines[3],
+        r#"{"type":"final","text":"s1600 s3200 s4800","start":0.0,"end":0.3,"words":[{"text":"s1600","start":0.0,"end":0.1},{"text":"s3200","start":0.1,"end":0.2},{"text":"s4800","start":0.2,"end":0.3}]}"#
+    );
+}
+
+/// A WAV header for a stream of `channels` x s16 at `rate`, its lengths set to `data_len`.
+fn wav_header(rate: u32, channels: u16, data_len: u32) -> Vec<u8> {
+    let mut h = Vec::new();
+    h.extend_from_slice(b"RIFF");
+    h.extend_from_slice(&data_len.wrapping_add(36).to_le_bytes());
+    h.extend_from_slice(b"WAVEfmt ");
+    h.extend_from_slice(&16u32.to_le_bytes());
+    h.extend_from_slice(&1u16.to_le_bytes());
+    h.extend_from_slice(&channels.to_le_bytes());
+    h.extend_from_slice(&rate.to_le_bytes());
+    h.extend_from_slice(&(rate * 2 * u32::from(channels)).to_le_bytes());
+    h.extend_from_slice(&(2 * channels).to_le_bytes());
+    h.extend_from_slice(&16u16.to_le_bytes());
+    h.extend_from_slice(b"data");
+    h.extend_from_slice(&data_len.to_le_bytes());
+    h
+}
+
+#[test]
+fn a_piped_wav_without_a_length_is_read_to_its_end_and_mixed_to_mono() {
+    // arecord's and ffmpeg's pipes: the data length is 0 or u32::MAX. Stereo (0.5, -0.25).
+    let frames = 4801;
+    for placeholder in [0, u32::MAX] {
+        let mut bytes = wav_header(48_000, 2, placeholder);
+        bytes.extend(s16le(&[16384, -8192].repeat(frames)));
+        bytes.push(0); // half a sample: the writer stopped mid-frame
+        let mut source =
+            input::open_reader(std::io::Cursor::new(bytes), "<stdin>", None, true).unwrap();
+        assert_eq!(source.sample_rate(), 48_000);
+        let mut mono = Vec::new();
+        while let Some(piece) = source.next_piece().unwrap() {
+            mono.extend(piece);
+        }
+        assert_eq!(mono.len(), frames, "placeholder {placeholder:#x}");
+        assert!(mono.iter().all(|&s| s == 0.125));
+    }
+}
+
+#[test]
+fn a_wav_file_streams_like_a_pipe() {
+    let dir = scratch_dir("stream", "wav-file");
+    let path = dir.join("ramp.wav");
+    let mut bytes = wav_header(16_000, 1, 9600);
+    bytes.extend(s16le(&[0; 4800]));
+    std::fs::write(&path, bytes).unwrap();
+    let mut source = input::open_file(&path, None).unwrap();
+    let events = events_of(source.as_mut(), &PumpOptions::default());
+    assert_eq!(texts(&events).last().unwrap(), "final s1600 s3200 s4800");
+}
+
+#[test]
+fn a_stream_past_max_seconds_ends_with_a_final_and_says_so() {
+    let bytes = s16le(&[0; 16_000]);
+    let mut source = input::open_reader(
+        std::io::Cursor::new(bytes),
+        "<stdin>",
+        raw(RawFormat::S16le, RATE, 1),
+        true,
+    )
+    .unwrap();
+    let mut transcriber = CountingTranscriber::new(1600, None);
+    let mut events = Vec::new();
+    let options = PumpOptions {
+        realtime: false,
+        max_seconds: Some(0.25),
+    };
+    let summary = pump(source.as_mut(), &mut transcriber, &options, &mut |e| {
+        events.push(e.clone());
+        Ok(())
+    })
+    .unwrap();
+    assert!(summary.cut_at_limit);
+    assert_eq!(summary.audio_seconds, 0.25);
+    assert_eq!(
+        texts(&events),
+        [
+            "partial s1600",
+            "partial s1600 s3200",
+            "final s1600 s3200 s4000"
+        ]
+    );
+}
+
+#[test]
+fn realtime_paces_a_file_at_the_speakers_pace() {
+    let bytes: Vec<u8> = [0.0f32; 4800]
+        .iter()
+        .flat_map(|s| s.to_le_bytes())
+        .collect();
+    let open = || {
+        input::open_reader(
+            std::io::Cursor::new(bytes.clone()),
+            "<stdin>",
+            raw(RawFormat::F32le, RATE, 1),
+            true,
+        )
+        .unwrap()
+    };
+    let start = Instant::now();
+    let events = events_of(
+        open().as_mut(),
+        &PumpOptions {
+            realtime: true,
+            max_seconds: None,
+        },
+    );
+    let paced = start.elapsed().as_secs_f64();
+    assert!(
+        paced >= 0.28,
+        "0.3 s of audio took {paced:.3} s with --realtime"
+    );
+    assert_eq!(events, events_of(open().as_mut(), &PumpOptions::default()));
+}
+
+fn parakeet_stdin(args: &[&str], stdin: &[u8]) -> Output {
+    let cache = scratch_dir("stream", "cache");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+        .args(args)
+        .env("PARAKEET_CACHE", &cache)
+        .env("GGML_NO_BACKTRACE", "1")
+        .env_remove("PARAKEET_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The command may refuse before reading everything: a closed pipe is expected then.
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    child.wait_with_output().unwrap()
+}
+
+/// Runs `parakeet stream - -m tiny_tdt EXTRA...` on `stdin`; returns the exit code and stderr.
+fn stream_stdin(extra: &[&str], stdin: &[u8]) -> (i32, String) {
+    let model = nemo("tiny_tdt");
+    let args = [&["stream", "-", "-m", model.to_str().unwrap()][..], extra].concat();
+    let out = parakeet_stdin(&args, stdin);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_input_on_stdin_is_one_clear_error() {
+    let cases: [(&[&str], Vec<u8>, &str); 6] = [
+        (
+            &[],
+            b"hello, not audio".to_vec(),
+            "<stdin>: not a WAV stream",
+        ),
+        (&[], Vec::new(), "<stdin>: no audio (the input is empty)"),
+        (
+            &[],
+            wav_header(0, 1, 0),
+            "<stdin>: the WAV header's sample rate 0 Hz",
+        ),
+        (
+            &[],
+            b"RIFF\0\0\0\0WAVEfmt ".to_vec(),
+            "<stdin>: invalid WAV header",
+        ),
+        (
+            &["--raw", "s16le", "--rate", "0"],
+            vec![0; 64],
+            "<stdin>: the --rate sample rate 0 Hz",
+        ),
+        (&["--raw", "s16le"], vec![0; 64], "--rate"),
+    ];
+    for (extra, stdin, message) in cases {
+        let (code, stderr) = stream_stdin(extra, &stdin);
+        assert_eq!(code, 2, "{extra:?}: {stderr}");
+        assert!(stderr.contains(message), "{extra:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_model_that_cannot_stream_is_refused_by_name() {
+    let (code, stderr) = stream_stdin(&["--raw", "s16le", "--rate", "16000"], &[0; 3200]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("cannot stream"), "{stderr}");
+    assert!(stderr.contains("cache-aware"), "{stderr}");
+}
