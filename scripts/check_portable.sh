@@ -6,11 +6,18 @@
 #     instead of dying of SIGILL;
 #   - the aarch64 cross build gives the same text under `qemu-aarch64`.
 # Installs qemu-user and the aarch64 cross compilers when missing (Debian), and the Rust target.
-# Usage (repo root): scripts/check_portable.sh    Env: PROFILE (dev), SKIP_AARCH64=1.
+# The x86-64 binary is the dev build `cargo test` already made (PROFILE, default dev); the
+# aarch64 one is built in the `cross-check` profile (Cargo.toml: nothing optimised, no debug
+# info, the cheapest build of the same code paths; AARCH64_PROFILE overrides it), without the
+# microphone (cpal would need ALSA built for ARM).
+# Usage (repo root): scripts/check_portable.sh    Env: PROFILE, AARCH64_PROFILE, SKIP_AARCH64=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=${PROFILE:-dev}
-dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
+arm_profile=${AARCH64_PROFILE:-cross-check}
+# cargo's output folder of a profile.
+out_dir() { if [ "$1" = dev ]; then echo debug; else echo "$1"; fi; }
+dir=$(out_dir "$profile")
 target_dir=${CARGO_TARGET_DIR:-target}
 
 missing=()
@@ -84,8 +91,9 @@ if [ -z "${SKIP_AARCH64:-}" ]; then
     echo "SKIP aarch64: rustup could not install the aarch64-unknown-linux-gnu standard library"
     exit $fail
   fi
-  cargo build --quiet --profile "$profile" --bin parakeet --target aarch64-unknown-linux-gnu
-  arm=$target_dir/aarch64-unknown-linux-gnu/$dir/parakeet
+  cargo build --quiet --profile "$arm_profile" --bin parakeet --no-default-features \
+    --target aarch64-unknown-linux-gnu
+  arm=$target_dir/aarch64-unknown-linux-gnu/$(out_dir "$arm_profile")/parakeet
   echo "aarch64 build: $((SECONDS - start)) s"
   transcribe qemu-aarch64 qemu-aarch64 -L /usr/aarch64-linux-gnu "$arm"
   qemu-aarch64 -L /usr/aarch64-linux-gnu "$arm" info --system | sed 's/^/     aarch64: /'

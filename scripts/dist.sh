@@ -6,6 +6,8 @@
 # The x86-64 binary runs on any x86-64-v2 CPU (.cargo/config.toml) and picks its kernels at run
 # time; the aarch64 one on any ARMv8-A. Both link the GCC runtime (libgomp, libstdc++)
 # statically (feature `static-runtime`), so they need only glibc (the version they report).
+# They leave the microphone out (default feature `mic`, which would need ALSA's library on the
+# machine, and ALSA built for ARM to cross-build); `parakeet stream` still reads files and pipes.
 #
 # Needs the aarch64 cross compilers (apt-get install gcc-aarch64-linux-gnu
 # g++-aarch64-linux-gnu; `rustup target add aarch64-unknown-linux-gnu`); installs them when
@@ -36,14 +38,15 @@ done
 
 mkdir -p dist
 for t in "${targets[@]}"; do
-  cargo build --release --locked --target "$t" --bin parakeet --features static-runtime
+  features=(--no-default-features --features static-runtime)
+  cargo build --release --locked --target "$t" --bin parakeet "${features[@]}"
   name=parakeet-$version-$t
   stage=dist/$name
   rm -rf "$stage"
   mkdir -p "$stage"
   cp "$target_dir/$t/release/parakeet" "$stage/"
   cp README.md LICENSE-MIT LICENSE-APACHE "$stage/"
-  python3 scripts/third_party_licenses.py "$t" static-runtime >"$stage/THIRD_PARTY_LICENSES.txt"
+  python3 scripts/third_party_licenses.py "$t" "${features[@]}" >"$stage/THIRD_PARTY_LICENSES.txt"
   # The newest glibc symbol version the binary needs: the oldest distribution it runs on.
   glibc=$(readelf -V "$stage/parakeet" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
   echo "$name: needs $glibc; links $(readelf -d "$stage/parakeet" | grep -o 'NEEDED.*' | grep -o '\[.*\]' | tr -d '[]' | tr '\n' ' ')"

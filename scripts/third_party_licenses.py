@@ -6,7 +6,8 @@ dependencies for the target, and for each crate writes its name, version, SPDX l
 expression and repository, then the licence files it ships (LICENSE*, COPYING*, NOTICE*,
 UNLICENSE*). ggml's MIT licence (llama.cpp, built from source by llama-cpp-sys-2) and the GCC
 runtime's exception come first. A crate that ships no licence file is listed with its SPDX
-expression only. Usage: scripts/third_party_licenses.py TARGET [FEATURES] > FILE
+expression only. Usage: scripts/third_party_licenses.py TARGET [FEATURE FLAGS...] > FILE, the
+feature flags as cargo takes them (`--no-default-features --features static-runtime`).
 """
 import json
 import subprocess
@@ -14,10 +15,7 @@ import sys
 from pathlib import Path
 
 target = sys.argv[1]
-features = sys.argv[2] if len(sys.argv) > 2 else ""
-cmd = ["cargo", "metadata", "--format-version", "1", "--filter-platform", target]
-if features:
-    cmd += ["--features", features]
+cmd = ["cargo", "metadata", "--format-version", "1", "--filter-platform", target, *sys.argv[2:]]
 meta = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 packages = {p["id"]: p for p in meta["packages"]}
 nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}
