@@ -3,6 +3,12 @@
 //! interleaved, and the median decoder time is reported. Free of the noise a whole CLI run adds
 //! (process start, loading, the encoder), so a few percent show.
 //!
+//! With phrases, boosting runs twice: at alpha 1, and at alpha 1e-6 ("same path"), where the
+//! tree is walked and every bonus computed and added exactly as at alpha 1 but the bonus is too
+//! small to change a decision, so the decoder takes greedy's path. On a random-weight model the
+//! blank/token margins are tiny and alpha 1 changes the path (many more tokens, each a
+//! prediction-net step); the same-path variant measures what boosting itself costs.
+//!
 //! Usage: cargo run --release --example decode_bench -- MODEL.gguf FILE.wav [PHRASES.txt]
 //!   env: THREADS=2 REPS=31 BEAM=4
 
@@ -45,62 +51,69 @@ fn main() -> Result<()> {
     let features = session.features(&samples);
     let encoded = session.encode(&features, false)?;
 
-    let boost = match args.get(2) {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| path.clone())?;
-            let cfg = BoostingConfig {
-                phrases: text
-                    .lines()
-                    .filter(|l| !l.trim().is_empty())
-                    .map(String::from)
-                    .collect(),
-                alpha: 1.0,
-                ..BoostingConfig::default()
-            };
-            let built = Instant::now();
-            let tree = BoostingTree::new(&session.model().tokenizer, &cfg)?;
-            println!(
-                "boosting tree: {} phrases, {} states, {} arcs, built in {:.1} ms",
-                tree.phrases(),
-                tree.states().len(),
-                tree.arcs().len(),
-                built.elapsed().as_secs_f64() * 1e3
-            );
-            Some(Arc::new(tree))
-        }
-        None => None,
+    let boost_with = |alpha: f32| -> Result<Option<Arc<BoostingTree>>> {
+        let Some(path) = args.get(2) else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).with_context(|| path.clone())?;
+        let cfg = BoostingConfig {
+            phrases: text
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(String::from)
+                .collect(),
+            alpha,
+            ..BoostingConfig::default()
+        };
+        let built = Instant::now();
+        let tree = BoostingTree::new(&session.model().tokenizer, &cfg)?;
+        println!(
+            "boosting tree: {} phrases, {} states, {} arcs, built in {:.1} ms",
+            tree.phrases(),
+            tree.states().len(),
+            tree.arcs().len(),
+            built.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(Some(Arc::new(tree)))
     };
+    let boost = boost_with(1.0)?;
+    let boost_same_path = boost_with(1e-6)?;
     let head = session.beam_head(DecoderChoice::Auto)?;
     let beam_plan = BeamPlan {
         config: BeamConfig::new(BeamStrategy::default_for(head), beam),
         nbest: 1,
     };
 
-    // (name, confidence, boosting, beam)
-    let mut variants: Vec<(&str, bool, bool, bool)> = vec![
-        ("greedy", false, false, false),
-        ("greedy+confidence", true, false, false),
+    // (name, confidence, boosting tree, beam)
+    let mut variants: Vec<(&str, bool, Option<Arc<BoostingTree>>, bool)> = vec![
+        ("greedy", false, None, false),
+        ("greedy+confidence", true, None, false),
     ];
     if boost.is_some() {
-        variants.push(("greedy+boost", false, true, false));
+        variants.push(("greedy+boost", false, boost.clone(), false));
+        variants.push(("greedy+boost same path", false, boost_same_path, false));
     }
-    variants.push(("beam", false, false, true));
+    variants.push(("beam", false, None, true));
     if boost.is_some() {
-        variants.push(("beam+boost", false, true, true));
+        variants.push(("beam+boost", false, boost, true));
     }
     let mut times = vec![Vec::new(); variants.len()];
     let mut cpu = vec![Vec::new(); variants.len()];
-    let mut tokens = vec![0usize; variants.len()];
+    let mut tokens = vec![Vec::new(); variants.len()];
     for _ in 0..reps {
-        for (i, &(_, conf, boosted, beamed)) in variants.iter().enumerate() {
+        for (i, (_, conf, tree, beamed)) in variants.iter().enumerate() {
             session.set_confidence(conf.then(ConfidenceConfig::default))?;
-            session.set_boosting(if boosted { boost.clone() } else { None });
+            session.set_boosting(tree.clone());
             session.set_beam(DecoderChoice::Auto, beamed.then(|| beam_plan.clone()))?;
             let (start, start_cpu) = (Instant::now(), cpu_seconds());
             let decoded = session.decode(&encoded, DecoderChoice::Auto)?;
             times[i].push(start.elapsed().as_secs_f64() * 1e3);
             cpu[i].push((cpu_seconds() - start_cpu) * 1e3);
-            tokens[i] = decoded.tokens.len();
+            tokens[i] = decoded
+                .tokens
+                .iter()
+                .map(|t| (t.id, t.frame, t.duration))
+                .collect();
         }
     }
     println!(
@@ -111,11 +124,16 @@ fn main() -> Result<()> {
     let (base, base_cpu) = (median(times[0].clone()), median(cpu[0].clone()));
     for (i, (name, ..)) in variants.iter().enumerate() {
         let (m, c) = (median(times[i].clone()), median(cpu[i].clone()));
+        let path = if tokens[i] == tokens[0] {
+            "greedy's path"
+        } else {
+            "another path"
+        };
         println!(
-            "{name:<20} wall {m:>9.3} ms {:>6.3}x   cpu {c:>9.3} ms {:>6.3}x  ({} tokens)",
+            "{name:<24} wall {m:>9.3} ms {:>6.3}x   cpu {c:>9.3} ms {:>6.3}x  ({} tokens, {path})",
             m / base,
             c / base_cpu,
-            tokens[i]
+            tokens[i].len()
         );
     }
     Ok(())
