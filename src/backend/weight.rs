@@ -235,8 +235,8 @@ impl HostWeights {
     /// Queue a plain q8_0 or q4_0 Linear weight `w` (`[k, m]`) in the int8 GEMM's layout
     /// (`q8_0x8`, `q4_0x8`), with zero rows appended up to the panels' height of 8, and its
     /// f32 bias (if any) with zeros after it likewise: `[k, m']` and `[m']`. For matrices whose
-    /// row count the converter could not repack (the joint's output layer, vocabulary + blank
-    /// + durations rows), which ggml would multiply with code compiled for the build's
+    /// row count the converter could not repack (the joint's output layer: vocabulary, blank
+    /// and durations rows), which ggml would multiply with code compiled for the build's
     /// baseline. Returns `m'`, or `None` (nothing queued) for any other weight.
     pub fn push_int8_padded(
         &mut self,
