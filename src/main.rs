@@ -56,10 +56,15 @@ enum Command {
     /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions, and live
     /// transcription over a WebSocket at /v1/realtime) over one loaded model.
     Serve(parakeet::server::ServeArgs),
-    /// Describe a model: architecture, hyperparameters, tensors by type.
+    /// Describe a model: architecture, hyperparameters, tensors by type; or, with `--system`,
+    /// this machine: CPU features found and the kernels chosen (ours and ggml's).
     Info {
         /// A .gguf, a .nemo (converted once into the cache) or a hub id (owner/name).
-        model: PathBuf,
+        #[arg(required_unless_present = "system")]
+        model: Option<PathBuf>,
+        /// Describe this machine and build instead of a model.
+        #[arg(long, conflicts_with = "model")]
+        system: bool,
     },
 }
 
@@ -184,6 +189,16 @@ const EXIT_FAILED_INPUTS: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
+    // First of all: the compiler and ggml may use any instruction of the build's baseline
+    // anywhere, so on an older CPU the next line of code could die of SIGILL.
+    let missing = parakeet::kernels::cpu::missing_baseline();
+    if !missing.is_empty() {
+        eprintln!(
+            "error: this CPU lacks {} which this parakeet build requires; use a build for an older CPU (see README, Install)",
+            missing.join(", ")
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     bound_openmp_spinning();
     parakeet::backend::silence_ggml_logs();
     let cli = match Cli::try_parse() {
@@ -196,7 +211,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Transcribe(args) => transcribe(args),
         Command::Convert { input, output, ty } => run_convert(&input, &output, ty).map(|_| 0),
-        Command::Info { model } => info(&model).map(|_| 0),
+        // clap: a model, or --system and no model.
+        Command::Info {
+            model: Some(model), ..
+        } => info(&model).map(|_| 0),
+        Command::Info { model: None, .. } => system_info().map(|_| 0),
         Command::Models => list_models().map(|_| 0),
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
@@ -313,6 +332,40 @@ fn list_models() -> Result<()> {
             m.path.display()
         )?;
     }
+    Ok(())
+}
+
+/// `info --system`: the CPU, the instruction sets this build assumes and this CPU has, and the
+/// kernels chosen at run time (ours, and what ggml's CPU backend was compiled for).
+fn system_info() -> Result<()> {
+    use parakeet::kernels::cpu;
+    outln!(
+        "parakeet {} for {}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::ARCH
+    )?;
+    outln!(
+        "cpu:          {}",
+        cpu::brand().unwrap_or_else(|| "(no model name)".into())
+    )?;
+    let exts = cpu::extensions();
+    let names = |keep: &dyn Fn(&cpu::Extension) -> bool| {
+        let v: Vec<_> = exts.iter().filter(|e| keep(e)).map(|e| e.name).collect();
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(" ")
+        }
+    };
+    outln!("baseline:     {}", names(&|e| e.in_baseline))?;
+    outln!("cpu has:      {}", names(&|e| e.present))?;
+    outln!("cpu lacks:    {}", names(&|e| !e.present))?;
+    let ggml: Vec<String> = parakeet::backend::ggml_cpu_features()
+        .into_iter()
+        .map(|(k, v)| if v == "1" { k } else { format!("{k}={v}") })
+        .collect();
+    outln!("ggml cpu:     {}", ggml.join(" "))?;
+    outln!("{}", cpu::report().trim_end())?;
     Ok(())
 }
 

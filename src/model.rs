@@ -151,6 +151,9 @@ pub struct Joint {
     pub enc: Linear,
     pub pred: Linear,
     pub joint_net: Linear,
+    /// The logits `joint_net` gives (vocabulary, blank, durations): its weight may have zero
+    /// rows after them, padded at load for the int8 GEMM's 8-row panels.
+    pub n_logits: usize,
 }
 
 /// A loaded model. Weights live in backend buffers (zero-copy over the file mapping).
@@ -260,6 +263,29 @@ fn channels_fastest(w: &[f32], c: usize, k: usize) -> Vec<f32> {
     (0..k)
         .flat_map(|j| (0..c).map(move |i| w[i * k + j]))
         .collect()
+}
+
+/// `linear` (named `name`) on our int8 GEMM, padded to whole 8-row panels
+/// ([`HostWeights::push_int8_padded`]), when the file keeps it on ggml's q8_0 / q4_0 layout
+/// for its row count; as it is otherwise.
+fn on_int8_gemm(name: &str, linear: Linear) -> Result<Linear> {
+    let mut host = HostWeights::new();
+    let weight = format!("{name}.weight.int8");
+    if host
+        .push_int8_padded(&weight, &linear.weight, linear.bias.as_ref())
+        .is_none()
+    {
+        return Ok(linear);
+    }
+    let mut realised = host.realize()?;
+    let bias = match linear.bias {
+        Some(_) => Some(take(&mut realised, &format!("{weight}.bias"))?),
+        None => None,
+    };
+    Ok(Linear {
+        weight: take(&mut realised, &weight)?,
+        bias,
+    })
 }
 
 /// A realised derived weight, moved out of the map.
@@ -530,7 +556,11 @@ impl Loader<'_> {
         Ok(Joint {
             enc: self.linear("joint.enc", hp.encoder.d_model, j)?,
             pred: self.linear("joint.pred", hp.pred_hidden, j)?,
-            joint_net: self.linear("joint.joint_net.2", j, out)?,
+            joint_net: on_int8_gemm(
+                "joint.joint_net.2",
+                self.linear("joint.joint_net.2", j, out)?,
+            )?,
+            n_logits: out,
         })
     }
 

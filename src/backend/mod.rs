@@ -509,6 +509,37 @@ pub fn devices() -> Vec<DeviceInfo> {
     }
 }
 
+/// What ggml's CPU backend was compiled to use, as its registry reports it (the list llama.cpp's
+/// system info prints: `SSE3`, `AVX2`, `OPENMP`, `REPACK`, ... with their values). ggml's ops
+/// outside our kernels (element-wise, softmax, small `mul_mat`) run on exactly these.
+pub fn ggml_cpu_features() -> Vec<(String, String)> {
+    // SAFETY: registry queries return static data owned by ggml; the feature list ends with a
+    // null name, as ggml_backend_get_features_t documents.
+    unsafe {
+        let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
+        if dev.is_null() {
+            return Vec::new();
+        }
+        let reg = sys::ggml_backend_dev_backend_reg(dev);
+        let sym =
+            sys::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_get_features".as_ptr());
+        if sym.is_null() {
+            return Vec::new();
+        }
+        let get: sys::ggml_backend_get_features_t = std::mem::transmute(sym);
+        let Some(get) = get else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut f = get(reg);
+        while !f.is_null() && !(*f).name.is_null() {
+            out.push((cstr((*f).name), cstr((*f).value)));
+            f = f.add(1);
+        }
+        out
+    }
+}
+
 /// Quiet ggml's own logging: it prints buffer allocations at info level and, for a malformed
 /// GGUF, its parser's view of the problem; every failure reaches the user as our own one-line
 /// error naming the file instead. `PARAKEET_GGML_LOG=1` keeps ggml's messages for debugging.

@@ -200,8 +200,15 @@ impl Weight {
 /// into their own backend buffer.
 #[derive(Default)]
 pub struct HostWeights {
-    pending: Vec<(String, Vec<usize>, Vec<f32>)>,
+    pending: Vec<(String, Vec<usize>, Data)>,
     panel16: std::collections::HashSet<String>,
+}
+
+/// A queued tensor's contents.
+enum Data {
+    F32(Vec<f32>),
+    /// Quantized blocks of `DType` in the int8 GEMM's panel layout `Layout`.
+    Packed(DType, Layout, Vec<u8>),
 }
 
 impl HostWeights {
@@ -221,7 +228,52 @@ impl HostWeights {
             "{name}: rank {}",
             shape.len()
         );
-        self.pending.push((name.to_string(), shape.to_vec(), data));
+        self.pending
+            .push((name.to_string(), shape.to_vec(), Data::F32(data)));
+    }
+
+    /// Queue a plain q8_0 or q4_0 Linear weight `w` (`[k, m]`) in the int8 GEMM's layout
+    /// (`q8_0x8`, `q4_0x8`), with zero rows appended up to the panels' height of 8, and its
+    /// f32 bias (if any) with zeros after it likewise: `[k, m']` and `[m']`. For matrices whose
+    /// row count the converter could not repack (the joint's output layer: vocabulary, blank
+    /// and durations rows), which ggml would multiply with code compiled for the build's
+    /// baseline. Returns `m'`, or `None` (nothing queued) for any other weight.
+    pub fn push_int8_padded(
+        &mut self,
+        name: &str,
+        w: &Weight,
+        bias: Option<&Weight>,
+    ) -> Option<usize> {
+        let [k, m, one, one2] = w.shape();
+        let rows = m.next_multiple_of(layout::Q8_0X8_ROWS);
+        let (layout, block_bytes) = match w.dtype() {
+            DType::Q8_0 => (Layout::Q8_0x8, layout::Q8_0_BLOCK_BYTES),
+            DType::Q4_0 => (Layout::Q4_0x8, layout::Q4_0_BLOCK_BYTES),
+            _ => return None,
+        };
+        if w.layout() != Layout::Plain || one * one2 != 1 || !layout::can_repack(&[k, rows]) {
+            return None;
+        }
+        let mut plain = vec![0u8; w.bytes()];
+        // SAFETY: the tensor is allocated; `plain` has exactly its size.
+        unsafe { sys::ggml_backend_tensor_get(w.raw(), plain.as_mut_ptr().cast(), 0, plain.len()) };
+        // A zero block is a zero scale and zero quants: its row's products are 0.
+        plain.resize(rows * (k / layout::Q8_0_BLOCK) * block_bytes, 0);
+        let packed = match layout {
+            Layout::Q8_0x8 => layout::repack_q8_0x8(&plain, k, rows),
+            _ => layout::repack_q4_0x8(&plain, k, rows),
+        };
+        self.pending.push((
+            name.to_string(),
+            vec![k, rows],
+            Data::Packed(w.dtype(), layout, packed),
+        ));
+        if let Some(b) = bias {
+            let mut values = b.to_host_f32();
+            values.resize(rows, 0.0);
+            self.push(&format!("{name}.bias"), &[rows], values);
+        }
+        Some(rows)
     }
 
     /// Queue a torch Linear weight `w [m][k]` (row-major), stored panel-packed as the
@@ -249,11 +301,15 @@ impl HostWeights {
             let ctx = NonNull::new(ctx).ok_or_else(|| anyhow!("ggml: cannot create a context"))?;
             let mut owner = WeightBuffers::new(ctx);
             let mut tensors = Vec::with_capacity(n);
-            for (name, shape, _) in &self.pending {
+            for (name, shape, data) in &self.pending {
                 let ne: Vec<i64> = shape.iter().map(|&v| v as i64).collect();
+                let dtype = match data {
+                    Data::F32(_) => DType::F32,
+                    Data::Packed(dtype, ..) => *dtype,
+                };
                 let t = sys::ggml_new_tensor(
                     ctx.as_ptr(),
-                    sys::GGML_TYPE_F32,
+                    dtype.to_ggml(),
                     ne.len() as i32,
                     ne.as_ptr(),
                 );
@@ -271,18 +327,23 @@ impl HostWeights {
             owner.buffer = buffer;
             sys::ggml_backend_buffer_set_usage(buffer, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
             for (t, (_, _, data)) in tensors.iter().zip(&self.pending) {
-                sys::ggml_backend_tensor_set(t.as_ptr(), data.as_ptr().cast(), 0, data.len() * 4);
+                let (bytes, len) = match data {
+                    Data::F32(v) => (v.as_ptr().cast::<u8>(), v.len() * 4),
+                    Data::Packed(.., v) => (v.as_ptr(), v.len()),
+                };
+                debug_assert_eq!(len, sys::ggml_nbytes(t.as_ptr()));
+                sys::ggml_backend_tensor_set(t.as_ptr(), bytes.cast(), 0, len);
             }
             let owner = Arc::new(owner);
             Ok(self
                 .pending
                 .into_iter()
                 .zip(tensors)
-                .map(|((name, _, _), t)| {
-                    let layout = if self.panel16.contains(&name) {
-                        Layout::Panel16
-                    } else {
-                        Layout::Plain
+                .map(|((name, _, data), t)| {
+                    let layout = match data {
+                        Data::Packed(_, layout, _) => layout,
+                        Data::F32(_) if self.panel16.contains(&name) => Layout::Panel16,
+                        Data::F32(_) => Layout::Plain,
                     };
                     let w = Weight {
                         ptr: t,

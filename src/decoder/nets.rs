@@ -360,7 +360,13 @@ fn joint_net<'g>(g: &mut Graph<'g>, joint: &Joint, enc: &[&[f32]], pred: Tensor<
     };
     let s = g.add(e, pred);
     let s = g.relu(s);
-    g.linear(s, &joint.joint_net.weight, joint.joint_net.bias.as_ref())
+    let logits = g.linear(s, &joint.joint_net.weight, joint.joint_net.bias.as_ref());
+    if logits.ne(0) == joint.n_logits {
+        return logits;
+    }
+    // Without the zero rows padded at load.
+    let logits = g.cols(logits, 0, joint.n_logits);
+    g.cont(logits)
 }
 
 /// One LSTM cell step (PyTorch gate order i, f, g, o; both biases) for every column, from the

@@ -794,6 +794,9 @@ fn dw_pw_block<'g>(
     causal: bool,
 ) -> Tensor<'g> {
     let (x, pad) = conv_padding(g, x, causal, [1, 2]);
+    if let Some(y) = g.conv_depthwise_stride2(x, (&dw.weight, &dw.bias), pad) {
+        return pointwise(g, y, pw);
+    }
     let whcn = g.permute(x, [2, 0, 1, 3]); // logical [F, T, C], channels contiguous
     let k = g.weight(&dw.weight); // [C, 1, KW, KH] in memory
     let k = g.permute(k, [3, 2, 0, 1]); // logical [KW, KH, 1, C], channels contiguous

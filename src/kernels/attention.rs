@@ -16,6 +16,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::cpu::avx512;
+use super::cpu::multiversioned;
 use super::vmath::exp_in_place;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::{DType, Graph, Tensor};
@@ -262,51 +263,53 @@ struct Staged<'s> {
     vr: &'s [f32],
 }
 
-/// One head, a range of query blocks: the keys, values and positional rows they reach are
-/// staged once (transposed where the products want columns), then each block is attended.
-fn attend_chunk(
-    o: &Operands<'_>,
-    head: usize,
-    blocks: std::ops::Range<usize>,
-    s: &mut Scratch,
-    out: &mut [f32],
-) {
-    if blocks.is_empty() {
-        return;
-    }
-    let queries = blocks.start * QUERY_BLOCK..(blocks.end * QUERY_BLOCK).min(o.t);
-    let (j0, j1, r0, r1) = o.reach(&queries);
-    let (nk, nr) = (j1 + 1 - j0, r1 + 1 - r0);
-    let (k_width, p_width) = (nk + LANES, nr + LANES);
-    let dk = o.dk;
-    transpose_rows(o, o.k, head, j0, nk, k_width, grow(&mut s.kt, dk * k_width));
-    transpose_rows(o, o.p, head, r0, nr, p_width, grow(&mut s.pt, dk * p_width));
-    let vr = grow(&mut s.vr, nk * dk);
-    for (j, row) in vr.chunks_exact_mut(dk).enumerate() {
-        row.copy_from_slice(o.row(o.v, j0 + j, head));
-    }
-    let Scratch {
-        q_u,
-        q_v,
-        kt,
-        pt,
-        vr,
-        ac,
-        bd,
-    } = s;
-    let staged = Staged {
-        j0,
-        k_width,
-        r0,
-        p_width,
-        kt,
-        pt,
-        vr,
-    };
-    for block in blocks {
-        let i0 = block * QUERY_BLOCK;
-        let queries = i0..(i0 + QUERY_BLOCK).min(o.t);
-        attend_block(o, head, queries, &staged, [q_u, q_v, ac, bd], out);
+multiversioned! {
+    /// One head, a range of query blocks: the keys, values and positional rows they reach are
+    /// staged once (transposed where the products want columns), then each block is attended.
+    fn attend_chunk(
+        o: &Operands<'_>,
+        head: usize,
+        blocks: std::ops::Range<usize>,
+        s: &mut Scratch,
+        out: &mut [f32],
+    ) {
+        if blocks.is_empty() {
+            return;
+        }
+        let queries = blocks.start * QUERY_BLOCK..(blocks.end * QUERY_BLOCK).min(o.t);
+        let (j0, j1, r0, r1) = o.reach(&queries);
+        let (nk, nr) = (j1 + 1 - j0, r1 + 1 - r0);
+        let (k_width, p_width) = (nk + LANES, nr + LANES);
+        let dk = o.dk;
+        transpose_rows(o, o.k, head, j0, nk, k_width, grow(&mut s.kt, dk * k_width));
+        transpose_rows(o, o.p, head, r0, nr, p_width, grow(&mut s.pt, dk * p_width));
+        let vr = grow(&mut s.vr, nk * dk);
+        for (j, row) in vr.chunks_exact_mut(dk).enumerate() {
+            row.copy_from_slice(o.row(o.v, j0 + j, head));
+        }
+        let Scratch {
+            q_u,
+            q_v,
+            kt,
+            pt,
+            vr,
+            ac,
+            bd,
+        } = s;
+        let staged = Staged {
+            j0,
+            k_width,
+            r0,
+            p_width,
+            kt,
+            pt,
+            vr,
+        };
+        for block in blocks {
+            let i0 = block * QUERY_BLOCK;
+            let queries = i0..(i0 + QUERY_BLOCK).min(o.t);
+            attend_block(o, head, queries, &staged, [q_u, q_v, ac, bd], out);
+        }
     }
 }
 
@@ -315,6 +318,8 @@ fn attend_chunk(
 /// query, and the probabilities times `v` as a third product. Products keep a 4 x 64 tile of
 /// accumulators over contiguous operands so that they vectorise; work outside a query's
 /// window is skipped by zero probabilities (at most `block - 1` extra keys per query).
+/// Inlined into each version of [`attend_chunk`], like the helpers below.
+#[inline(always)]
 fn attend_block(
     o: &Operands<'_>,
     head: usize,
@@ -415,6 +420,7 @@ fn attend_block(
 }
 
 /// The largest value (exact in any order).
+#[inline(always)]
 fn max_of(x: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = x.chunks_exact(LANES);
@@ -432,6 +438,7 @@ fn max_of(x: &[f32]) -> f32 {
 
 /// The sum in [`LANES`] interleaved partial sums (a single chain waited on the add latency
 /// for every term).
+#[inline(always)]
 fn sum_of(x: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
     let mut chunks = x.chunks_exact(LANES);
@@ -788,6 +795,7 @@ unsafe fn qt_tile<const R: usize, const V: usize>(t: QtTile<'_>) {
 
 /// `out[b][j] = sum_c a[b][c] * bt[c][j]` for `nq` rows of `a` (`[nq][dk]`) and the first
 /// `n_pad` columns of `bt`; four rows by 16 columns of accumulators at a time.
+#[inline(always)]
 fn product_qt(a: &[f32], bt: Columns<'_>, dk: usize, nq: usize, n_pad: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if avx512() {

@@ -52,6 +52,42 @@ impl Isa {
     }
 }
 
+/// Defines a function whose body is compiled once per f32 instruction set (AVX-512, AVX2 + FMA
+/// and the build's baseline) and runs the version [`Isa::best`] picks. For the portable loops
+/// that the compiler vectorises (and the helpers they inline): built for the baseline alone they
+/// would stay in 128-bit registers on every CPU, and `f32::mul_add` would be a call into libm
+/// instead of one FMA instruction. Rust never contracts `a * b + c` into an FMA nor reorders a
+/// float sum, so every version gives the same bits.
+macro_rules! multiversioned {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                match $crate::kernels::cpu::Isa::best() {
+                    // SAFETY: Isa::best found these features on this CPU.
+                    $crate::kernels::cpu::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    $crate::kernels::cpu::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::kernels::cpu::Isa::Portable => {}
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversioned;
+
 /// Whether the 512-bit f32 loops (attention, stem, `vmath`) can run.
 pub fn avx512() -> bool {
     features().avx512f
@@ -181,6 +217,119 @@ fn request_tile_data() -> bool {
 #[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
 fn request_tile_data() -> bool {
     false
+}
+
+/// The instruction-set extensions this build knows by name: for each, whether the binary was
+/// compiled to use it everywhere (`-C target-cpu`, see `.cargo/config.toml`; ggml is compiled
+/// for the same set) and whether this CPU has it. `is_x86_feature_detected!` answers `true` at
+/// compile time for a feature of the baseline, so on x86 the CPUID bit decides as well.
+macro_rules! extensions {
+    ($detected:ident: $($name:tt $($bit:expr)?),* $(,)?) => {
+        vec![$(Extension {
+            name: $name,
+            in_baseline: cfg!(target_feature = $name),
+            present: std::arch::$detected!($name) $(&& $bit)?,
+        }),*]
+    };
+}
+
+/// One instruction-set extension: in this binary's baseline, and on this CPU.
+#[derive(Clone, Copy, Debug)]
+pub struct Extension {
+    pub name: &'static str,
+    pub in_baseline: bool,
+    pub present: bool,
+}
+
+/// Every extension this build knows by name, oldest first.
+#[cfg(target_arch = "x86_64")]
+pub fn extensions() -> Vec<Extension> {
+    use std::arch::x86_64::{__cpuid, __cpuid_count, CpuidResult};
+    let (top, top_ext) = (__cpuid(0).eax, __cpuid(0x8000_0000).eax);
+    let leaf = |leaf: u32, sub: u32| {
+        let known = if leaf >= 0x8000_0000 { top_ext } else { top };
+        if leaf <= known {
+            __cpuid_count(leaf, sub)
+        } else {
+            CpuidResult {
+                eax: 0,
+                ebx: 0,
+                ecx: 0,
+                edx: 0,
+            }
+        }
+    };
+    let (l1, l7, l7s1, e1) = (leaf(1, 0), leaf(7, 0), leaf(7, 1), leaf(0x8000_0001, 0));
+    let bit = |reg: u32, n: u32| (reg >> n) & 1 == 1;
+    extensions!(is_x86_feature_detected:
+        "sse3" bit(l1.ecx, 0), "ssse3" bit(l1.ecx, 9), "sse4.1" bit(l1.ecx, 19),
+        "sse4.2" bit(l1.ecx, 20), "popcnt" bit(l1.ecx, 23), "cmpxchg16b" bit(l1.ecx, 13),
+        "avx" bit(l1.ecx, 28), "avx2" bit(l7.ebx, 5), "fma" bit(l1.ecx, 12),
+        "f16c" bit(l1.ecx, 29), "bmi1" bit(l7.ebx, 3), "bmi2" bit(l7.ebx, 8),
+        "lzcnt" bit(e1.ecx, 5), "movbe" bit(l1.ecx, 22), "avx512f" bit(l7.ebx, 16),
+        "avx512bw" bit(l7.ebx, 30), "avx512cd" bit(l7.ebx, 28), "avx512dq" bit(l7.ebx, 17),
+        "avx512vl" bit(l7.ebx, 31), "avx512vnni" bit(l7.ecx, 11),
+        "avx512bf16" bit(l7s1.eax, 5), "avx512vbmi" bit(l7.ecx, 1),
+        "avx512vbmi2" bit(l7.ecx, 6), "avx512ifma" bit(l7.ebx, 21),
+        "avx512bitalg" bit(l7.ecx, 12), "avx512vpopcntdq" bit(l7.ecx, 14),
+        "avxvnni" bit(l7s1.eax, 4), "gfni" bit(l7.ecx, 8), "vaes" bit(l7.ecx, 9),
+        "vpclmulqdq" bit(l7.ecx, 10), "pclmulqdq" bit(l1.ecx, 1), "aes" bit(l1.ecx, 25),
+        "sha" bit(l7.ebx, 29), "adx" bit(l7.ebx, 19), "rdrand" bit(l1.ecx, 30),
+        "rdseed" bit(l7.ebx, 18),
+    )
+}
+
+/// Every extension this build knows by name, oldest first.
+#[cfg(target_arch = "aarch64")]
+pub fn extensions() -> Vec<Extension> {
+    extensions!(is_aarch64_feature_detected:
+        "neon", "fp16", "rdm", "lse", "crc", "aes", "sha2", "dotprod", "fhm", "i8mm", "bf16",
+        "sve", "sve2",
+    )
+}
+
+/// No extension is known by name on this architecture.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub fn extensions() -> Vec<Extension> {
+    Vec::new()
+}
+
+/// The extensions this binary was compiled to use everywhere that this CPU lacks. Code outside
+/// our run-time-dispatched kernels (the Rust code the compiler vectorises, and all of ggml) may
+/// execute any baseline instruction, so with one missing the program would die of SIGILL; `main`
+/// asks this first and stops with a message instead.
+pub fn missing_baseline() -> Vec<&'static str> {
+    extensions()
+        .into_iter()
+        .filter(|e| e.in_baseline && !e.present)
+        .map(|e| e.name)
+        .collect()
+}
+
+/// The CPU's model name: CPUID's brand string.
+#[cfg(target_arch = "x86_64")]
+pub fn brand() -> Option<String> {
+    use std::arch::x86_64::__cpuid;
+    if __cpuid(0x8000_0000).eax < 0x8000_0004 {
+        return None;
+    }
+    let bytes: Vec<u8> = (0x8000_0002..=0x8000_0004u32)
+        .flat_map(|leaf| {
+            let r = __cpuid(leaf);
+            [r.eax, r.ebx, r.ecx, r.edx]
+                .into_iter()
+                .flat_map(u32::to_le_bytes)
+        })
+        .collect();
+    let s = String::from_utf8_lossy(&bytes);
+    let s = s.trim_matches(char::from(0)).trim();
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+/// The CPU's model name: not asked for outside x86.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn brand() -> Option<String> {
+    None
 }
 
 /// Which of our kernels this CPU runs and which it cannot, one line each, best first: AMX,

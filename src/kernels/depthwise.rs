@@ -1,5 +1,6 @@
 //! Depthwise 1-D convolution over time as one node (the conformer conv module).
 
+use super::cpu::multiversioned;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
 use crate::backend::{DType, Graph, Tensor};
@@ -89,8 +90,25 @@ impl Body for DepthwiseConv {
                 taps[j * c + ch] = v;
             }
         }
+        convolve_steps(x, &taps, bias, self.silu, mine, out);
+    }
+}
+
+multiversioned! {
+    /// Output steps `steps` of `x` ([C, T]) into `out`, over the tap-major kernel `taps`
+    /// ([K][C]).
+    fn convolve_steps(
+        x: &[f32],
+        taps: &[f32],
+        bias: Option<&[f32]>,
+        silu: bool,
+        steps: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        let c = out.len() / steps.len();
+        let (k, t) = (taps.len() / c, x.len() / c);
         let half = k / 2;
-        for (ti, row) in mine.zip(out.chunks_exact_mut(c)) {
+        for (ti, row) in steps.zip(out.chunks_exact_mut(c)) {
             row.fill(0.0);
             for (j, tap) in taps.chunks_exact(c).enumerate() {
                 // Input step ti + j - half; outside the clip it is the zero padding.
@@ -106,7 +124,7 @@ impl Body for DepthwiseConv {
                     *o += bv;
                 }
             }
-            if self.silu {
+            if silu {
                 super::vmath::silu_in_place(row);
             }
         }

@@ -118,6 +118,16 @@ pub trait FusedOps<'g> {
         conv2: (&Weight, &Weight),
     ) -> Tensor<'g>;
 
+    /// A 3 x 3 stride-2 depthwise conv + bias (`conv` = kernel `[C, 1, 3, 3]`, bias) over a
+    /// channels-fastest `[C, W, H]` padded by `pad`, on our kernel (see
+    /// [`stem::conv_depthwise_stride2`]); `None` for a shape it does not take.
+    fn conv_depthwise_stride2(
+        &mut self,
+        x: Tensor<'g>,
+        conv: (&Weight, &Weight),
+        pad: usize,
+    ) -> Option<Tensor<'g>>;
+
     /// Rel-pos multi-head attention over the keys `window` gives each query (see
     /// [`attention::rel_pos_attention_over`]); it runs after the nodes `after` (writes of the
     /// keys and values it reads in place).
@@ -235,6 +245,16 @@ impl<'g> FusedOps<'g> for Graph<'g> {
         conv2: (&Weight, &Weight),
     ) -> Tensor<'g> {
         stem::conv_stem(self, x, conv0, conv2)
+    }
+
+    fn conv_depthwise_stride2(
+        &mut self,
+        x: Tensor<'g>,
+        (kernel, bias): (&Weight, &Weight),
+        pad: usize,
+    ) -> Option<Tensor<'g>> {
+        stem::depthwise_stride2_fits(x, kernel, bias, pad)
+            .then(|| stem::conv_depthwise_stride2(self, x, (kernel, bias), pad))
     }
 
     fn rel_pos_attention(

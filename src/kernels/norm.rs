@@ -1,5 +1,6 @@
 //! LayerNorm with its affine parameters as one node.
 
+use super::cpu::multiversioned;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
 use crate::backend::{DType, Graph, Tensor, Weight};
@@ -60,8 +61,15 @@ impl Body for LayerNorm {
         if d == 0 {
             return;
         }
+        layer_norm_rows(x, w, b, self.eps, d, out);
+    }
+}
+
+multiversioned! {
+    /// Every row of `x` (`d` values each) into `out`.
+    fn layer_norm_rows(x: &[f32], w: &[f32], b: &[f32], eps: f32, d: usize, out: &mut [f32]) {
         for (row, y) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            layer_norm_row(row, w, b, self.eps, y);
+            layer_norm_row(row, w, b, eps, y);
         }
     }
 }
@@ -71,6 +79,7 @@ impl Body for LayerNorm {
 /// rounded to f32, `scale = 1 / sqrt(var + eps)`), then `((x - mean) * scale) * w + b` in f32,
 /// the operations of the three nodes in their order. The sums keep eight partial sums (so that
 /// they vectorise), which can move the variance by an ulp against ggml's.
+#[inline(always)]
 fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
     let n = x.len();
     let sum = sum_f64(x, |v| v as f64);
@@ -86,6 +95,7 @@ fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
 }
 
 /// `sum(f(x))` in eight partial sums (lane `i % 8` takes `x[i]`), so that it vectorises.
+#[inline(always)]
 fn sum_f64(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
     let mut acc = [0f64; 8];
     let chunks = x.chunks_exact(8);

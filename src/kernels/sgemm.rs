@@ -358,8 +358,10 @@ struct Tile {
     relu: bool,
     /// `kc >> prefetch_shift` cache lines from here are prefetched into L2 (pair kernel
     /// only), one every `1 << prefetch_shift` steps; the tile's own weights when there is
-    /// nothing to fetch (a no-op on lines already cached).
+    /// nothing to fetch (a no-op on lines already cached). Read by the x86-64 kernels only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     prefetch: *const u8,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     prefetch_shift: u32,
 }
 

@@ -13,6 +13,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::cpu::avx512;
+use super::cpu::multiversioned;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
 use crate::backend::{DType, Graph, Tensor, Weight};
@@ -102,6 +103,7 @@ struct Stem<'a> {
 
 impl Stem<'_> {
     /// conv.0 + ReLU for output row `i` (time step of the first stage): `[w1][c]`.
+    #[inline(always)]
     fn conv0_row(&self, i: usize, row: &mut [f32]) {
         let input: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
             let y = (2 * i + ky).wrapping_sub(1);
@@ -125,11 +127,34 @@ impl Stem<'_> {
 
     /// Depthwise conv.2 + bias for output row `i2` from conv.0 rows `2 i2 - 1 ..= 2 i2 + 1`
     /// (`rows[ky]`, `None` outside the image): `[w2][c]`.
+    #[inline(always)]
     fn conv2_row(&self, rows: [Option<&[f32]>; 3], out: &mut [f32]) {
-        let (c, w1) = (self.c, half(self.w));
+        let kernel = Depthwise {
+            c: self.c,
+            k: self.k2,
+            bias: self.b2,
+        };
+        kernel.row(rows, half(self.w), 1, out);
+    }
+}
+
+/// A 3 x 3 stride-2 depthwise kernel with its bias, channels fastest: tap `ky * 3 + kx`,
+/// channel `ch` at `(ky * 3 + kx) * c + ch`; `c` a multiple of 16.
+struct Depthwise<'a> {
+    c: usize,
+    k: &'a [f32],
+    bias: &'a [f32],
+}
+
+impl Depthwise<'_> {
+    /// One output row (`[w_out][c]`, `w_out = out.len() / c`) from the three input rows
+    /// `rows[ky]` (`[w_in][c]`, `None` above or below the image), the columns padded by `pad`.
+    #[inline(always)]
+    fn row(&self, rows: [Option<&[f32]>; 3], w_in: usize, pad: usize, out: &mut [f32]) {
+        let c = self.c;
         for (j, out) in out.chunks_exact_mut(c).enumerate() {
             // The taps inside the image, rows then columns (ggml's order), as offsets of
-            // their channel vectors into a conv.0 row and into the kernel.
+            // their channel vectors into an input row and into the kernel.
             let mut taps = [(0usize, 0usize, 0usize); TAPS];
             let mut n = 0;
             for (ky, row) in rows.iter().enumerate() {
@@ -137,8 +162,8 @@ impl Stem<'_> {
                     continue;
                 }
                 for kx in 0..3 {
-                    let x = (2 * j + kx).wrapping_sub(1);
-                    if x < w1 {
+                    let x = (2 * j + kx).wrapping_sub(pad);
+                    if x < w_in {
                         taps[n] = (ky, x * c, (ky * 3 + kx) * c);
                         n += 1;
                     }
@@ -147,8 +172,8 @@ impl Stem<'_> {
             #[cfg(target_arch = "x86_64")]
             if avx512() {
                 // SAFETY: AVX-512F present; every tap's offsets leave a whole channel row
-                // (`c` values) inside its conv.0 row and the kernel, and `out` is `c` long.
-                unsafe { avx512::conv2_point(&rows, &taps[..n], self.k2, self.b2, out) };
+                // (`c` values) inside its input row and the kernel, and `out` is `c` long.
+                unsafe { avx512::conv2_point(&rows, &taps[..n], self.k, self.bias, out) };
                 continue;
             }
             for (ch, out) in out.chunks_exact_mut(PANEL).enumerate() {
@@ -158,14 +183,13 @@ impl Stem<'_> {
                     let row = rows[ky].expect("tap inside the image");
                     let v: &[f32; PANEL] =
                         row[at + ch * PANEL..][..PANEL].try_into().expect("lanes");
-                    let w: &[f32; PANEL] = self.k2[k + ch * PANEL..][..PANEL]
-                        .try_into()
-                        .expect("lanes");
+                    let w: &[f32; PANEL] =
+                        self.k[k + ch * PANEL..][..PANEL].try_into().expect("lanes");
                     for r in 0..PANEL {
                         acc[r] = v[r].mul_add(w[r], acc[r]);
                     }
                 }
-                let b: &[f32; PANEL] = self.b2[ch * PANEL..][..PANEL].try_into().expect("lanes");
+                let b: &[f32; PANEL] = self.bias[ch * PANEL..][..PANEL].try_into().expect("lanes");
                 for r in 0..PANEL {
                     out[r] = acc[r] + b[r];
                 }
@@ -176,6 +200,7 @@ impl Stem<'_> {
 
 /// conv.0 at one position: `out[ch] = max(sum_t taps[t] * k0[ch][t] + b0[ch], 0)` over the
 /// panel-packed kernel, sixteen channels at a time.
+#[inline(always)]
 fn conv0_point(taps: &[f32; TAPS], k0: &[f32], b0: &[f32], out: &mut [f32]) {
     assert!(k0.len() >= TAPS * out.len() && b0.len() >= out.len());
     assert!(out.len().is_multiple_of(PANEL));
@@ -375,25 +400,142 @@ impl Body for ConvStem {
     }
 }
 
-/// Output rows `rows` of conv.2 into `out` (`[rows][w2][c]`), sliding three conv.0 rows.
-fn run(stem: &Stem<'_>, rows: std::ops::Range<usize>, out: &mut [f32]) {
-    let (h1, row_len) = (half(stem.h), half(stem.w) * stem.c);
-    let mut ring = vec![0f32; 3 * row_len];
-    // conv.0 row `i` lives in slot `i % 3`; `have` is one past the last row computed.
-    let mut have = 0usize;
-    let out_len = half(half(stem.w)) * stem.c;
-    for (i2, out) in rows.zip(out.chunks_exact_mut(out_len)) {
-        let first = (2 * i2).saturating_sub(1);
-        let last = (2 * i2 + 1).min(h1 - 1);
-        for i in first.max(have)..=last {
-            stem.conv0_row(i, &mut ring[(i % 3) * row_len..][..row_len]);
+multiversioned! {
+    /// Output rows `rows` of conv.2 into `out` (`[rows][w2][c]`), sliding three conv.0 rows.
+    fn run(stem: &Stem<'_>, rows: std::ops::Range<usize>, out: &mut [f32]) {
+        let (h1, row_len) = (half(stem.h), half(stem.w) * stem.c);
+        let mut ring = vec![0f32; 3 * row_len];
+        // conv.0 row `i` lives in slot `i % 3`; `have` is one past the last row computed.
+        let mut have = 0usize;
+        let out_len = half(half(stem.w)) * stem.c;
+        for (i2, out) in rows.zip(out.chunks_exact_mut(out_len)) {
+            let first = (2 * i2).saturating_sub(1);
+            let last = (2 * i2 + 1).min(h1 - 1);
+            for i in first.max(have)..=last {
+                stem.conv0_row(i, &mut ring[(i % 3) * row_len..][..row_len]);
+            }
+            have = last + 1;
+            let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
+                let i = (2 * i2 + ky).wrapping_sub(1);
+                (i < h1).then(|| &ring[(i % 3) * row_len..][..row_len])
+            });
+            stem.conv2_row(rows, out);
         }
-        have = last + 1;
-        let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
-            let i = (2 * i2 + ky).wrapping_sub(1);
-            (i < h1).then(|| &ring[(i % 3) * row_len..][..row_len])
-        });
-        stem.conv2_row(rows, out);
+    }
+}
+
+/// Whether [`conv_depthwise_stride2`] takes this conv: an f32 channels-fastest image
+/// `[C, W, H]` with `C` a multiple of 16, an f32 kernel `[C, 1, 3, 3]` and bias, `pad` 0 or 1.
+pub fn depthwise_stride2_fits(x: Tensor<'_>, kernel: &Weight, bias: &Weight, pad: usize) -> bool {
+    let [c, w, h, n] = x.shape();
+    c.is_multiple_of(PANEL)
+        && c > 0
+        && n == 1
+        && pad <= 1
+        && w + 2 * pad >= 3
+        && h + 2 * pad >= 3
+        && x.dtype() == Some(DType::F32)
+        && kernel.shape() == [c, 1, 3, 3]
+        && bias.shape() == [c, 1, 1, 1]
+        && [kernel, bias]
+            .iter()
+            .all(|w| w.dtype() == DType::F32 && w.layout() == Layout::Plain)
+}
+
+/// A 3 x 3 stride-2 depthwise conv + bias over a channels-fastest image `x` (`[C, W, H]`) ->
+/// `[C, W', H']`, `W' = (W + 2 pad - 3) / 2 + 1`: the subsampling's conv.5 (and conv.2 where
+/// conv.0 is not fused into the stem). ggml's `conv2d_dw` loop is compiled for the build's
+/// baseline (4-wide SSE in a portable build, five times slower here); this one is chosen at
+/// run time. The sums are [`conv_stem`]'s conv.2 ones (ggml's order, then the bias).
+pub fn conv_depthwise_stride2<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    (kernel, bias): (&Weight, &Weight),
+    pad: usize,
+) -> Tensor<'g> {
+    let [c, w, h, _] = x.shape();
+    check(depthwise_stride2_fits(x, kernel, bias, pad), || {
+        format!(
+            "conv_depthwise_stride2: x {:?}, kernel {:?} ({:?}), bias {:?}, pad {pad}",
+            x.shape(),
+            kernel.shape(),
+            kernel.dtype(),
+            bias.shape()
+        )
+    });
+    let x = if x.is_contiguous() { x } else { g.cont(x) };
+    let out = |n: usize| (n + 2 * pad - 3) / 2 + 1;
+    let sources = [x, g.weight_source(kernel), g.weight_source(bias)];
+    // SAFETY: a [C, W', H'] f32 result over the contiguous f32 image and the f32 kernel and
+    // bias checked above, as DepthwiseStride2 reads them; each thread writes its own rows.
+    unsafe {
+        g.custom(
+            Out::F32,
+            [c, out(w), out(h), 1],
+            &sources,
+            DepthwiseStride2 { pad },
+            "depthwise conv 3x3 stride 2",
+        )
+    }
+}
+
+/// The node of [`conv_depthwise_stride2`]: source 0 the contiguous f32 image `[C, W, H]`,
+/// source 1 the kernel `[C, 1, 3, 3]`, source 2 the bias `[C]`; each thread computes its own
+/// output rows.
+struct DepthwiseStride2 {
+    pad: usize,
+}
+
+impl Body for DepthwiseStride2 {
+    fn run(&self, op: &CustomOp<'_>) {
+        let [c, w, h, _] = op.src_shape(0);
+        let [_, w_out, h_out, _] = op.shape();
+        let mine = op.share(h_out);
+        if mine.is_empty() {
+            return;
+        }
+        let kernel = Depthwise {
+            c,
+            k: op.src_f32(1),
+            bias: op.src_f32(2),
+        };
+        let image = Image {
+            x: op.src_f32(0),
+            w,
+            h,
+            pad: self.pad,
+        };
+        // SAFETY: this thread's output rows, written by no other thread.
+        let out = unsafe { op.dst_mut::<f32>(mine.start * w_out * c..mine.end * w_out * c) };
+        depthwise_rows(&kernel, &image, mine, out);
+    }
+}
+
+/// A channels-fastest image, `w * c` values per row, `h` rows, padded by `pad` on each side.
+struct Image<'a> {
+    x: &'a [f32],
+    w: usize,
+    h: usize,
+    pad: usize,
+}
+
+multiversioned! {
+    /// Output rows `rows` of a stride-2 depthwise conv into `out` (`[rows][w_out][c]`).
+    fn depthwise_rows(
+        kernel: &Depthwise<'_>,
+        image: &Image<'_>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        let row_len = image.w * kernel.c;
+        let out_len = ((image.w + 2 * image.pad - 3) / 2 + 1) * kernel.c;
+        for (i, out) in rows.zip(out.chunks_exact_mut(out_len)) {
+            let input: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
+                let y = (2 * i + ky).wrapping_sub(image.pad);
+                (y < image.h).then(|| &image.x[y * row_len..][..row_len])
+            });
+            kernel.row(input, image.w, image.pad, out);
+        }
     }
 }
 
@@ -487,6 +629,66 @@ mod tests {
                     run(&s, rows, out);
                 }
                 assert!(split == whole, "{w}x{h}x{c} in {parts} parts");
+            }
+        }
+    }
+
+    /// The stride-2 depthwise conv against its definition in f64, for both paddings, odd and
+    /// even sizes, and split among threads (the same bits).
+    #[test]
+    fn depthwise_stride2_matches_the_definition_in_any_split() {
+        let mut rng = crate::kernels::TestValues::new(11);
+        for &(w, h, c, pad) in &[
+            (20, 37, 256, 1),
+            (21, 36, 256, 0),
+            (3, 3, 16, 0),
+            (1, 2, 48, 1),
+            (7, 9, 144, 1),
+        ] {
+            let (x, k, b) = (rng.take(w * h * c), rng.take(TAPS * c), rng.take(c));
+            let out = |n: usize| (n + 2 * pad - 3) / 2 + 1;
+            let (w_out, h_out) = (out(w), out(h));
+            let mut want = vec![0f64; h_out * w_out * c];
+            for i in 0..h_out {
+                for j in 0..w_out {
+                    for ch in 0..c {
+                        let mut v = b[ch] as f64;
+                        for ky in 0..3 {
+                            for kx in 0..3 {
+                                let (y, xx) = (2 * i + ky, 2 * j + kx);
+                                let (Some(y), Some(xx)) = (y.checked_sub(pad), xx.checked_sub(pad))
+                                else {
+                                    continue;
+                                };
+                                if y < h && xx < w {
+                                    v += k[(ky * 3 + kx) * c + ch] as f64
+                                        * x[(y * w + xx) * c + ch] as f64;
+                                }
+                            }
+                        }
+                        want[(i * w_out + j) * c + ch] = v;
+                    }
+                }
+            }
+            let kernel = Depthwise { c, k: &k, bias: &b };
+            let image = Image { x: &x, w, h, pad };
+            let row = w_out * c;
+            let mut whole = vec![0f32; h_out * row];
+            depthwise_rows(&kernel, &image, 0..h_out, &mut whole);
+            let worst = whole
+                .iter()
+                .zip(&want)
+                .map(|(&a, &b)| (a as f64 - b).abs())
+                .fold(0f64, f64::max);
+            assert!(worst < 1e-5, "{w}x{h}x{c} pad {pad}: worst {worst:e}");
+            for parts in [2, 3] {
+                let mut split = vec![0f32; h_out * row];
+                for part in 0..parts {
+                    let rows = crate::backend::custom::thread_share(h_out, part, parts);
+                    let out = &mut split[rows.start * row..rows.end * row];
+                    depthwise_rows(&kernel, &image, rows, out);
+                }
+                assert!(split == whole, "{w}x{h}x{c} pad {pad} in {parts} parts");
             }
         }
     }

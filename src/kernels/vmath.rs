@@ -5,6 +5,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::cpu::avx512;
+use super::cpu::multiversioned;
 
 /// `e^x` for `x <= 0`: `2^n * e^r` with `r = x - n ln 2` in `[-ln2/2, ln2/2]` (Cody-Waite
 /// split) and a degree-7 Taylor polynomial; within 2e-7 relative, and exactly 0 below -87.3
@@ -111,7 +112,14 @@ fn map_in_place(x: &mut [f32], map: Map) {
         x[done..].iter_mut().for_each(|v| *v = map.scalar(*v));
         return;
     }
-    x.iter_mut().for_each(|v| *v = map.scalar(*v));
+    map_portable(x, map);
+}
+
+multiversioned! {
+    /// `map` over `x` in the compiler's vectorisation (AVX2 CPUs and the baseline).
+    fn map_portable(x: &mut [f32], map: Map) {
+        x.iter_mut().for_each(|v| *v = map.scalar(*v));
+    }
 }
 
 /// The gated linear unit of one step: `out = a * sigmoid(gate)`.
@@ -126,8 +134,15 @@ pub fn glu(a: &[f32], gate: &[f32], out: &mut [f32]) {
         }
         return;
     }
-    for ((o, &a), &g) in out.iter_mut().zip(a).zip(gate) {
-        *o = a * sigmoid(g);
+    glu_portable(a, gate, out);
+}
+
+multiversioned! {
+    /// [`glu`] in the compiler's vectorisation (AVX2 CPUs and the baseline).
+    fn glu_portable(a: &[f32], gate: &[f32], out: &mut [f32]) {
+        for ((o, &a), &g) in out.iter_mut().zip(a).zip(gate) {
+            *o = a * sigmoid(g);
+        }
     }
 }
 

@@ -200,6 +200,49 @@ fn info_shows_quantized_layouts() {
     }
 }
 
+/// `info --system`: the build's baseline, and ggml compiled for that baseline and no more (a
+/// portable binary: ggml's CPU code must not use an extension the baseline lacks, or the binary
+/// dies of SIGILL on older CPUs).
+#[test]
+fn system_info_shows_the_baseline_and_ggml_built_for_it() {
+    let root = scratch("info-system");
+    let out = parakeet(&["info", "--system"], &root);
+    assert!(out.status.success(), "{out:?}");
+    let s = text(&out.stdout);
+    let field = |key: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {s}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let (baseline, ggml) = (field("baseline:"), field("ggml cpu:"));
+    #[cfg(target_arch = "x86_64")]
+    for (ours, theirs) in [
+        ("sse3", "SSE3"),
+        ("ssse3", "SSSE3"),
+        ("avx", "AVX"),
+        ("avx2", "AVX2"),
+    ] {
+        assert_eq!(
+            baseline.iter().any(|f| f == ours),
+            ggml.iter().any(|f| f == theirs),
+            "{ours} in the baseline and {theirs} in ggml differ:\n{s}"
+        );
+    }
+    // Every baseline extension is on this CPU (the test runs) and ours are named.
+    assert!(
+        baseline.iter().all(|f| field("cpu has:").contains(f)),
+        "{s}"
+    );
+    assert!(s.contains("best int8:") && s.contains("portable"), "{s}");
+    // A model and --system are exclusive; neither is a usage error.
+    for args in [&["info", "--system", "m.gguf"][..], &["info"][..]] {
+        assert_eq!(parakeet(args, &root).status.code(), Some(2), "{args:?}");
+    }
+}
+
 #[test]
 fn stdin_and_unreadable_entries() {
     let root = scratch("stdin");

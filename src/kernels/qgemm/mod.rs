@@ -36,6 +36,7 @@ use quantize::QuantizedCols;
 /// kernel's 16-step tiles never read past them.
 const STEP_PAD: usize = 16;
 /// Fewest steps for which the AMX kernel beats VNNI.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AMX_MIN_STEPS: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
