@@ -12,7 +12,7 @@ nothing in the timing). The model builder and configs are the reference set's ow
 (../shared/reference/scripts, or REF_SCRIPTS), so the weights are made exactly as the tiny
 reference models' are (seeded, re-initialised, calibrated).
 
-Usage: NEMO_REF=/work/ref/nemo $NEMO_REF/venv/bin/python scripts/build_stream_bench_models.py [NAME ...]
+Usage: NEMO_REF=DIR $NEMO_REF/venv/bin/python scripts/build_stream_bench_models.py [NAME ...]
 Writes $NEMO_REF/models/NAME.nemo (about 2.4 GB and 0.5 GB).
 """
 import os
