@@ -272,6 +272,24 @@ impl ResidentCaches {
         })
     }
 
+    /// Every ring empty and zeroed, as at the start of a stream (the positions stay).
+    fn clear(&mut self) {
+        let layers = self.tensors.len() / PER_LAYER;
+        for (ring, of) in [
+            (&mut self.kv, &[KEYS, VALUES][..]),
+            (&mut self.time, &[CONV][..]),
+        ] {
+            ring.start = 0;
+            for i in 0..layers {
+                for &of in of {
+                    let t = PER_LAYER * i + of;
+                    let zeros = vec![0f32; ring.keep * self.tensors.shape(t)[0]];
+                    self.tensors.write_rows(t, 0, &zeros);
+                }
+            }
+        }
+    }
+
     /// Room after the live rows of every ring for a chunk of `frames` frames.
     fn make_room(&mut self, layers: usize, frames: usize) -> Result<()> {
         for (ring, of) in [
@@ -323,20 +341,34 @@ impl EncoderState {
         EncoderState::default()
     }
 
-    /// The state at the start of a cache-aware stream of `model` with `params` (one of its
-    /// lookaheads, [`EncoderParams::streaming`]): NeMo's `get_initial_cache_state`.
-    pub fn streaming(model: &Model, params: StreamingParams) -> EncoderState {
-        let hp = &model.hparams.encoder;
-        let layers = hp.n_layers;
+    /// The state at the start of a cache-aware stream with `params` (one of the model's
+    /// lookaheads, [`EncoderParams::streaming`]): NeMo's `get_initial_cache_state` (zeros;
+    /// the backend caches are made by the first chunk).
+    pub fn streaming(params: StreamingParams) -> EncoderState {
         EncoderState {
             stream: Some(StreamCaches {
                 params,
-                channel: vec![vec![0.0; params.last_channel_cache_size * hp.d_model]; layers],
+                channel: Vec::new(),
                 channel_len: 0,
-                time: vec![vec![0.0; params.last_time_cache_size * hp.d_model]; layers],
+                time: Vec::new(),
                 chunks: 0,
             }),
             ..EncoderState::default()
+        }
+    }
+
+    /// Back to the start of the stream (an utterance ended): empty caches in the same
+    /// buffers. The projected positional tables stay: they depend on the weights and the
+    /// lookahead only.
+    pub fn restart(&mut self) {
+        if let Some(c) = self.stream.as_mut() {
+            c.channel.clear();
+            c.time.clear();
+            c.channel_len = 0;
+            c.chunks = 0;
+        }
+        if let Some(r) = self.resident.as_mut() {
+            r.clear();
         }
     }
 
@@ -500,6 +532,11 @@ pub fn encode(
     }
     if let Some(c) = state.stream.as_mut() {
         let d = hp.d_model;
+        if record && c.channel.is_empty() {
+            // NeMo's initial caches: zeros.
+            c.channel = vec![vec![0.0; c.params.last_channel_cache_size * d]; hp.n_layers];
+            c.time = vec![vec![0.0; c.params.last_time_cache_size * d]; hp.n_layers];
+        }
         for (i, (input, time)) in cache_ids.into_iter().enumerate() {
             // NeMo's cache: the last rows of [cache, this chunk's attention input].
             let channel = &mut c.channel[i];

@@ -80,8 +80,6 @@ pub struct CacheAwareStream {
     /// ([`Self::set_max_utterance_seconds`]).
     max_utterance_seconds: Option<f64>,
     records: Vec<ChunkRecord>,
-    /// Chunks of room in the encoder's cache rings (test hook, [`Self::set_cache_room`]).
-    cache_room: Option<usize>,
 }
 
 /// The longest utterance a stream reports before it cuts one at a word start, by default.
@@ -168,8 +166,12 @@ impl CacheAwareStream {
             .filter(|(_, p)| END_MARKERS.contains(&p.as_str()))
             .map(|(id, _)| id)
             .collect();
+        let mut encoder = EncoderState::streaming(params);
+        if config.record_chunks {
+            encoder.record_caches();
+        }
         Ok(CacheAwareStream {
-            encoder: stream_state(&model, params, config.record_chunks, None),
+            encoder,
             n_mels: e.feat_in,
             session,
             config,
@@ -187,7 +189,6 @@ impl CacheAwareStream {
             markers,
             max_utterance_seconds: Some(DEFAULT_MAX_UTTERANCE_SECONDS),
             records: Vec::new(),
-            cache_room: None,
         })
     }
 
@@ -335,12 +336,7 @@ impl CacheAwareStream {
     /// The encoder's caches and the decoder's state as at the start of a stream.
     fn restart_model_state(&mut self) {
         let model = self.session.model().clone();
-        self.encoder = stream_state(
-            &model,
-            self.params,
-            self.config.record_chunks,
-            self.cache_room,
-        );
+        self.encoder.restart();
         self.head = match self.head {
             HeadState::Transducer(_) => HeadState::Transducer(None),
             HeadState::Ctc { .. } => HeadState::Ctc {
@@ -391,7 +387,6 @@ impl CacheAwareStream {
     /// live rows move to the front that often (call before the first chunk).
     #[doc(hidden)]
     pub fn set_cache_room(&mut self, chunks: usize) {
-        self.cache_room = Some(chunks);
         self.encoder.set_cache_room(chunks);
     }
 
@@ -434,24 +429,6 @@ impl CacheAwareStream {
         self.frames_done = 0;
         self.tokens.clear();
     }
-}
-
-/// The encoder's state at the start of a stream, keeping NeMo's caches on the host when
-/// chunks are recorded.
-fn stream_state(
-    model: &crate::model::Model,
-    params: StreamingParams,
-    record: bool,
-    cache_room: Option<usize>,
-) -> EncoderState {
-    let mut state = EncoderState::streaming(model, params);
-    if record {
-        state.record_caches();
-    }
-    if let Some(chunks) = cache_room {
-        state.set_cache_room(chunks);
-    }
-    state
 }
 
 /// A chunk's tokens without the end markers among them, and whether there was one (the
