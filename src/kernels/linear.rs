@@ -6,10 +6,12 @@
 //! - [`Layout::Q8_0x8`] (q8_0) and [`Layout::Q4_0x8`] (q4_0): our int8 GEMM
 //!   ([`super::qgemm`]), the input quantized once for every linear reading it, the bias and a
 //!   residual in its store.
-//! - [`Layout::Plain`]: [`matmul`], the `gemm` crate's packed kernels for a large plain f32
-//!   product (about twice ggml's f32 tinyBLAS throughput, `examples/gemm_throughput.rs`), ggml's
+//! - [`Layout::Plain`]: [`matmul`], our run-time dispatched f32 matrix-vector kernel
+//!   ([`super::matvec`]) for a product of a few columns (the decoder's per-step products of an
+//!   f32 model), the `gemm` crate's packed kernels for a large plain f32 product (about twice ggml's f32 tinyBLAS throughput, `examples/gemm_throughput.rs`), ggml's
 //!   `mul_mat` for everything else (quantized weights, batched and small products).
 
+use super::matvec;
 use super::panel::GemmNode;
 use super::qgemm::Format;
 use super::qgemm::node::{Int8Gemm, Quantize, quantized_bytes};
@@ -19,8 +21,7 @@ use crate::backend::graph::{check, check_mul_mat};
 use crate::backend::{DType, Graph, Tensor, Weight};
 use crate::layout::Layout;
 
-/// Below this many multiply-adds ggml's own kernel is as fast (and the decoder's matrix-vector
-/// products stay on it).
+/// Below this many multiply-adds ggml's own kernel is as fast.
 const PACKED_GEMM_MIN_MACS: usize = 1 << 20;
 
 /// Whether a plain product goes to the `gemm` crate: f32, 2-D, large enough, and not switched
@@ -37,6 +38,12 @@ fn use_packed_gemm(w: Tensor<'_>, x: Tensor<'_>) -> bool {
         && xs[3] == 1
         && ws[0] * ws[1] * xs[1] >= PACKED_GEMM_MIN_MACS
         && std::env::var_os("PARAKEET_GGML_MATMUL").is_none()
+}
+
+/// Whether a plain product is a few columns for [`matvec`] (unless `PARAKEET_GGML_MATMUL`
+/// asks for ggml's kernel).
+fn use_matvec(w: Tensor<'_>, x: Tensor<'_>) -> bool {
+    matvec::fits(w, x) && std::env::var_os("PARAKEET_GGML_MATMUL").is_none()
 }
 
 /// The node `dst[m, n] = w[k, m]^T x[k, n]` (sources w and x, contiguous f32), rows of `dst`
@@ -85,6 +92,9 @@ impl Body for PackedGemmF32 {
 /// weight ([out, in] in torch = ne [in, out]) this is `x @ W^T`.
 pub fn matmul<'g>(g: &mut Graph<'g>, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
     check_mul_mat(w, x);
+    if use_matvec(w, x) {
+        return matvec::matvec(g, w, x, None);
+    }
     if !use_packed_gemm(w, x) {
         return g.mul_mat(w, x);
     }
@@ -184,6 +194,15 @@ pub(super) fn linear<'g>(
     }
     let x = if fused.silu_input { g.silu(x) } else { x };
     let w = g.weight(w);
+    let bias_fits = b.is_none_or(|b| {
+        b.layout() == Layout::Plain && b.dtype() == DType::F32 && b.shape() == [m, 1, 1, 1]
+    });
+    if use_matvec(w, x) && bias_fits {
+        check_mul_mat(w, x);
+        let b = b.map(|b| g.weight(b));
+        let y = matvec::matvec(g, w, x, b);
+        return add_scaled_residual(g, y, fused.residual);
+    }
     let y = matmul(g, w, x);
     let y = match b {
         Some(b) => {

@@ -11,6 +11,7 @@ mod depthwise;
 mod glu;
 mod linear;
 mod lstm;
+mod matvec;
 mod norm;
 mod pad;
 pub mod panel;
@@ -27,8 +28,9 @@ use linear::Fused;
 /// The fused ops, as methods of the graph being built.
 pub trait FusedOps<'g> {
     /// `w^T x` over `ne0`: `w` [k, m], `x` [k, n, ...] -> [m, n, ...]. With `w` a torch Linear
-    /// weight ([out, in] in torch = ne [in, out]) this is `x @ W^T`; large plain f32 products
-    /// run on the `gemm` crate, the rest on ggml's `mul_mat`.
+    /// weight ([out, in] in torch = ne [in, out]) this is `x @ W^T`; plain f32 products of a
+    /// few columns run on our matrix-vector kernel, large ones on the `gemm` crate, the rest on
+    /// ggml's `mul_mat`.
     fn matmul(&mut self, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g>;
 
     /// 2-D convolution in f32, torch semantics, channels-fastest output: `kernel`
