@@ -63,6 +63,8 @@ pub struct Session {
     boosting: Option<Arc<BoostingTree>>,
     /// A beam search instead of greedy decoding.
     beam: Option<BeamPlan>,
+    /// Test hook: the encoder's layer time slice ([`Session::set_layer_slice`]).
+    layer_slice: Option<usize>,
 }
 
 /// A beam search a session runs in place of greedy decoding, and how many of its hypotheses
@@ -146,6 +148,7 @@ impl Session {
             confidence: None,
             boosting: None,
             beam: None,
+            layer_slice: None,
         })
     }
 
@@ -194,6 +197,22 @@ impl Session {
             &self.model.filterbank,
             &self.mel,
         )
+    }
+
+    /// Test hook: whole-file encoder layers under local attention run in time slices of
+    /// `frames` frames (a multiple of 32) on inputs longer than that, as long files do.
+    #[doc(hidden)]
+    pub fn set_layer_slice(&mut self, frames: usize) {
+        self.layer_slice = Some(frames);
+    }
+
+    /// A whole file's encoder state.
+    fn whole_file_state(&self) -> EncoderState {
+        let mut state = EncoderState::new();
+        if let Some(frames) = self.layer_slice {
+            state.set_layer_slice(frames);
+        }
+        state
     }
 
     /// The self-attention to run (`--att-context`; default [`AttentionChoice::Auto`]).
@@ -261,10 +280,11 @@ impl Session {
         let outputs = Outputs::All {
             layers: capture_layers,
         };
+        let mut state = self.whole_file_state();
         encode(
             &mut self.backend,
             &self.model,
-            &mut EncoderState::new(),
+            &mut state,
             features.into(),
             attention,
             outputs,
@@ -598,10 +618,11 @@ impl Session {
             self.backend
                 .set_progress(Some(Box::new(move |done| p("encoder", done))));
         }
+        let mut state = self.whole_file_state();
         let enc = encode(
             &mut self.backend,
             &self.model,
-            &mut EncoderState::new(),
+            &mut state,
             chunk,
             attention,
             outputs,

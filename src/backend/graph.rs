@@ -580,10 +580,26 @@ impl<'g> Graph<'g> {
             || "stack_rows: parts must be 2-D f32 with equal rows".into(),
         );
         let total: usize = parts.iter().map(|p| p.ne(1)).sum();
-        // The first part padded to the full length (a node, allocated when it is computed; a
-        // fresh leaf would hold its memory from the start of the graph).
+        // The first part in the top rows of a full-length node (allocated when it is computed;
+        // a fresh leaf would hold its memory from the start of the graph), the other rows left
+        // for the parts' writes: a zero fill of the whole length first cost a pass over it.
         let first = parts[0];
-        let mut dst = self.pad(first, [(0, 0), (0, total - first.ne(1)), (0, 0), (0, 0)]);
+        let first = if first.is_contiguous() {
+            first
+        } else {
+            self.cont(first)
+        };
+        // SAFETY: an f32 [n, total] result over the contiguous f32 [n, len] first part, as
+        // FirstRows reads it.
+        let mut dst = unsafe {
+            self.custom(
+                Out::F32,
+                [n, total, 1, 1],
+                &[first],
+                FirstRows,
+                "stack_rows",
+            )
+        };
         let row_bytes = dst.nb()[1];
         let mut at = first.ne(1);
         for &part in &parts[1..] {
@@ -826,5 +842,19 @@ impl Drop for Graph<'_> {
         // SAFETY: the context was created in `new` and is freed once; computed data lives in the
         // gallocr's buffer, not here.
         unsafe { sys::ggml_free(self.ctx()) };
+    }
+}
+
+/// The node that starts [`Graph::stack_rows`]'s result: source 0 (contiguous f32) copied to
+/// its first elements, split over the threads; the rows after it are the parts' to write.
+struct FirstRows;
+
+impl Body for FirstRows {
+    fn run(&self, op: &custom::CustomOp<'_>) {
+        let src = op.src_f32(0);
+        let mine = op.share(src.len());
+        // SAFETY: this thread's elements of the first part's rows, written by no other thread.
+        let dst = unsafe { op.dst_mut::<f32>(mine.clone()) };
+        dst.copy_from_slice(&src[mine]);
     }
 }

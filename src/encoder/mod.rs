@@ -182,6 +182,8 @@ pub struct EncoderState {
     record: bool,
     /// Chunks the cache rings hold past their live rows ([`EncoderState::set_cache_room`]).
     cache_room: Option<usize>,
+    /// Frames per time slice of a whole file's layers ([`EncoderState::set_layer_slice`]).
+    layer_slice: Option<usize>,
 }
 
 /// A stream's progress and, when recorded ([`EncoderState::record_caches`]), NeMo's caches.
@@ -386,6 +388,14 @@ impl EncoderState {
         self.cache_room = Some(chunks);
     }
 
+    /// Test hook: whole-file layers under local attention run in time slices of `frames`
+    /// frames (a multiple of 32) from this many frames on, instead of [`LAYER_SLICE`], so
+    /// that a short clip takes the sliced path.
+    #[doc(hidden)]
+    pub fn set_layer_slice(&mut self, frames: usize) {
+        self.layer_slice = Some(frames);
+    }
+
     /// The stream's progress and, when recorded, its caches (None for a whole-file state).
     pub fn caches(&self) -> Option<&StreamCaches> {
         self.stream.as_ref()
@@ -442,6 +452,7 @@ pub fn encode(
     let pos_rows = window.left + window.right + 1;
     let capture_layers = outputs == Outputs::All { layers: true };
     let record = state.record;
+    let layer_slice = state.layer_slice.unwrap_or(LAYER_SLICE);
 
     if let Some(c) = cache
         && state.resident.is_none()
@@ -472,57 +483,71 @@ pub fn encode(
 
     let mut head_ids = HeadIds::default();
     let mut cache_ids: Vec<(CaptureId, CaptureId)> = Vec::new();
-    let computed = backend.compute_sized(graph_nodes(t_feat, frames, hp.n_layers), |g| {
-        let x = g.input_f32_owned(chunk.data, &[hp.feat_in, t_feat, 1, 1]);
-        let mut x = pre_encode_sliced(g, &model.encoder.pre_encode, x, subsampled, hp);
-        if drop > 0 {
-            x = g.rows(x, drop, frames);
-        }
-        if capture_layers {
-            g.capture("enc_pre_encode", x);
-        }
-        if hp.xscaling {
-            x = g.scale(x, (hp.d_model as f32).sqrt());
-        }
-        let pos = pos.map(|p| g.input_f32_owned(p, &[hp.d_model, pos_rows]));
-        for (i, layer) in model.encoder.layers.iter().enumerate() {
-            let taps = capture_layers && i == 0;
-            let layer_cache = resident.map(|r| LayerCache {
-                keys: g.state(&r.tensors, keys_of(i)),
-                values: g.state(&r.tensors, values_of(i)),
-                kv: r.kv,
-                conv: g.state(&r.tensors, conv_of(i)),
-                time: r.time,
-                store_positions: (!stored_positions).then(|| g.state(&r.tensors, positions_of(i))),
-            });
-            let positions = match (pos, resident) {
-                (Some(table), _) => LayerPositions::Table(table),
-                (None, Some(r)) => LayerPositions::Projected(g.state(&r.tensors, positions_of(i))),
-                (None, None) => unreachable!("a table is built unless the stream holds one"),
-            };
-            let (y, next) =
-                conformer_layer(g, hp, layer, x, (positions, window), taps, layer_cache);
-            x = y;
-            if let (true, Some(next)) = (record, next) {
-                cache_ids.push((
-                    g.capture(&format!("attention_input_{i:02}"), next.attention_input),
-                    g.capture(&format!("cache_last_time_{i:02}"), next.time),
-                ));
+    let computed =
+        backend.compute_sized(graph_nodes(t_feat, frames, hp.n_layers, layer_slice), |g| {
+            let x = g.input_f32_owned(chunk.data, &[hp.feat_in, t_feat, 1, 1]);
+            let mut x = pre_encode_sliced(g, &model.encoder.pre_encode, x, subsampled, hp);
+            if drop > 0 {
+                x = g.rows(x, drop, frames);
             }
             if capture_layers {
-                g.capture(&format!("enc_layer_{i:02}"), x);
+                g.capture("enc_pre_encode", x);
             }
-        }
-        Ok(match outputs {
-            Outputs::All { .. } => {
-                head_ids = heads(g, model, x);
-                x
+            if hp.xscaling {
+                x = g.scale(x, (hp.d_model as f32).sqrt());
             }
-            // The one head asked for is the graph's output: no capture, no second copy.
-            Outputs::JointEnc => joint_enc(g, model, x).expect("checked above"),
-            Outputs::CtcLogits => ctc_logits(g, model, x).expect("checked above"),
-        })
-    })?;
+            let pos = pos.map(|p| g.input_f32_owned(p, &[hp.d_model, pos_rows]));
+            for (i, layer) in model.encoder.layers.iter().enumerate() {
+                let taps = capture_layers && i == 0;
+                let layer_cache = resident.map(|r| LayerCache {
+                    keys: g.state(&r.tensors, keys_of(i)),
+                    values: g.state(&r.tensors, values_of(i)),
+                    kv: r.kv,
+                    conv: g.state(&r.tensors, conv_of(i)),
+                    time: r.time,
+                    store_positions: (!stored_positions)
+                        .then(|| g.state(&r.tensors, positions_of(i))),
+                });
+                let positions = match (pos, resident) {
+                    (Some(table), _) => LayerPositions::Table(table),
+                    (None, Some(r)) => {
+                        LayerPositions::Projected(g.state(&r.tensors, positions_of(i)))
+                    }
+                    (None, None) => unreachable!("a table is built unless the stream holds one"),
+                };
+                let sliced = match positions {
+                    LayerPositions::Table(table) if layer_cache.is_none() && !taps => {
+                        sliced_layer(g, hp, layer, x, (table, window), layer_slice)
+                    }
+                    _ => None,
+                };
+                let (y, next) = match sliced {
+                    Some(y) => (y, None),
+                    None => {
+                        conformer_layer(g, hp, layer, x, (positions, window), taps, layer_cache)
+                    }
+                };
+                x = y;
+                if let (true, Some(next)) = (record, next) {
+                    cache_ids.push((
+                        g.capture(&format!("attention_input_{i:02}"), next.attention_input),
+                        g.capture(&format!("cache_last_time_{i:02}"), next.time),
+                    ));
+                }
+                if capture_layers {
+                    g.capture(&format!("enc_layer_{i:02}"), x);
+                }
+            }
+            Ok(match outputs {
+                Outputs::All { .. } => {
+                    head_ids = heads(g, model, x);
+                    x
+                }
+                // The one head asked for is the graph's output: no capture, no second copy.
+                Outputs::JointEnc => joint_enc(g, model, x).expect("checked above"),
+                Outputs::CtcLogits => ctc_logits(g, model, x).expect("checked above"),
+            })
+        })?;
     state.started = true;
     let mut computed = computed;
     if let Some(r) = state.resident.as_mut() {
@@ -871,10 +896,11 @@ const FRAME_SLICE: usize = 2048;
 
 /// Nodes the encoder graph may need: a fixed part, plus per time slice of the subsampling and of
 /// each layer's sliced blocks (generous: about twice what they make).
-fn graph_nodes(feature_frames: usize, frames: usize, layers: usize) -> usize {
+fn graph_nodes(feature_frames: usize, frames: usize, layers: usize, layer_slice: usize) -> usize {
     let pre_slices = feature_frames.div_ceil(PRE_ENCODE_SLICE);
-    let layer_slices = frames.div_ceil(FRAME_SLICE);
-    4096 + pre_slices * 64 + layers * (256 + layer_slices * 64)
+    let frame_slices = frames.div_ceil(FRAME_SLICE);
+    let time_slices = frames.div_ceil(layer_slice.max(1));
+    4096 + pre_slices * 64 + layers * (256 + frame_slices * 64 + time_slices * 128)
 }
 
 /// `f` applied to `x` ([d, T]) in slices of at most [`FRAME_SLICE`] frames, for blocks that
@@ -1054,6 +1080,98 @@ fn conformer_layer<'g>(
     (out, next)
 }
 
+/// Frames per time slice of a whole file's layers under local attention ([`sliced_layer`]);
+/// a multiple of the attention's query block (32), so that slicing changes no bit.
+const LAYER_SLICE: usize = 512;
+
+/// One conformer layer of a whole file under local attention, in time slices of `slice`
+/// frames, so that a long file's intermediates stay in cache instead of streaming `[d, T]`
+/// tensors through memory between every two ops (the per-second cost of an hour grew 1.3x
+/// over a minute's). Three passes, each per slice, with only their results stacked to full
+/// length: (1) the first feed-forward and the keys and values; (2) the attention (each slice's
+/// queries over the keys of its window) and its residual; (3) the conv module (each slice with
+/// the conv's half-kernel of neighbouring frames), the second feed-forward and the output norm.
+/// Every frame's values are those of [`conformer_layer`] bit for bit. `None` (the caller runs
+/// the layer whole) for full attention, a chunked mask, a causal conv or a short input.
+fn sliced_layer<'g>(
+    g: &mut Graph<'g>,
+    hp: &EncoderParams,
+    l: &ConformerLayer,
+    x: Tensor<'g>,
+    (table, window): (Tensor<'g>, KeyWindow),
+    slice: usize,
+) -> Option<Tensor<'g>> {
+    let t = x.ne(1);
+    let local = window.past == 0 && window.chunk.is_none() && window.left + window.right < t;
+    if !local || hp.causal_conv() || t <= slice || slice == 0 {
+        return None;
+    }
+    let (d, h) = (hp.d_model, hp.n_heads);
+    let dk = d / h;
+    let a = &l.self_attn;
+    let slices: Vec<(usize, usize)> = (0..t)
+        .step_by(slice)
+        .map(|s| (s, slice.min(t - s)))
+        .collect();
+
+    // (1) x1 = x + FF1(x) / 2; the keys and values of every frame.
+    let (mut x1s, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+    for &(start, len) in &slices {
+        let xs = g.rows(x, start, len);
+        let n = layer_norm(g, xs, &l.norm_feed_forward1);
+        let x1 = feed_forward(g, n, &l.feed_forward1, Some((xs, 0.5)));
+        let n = layer_norm(g, x1, &l.norm_self_att);
+        ks.push(g.linear(n, &a.linear_k.weight, a.linear_k.bias.as_ref()));
+        vs.push(g.linear(n, &a.linear_v.weight, a.linear_v.bias.as_ref()));
+        x1s.push(x1);
+    }
+    let (x1, k, v) = (g.stack_rows(&x1s), g.stack_rows(&ks), g.stack_rows(&vs));
+
+    // (2) x2 = x1 + attention(x1), each slice's queries over its window's keys.
+    let p = g.linear(table, &a.linear_pos, None);
+    let p = g.reshape(p, &[dk, h, p.ne(1)]);
+    let (u, vb) = (g.weight(&a.pos_bias_u), g.weight(&a.pos_bias_v));
+    let mut x2s = Vec::new();
+    for &(start, len) in &slices {
+        let x1s = g.rows(x1, start, len);
+        let n = layer_norm(g, x1s, &l.norm_self_att);
+        let q = g.linear(n, &a.linear_q.weight, a.linear_q.bias.as_ref());
+        let q = g.reshape(q, &[dk, h, len]);
+        let first = start.saturating_sub(window.left);
+        let keys = (start + len + window.right).min(t) - first;
+        let kw = g.rows(k, first, keys);
+        let kw = g.reshape(kw, &[dk, h, keys]);
+        let vw = g.rows(v, first, keys);
+        let vw = g.reshape(vw, &[dk, h, keys]);
+        let slice_window = KeyWindow {
+            past: start - first,
+            ..window
+        };
+        let o = g.rel_pos_attention(q, kw, vw, p, u, vb, slice_window, &[]);
+        let o = g.reshape(o, &[d, len]);
+        x2s.push(last_linear(g, o, &a.linear_out, Some((x1s, 1.0))));
+    }
+    let x2 = g.stack_rows(&x2s);
+
+    // (3) the conv module (with its half-kernel of neighbours), FF2, the output norm.
+    let halo = hp.conv_kernel / 2;
+    let mut outs = Vec::new();
+    for &(start, len) in &slices {
+        let first = start.saturating_sub(halo);
+        let reach = (start + len + halo).min(t) - first;
+        let around = g.rows(x2, first, reach);
+        let n = layer_norm(g, around, &l.norm_conv);
+        let (y, _) = conv_module_inner(g, hp, &l.conv, n, None);
+        let y = g.rows(y, start - first, len);
+        let x2s = g.rows(x2, start, len);
+        let x3 = last_linear(g, y, &l.conv.pointwise_conv2, Some((x2s, 1.0)));
+        let n = layer_norm(g, x3, &l.norm_feed_forward2);
+        let x4 = feed_forward(g, n, &l.feed_forward2, Some((x3, 0.5)));
+        outs.push(layer_norm(g, x4, &l.norm_out));
+    }
+    Some(g.stack_rows(&outs))
+}
+
 /// Multi-head self-attention with relative positions (Transformer-XL style, untied biases):
 /// `softmax(((q + u) k^T + rel_shift((q + v) p^T)) / sqrt(d_k)) v` over each query's window,
 /// as one fused op (`FusedOps::rel_pos_attention`).
@@ -1123,6 +1241,18 @@ fn conv_module<'g>(
     residual: Residual<'g>,
     cache: Option<LayerCache<'g>>,
 ) -> (Tensor<'g>, Option<Tensor<'g>>) {
+    let (y, next) = conv_module_inner(g, hp, c, x, cache);
+    (last_linear(g, y, &c.pointwise_conv2, residual), next)
+}
+
+/// [`conv_module`] up to `pointwise_conv2`'s input.
+fn conv_module_inner<'g>(
+    g: &mut Graph<'g>,
+    hp: &EncoderParams,
+    c: &ConvModule,
+    x: Tensor<'g>,
+    cache: Option<LayerCache<'g>>,
+) -> (Tensor<'g>, Option<Tensor<'g>>) {
     let y = per_frame(g, x, None, &|g, x, _| {
         let y = g.linear(
             x,
@@ -1168,5 +1298,5 @@ fn conv_module<'g>(
         y = layer_norm(g, y, norm);
         y = g.silu(y);
     }
-    (last_linear(g, y, &c.pointwise_conv2, residual), next)
+    (y, next)
 }

@@ -71,7 +71,8 @@ impl KeyWindow {
 }
 
 /// Fused rel-pos multi-head attention over the keys `window` gives each query. `q`: `[d_k, h,
-/// T]` (a linear's `[d, T]` output reshaped); `k`, `v`: `[d_k, h, past + T]`; `p`: the projected
+/// T]` (a linear's `[d, T]` output reshaped); `k`, `v`: `[d_k, h, past + T + later]` (`later`
+/// keys after the last query's: a time slice of a longer input); `p`: the projected
 /// positional rows `[d_k, h, left + right + 1]`, row `j - (past + i) + left` for key `j` of
 /// query `i`; `bias_u`, `bias_v`: `[d_k, h]`. Returns `[d_k, h, T]` (before `linear_out`).
 /// `after`: nodes the op must follow though it does not read their results (the writes of
@@ -92,7 +93,8 @@ pub fn rel_pos_attention_over<'g>(
     let KeyWindow { left, right, .. } = window;
     let ok = one == 1
         && t > 0
-        && k.shape() == [dk, h, window.past + t, 1]
+        && k.ne(2) >= window.past + t
+        && k.shape() == [dk, h, k.ne(2), 1]
         && v.shape() == k.shape()
         && window.first_valid <= window.past
         && window.chunk.is_none_or(|c| c.size > 0)

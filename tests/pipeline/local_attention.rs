@@ -134,6 +134,38 @@ fn window_edges_match_nemo() {
     }
 }
 
+/// Long files run each layer in time slices (attention over each slice's window of keys, the
+/// conv with its neighbouring frames): forced on a short clip (32-frame slices of 125 frames,
+/// the last one partial), every layer and the decode still match NeMo, and the encoder output
+/// is the unsliced one bit for bit.
+#[test]
+fn layers_in_time_slices_match_nemo_and_the_whole_layer() {
+    for (model, (l, r)) in [("tiny_tdt_ctc", (16, 16)), ("tiny_rnnt", (16, 16))] {
+        let name = format!("{model}_local16");
+        let samples = clip_samples("speech_10s.wav");
+        let mut whole = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        whole.set_attention(local(l, r));
+        let mut sliced = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        sliced.set_attention(local(l, r));
+        sliced.set_layer_slice(32);
+        check_against_nemo(&mut sliced, &samples, &reference(&name), &name);
+        let features = whole.features(&samples);
+        let a = whole.encode(&features, false).unwrap();
+        let b = sliced.encode(&features, false).unwrap();
+        assert!(
+            a.frames > 96,
+            "{name}: {} frames make no partial fourth slice",
+            a.frames
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&a.output),
+            bits(&b.output),
+            "{name}: sliced vs whole layers"
+        );
+    }
+}
+
 /// A window covering the whole utterance is full attention: the full-attention references.
 #[test]
 fn window_wider_than_the_utterance_is_full_attention() {
