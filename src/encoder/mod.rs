@@ -900,7 +900,7 @@ fn graph_nodes(feature_frames: usize, frames: usize, layers: usize, layer_slice:
     let pre_slices = feature_frames.div_ceil(PRE_ENCODE_SLICE);
     let frame_slices = frames.div_ceil(FRAME_SLICE);
     let time_slices = frames.div_ceil(layer_slice.max(1));
-    4096 + pre_slices * 64 + layers * (256 + frame_slices * 64 + time_slices * 128)
+    4096 + pre_slices * 64 + layers * (256 + frame_slices * 64 + time_slices * 64)
 }
 
 /// `f` applied to `x` ([d, T]) in slices of at most [`FRAME_SLICE`] frames, for blocks that
