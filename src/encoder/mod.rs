@@ -1114,24 +1114,27 @@ fn sliced_layer<'g>(
         .map(|s| (s, slice.min(t - s)))
         .collect();
 
-    // (1) x1 = x + FF1(x) / 2; the keys and values of every frame.
-    let (mut x1s, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+    // (1) x1 = x + FF1(x) / 2; the keys and values of every frame. Each slice's results are
+    // written into the stacks as soon as they are made, so that its intermediates die then.
+    let [mut x1, mut k, mut v] = [(); 3].map(|_| g.row_stack(d, t, x));
     for &(start, len) in &slices {
         let xs = g.rows(x, start, len);
         let n = layer_norm(g, xs, &l.norm_feed_forward1);
-        let x1 = feed_forward(g, n, &l.feed_forward1, Some((xs, 0.5)));
-        let n = layer_norm(g, x1, &l.norm_self_att);
-        ks.push(g.linear(n, &a.linear_k.weight, a.linear_k.bias.as_ref()));
-        vs.push(g.linear(n, &a.linear_v.weight, a.linear_v.bias.as_ref()));
-        x1s.push(x1);
+        let x1s = feed_forward(g, n, &l.feed_forward1, Some((xs, 0.5)));
+        let n = layer_norm(g, x1s, &l.norm_self_att);
+        let ks = g.linear(n, &a.linear_k.weight, a.linear_k.bias.as_ref());
+        let vs = g.linear(n, &a.linear_v.weight, a.linear_v.bias.as_ref());
+        g.push_rows(&mut x1, x1s);
+        g.push_rows(&mut k, ks);
+        g.push_rows(&mut v, vs);
     }
-    let (x1, k, v) = (g.stack_rows(&x1s), g.stack_rows(&ks), g.stack_rows(&vs));
+    let (x1, k, v) = (g.finish_rows(x1), g.finish_rows(k), g.finish_rows(v));
 
     // (2) x2 = x1 + attention(x1), each slice's queries over its window's keys.
     let p = g.linear(table, &a.linear_pos, None);
     let p = g.reshape(p, &[dk, h, p.ne(1)]);
     let (u, vb) = (g.weight(&a.pos_bias_u), g.weight(&a.pos_bias_v));
-    let mut x2s = Vec::new();
+    let mut x2 = g.row_stack(d, t, x1);
     for &(start, len) in &slices {
         let x1s = g.rows(x1, start, len);
         let n = layer_norm(g, x1s, &l.norm_self_att);
@@ -1149,13 +1152,14 @@ fn sliced_layer<'g>(
         };
         let o = g.rel_pos_attention(q, kw, vw, p, u, vb, slice_window, &[]);
         let o = g.reshape(o, &[d, len]);
-        x2s.push(last_linear(g, o, &a.linear_out, Some((x1s, 1.0))));
+        let x2s = last_linear(g, o, &a.linear_out, Some((x1s, 1.0)));
+        g.push_rows(&mut x2, x2s);
     }
-    let x2 = g.stack_rows(&x2s);
+    let x2 = g.finish_rows(x2);
 
     // (3) the conv module (with its half-kernel of neighbours), FF2, the output norm.
     let halo = hp.conv_kernel / 2;
-    let mut outs = Vec::new();
+    let mut out = g.row_stack(d, t, x2);
     for &(start, len) in &slices {
         let first = start.saturating_sub(halo);
         let reach = (start + len + halo).min(t) - first;
@@ -1167,9 +1171,10 @@ fn sliced_layer<'g>(
         let x3 = last_linear(g, y, &l.conv.pointwise_conv2, Some((x2s, 1.0)));
         let n = layer_norm(g, x3, &l.norm_feed_forward2);
         let x4 = feed_forward(g, n, &l.feed_forward2, Some((x3, 0.5)));
-        outs.push(layer_norm(g, x4, &l.norm_out));
+        let outs = layer_norm(g, x4, &l.norm_out);
+        g.push_rows(&mut out, outs);
     }
-    Some(g.stack_rows(&outs))
+    Some(g.finish_rows(out))
 }
 
 /// Multi-head self-attention with relative positions (Transformer-XL style, untied biases):
