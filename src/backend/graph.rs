@@ -573,11 +573,10 @@ impl<'g> Graph<'g> {
     pub fn stack_rows(&mut self, parts: &[Tensor<'g>]) -> Tensor<'g> {
         check(!parts.is_empty(), || "stack_rows: no parts".into());
         let total: usize = parts.iter().map(|p| p.ne(1)).sum();
-        let mut stack = RowStack {
-            dst: None,
-            at: 0,
-            total,
-        };
+        // Its memory taken when the first part is done (a fresh leaf would hold it from the
+        // start of the graph).
+        let dst = self.reserve(parts[0].ne(0), total, parts[0]);
+        let mut stack = RowStack { dst, at: 0, total };
         for &part in parts {
             self.set_rows(&mut stack, part);
         }
@@ -589,16 +588,17 @@ impl<'g> Graph<'g> {
     /// before the first part's intermediates, which would otherwise split the free block it
     /// fits in (a 60-minute file's stacks then needed 882 MiB where 4 of them take 704).
     pub fn row_stack(&mut self, n: usize, total: usize, after: Tensor<'g>) -> RowStack<'g> {
-        // SAFETY: an f32 [n, total] result that the body leaves to the parts' writes; the
-        // source is only ordered before it.
-        let dst =
-            unsafe { self.custom(Out::F32, [n, total, 1, 1], &[after], Reserve, "stack_rows") };
+        let dst = self.reserve(n, total, after);
         self.writes.push(dst.ptr);
-        RowStack {
-            dst: Some(dst),
-            at: 0,
-            total,
-        }
+        RowStack { dst, at: 0, total }
+    }
+
+    /// An f32 `[n, total]` node that computes nothing (the parts' writes fill every row),
+    /// allocated after `after`.
+    fn reserve(&mut self, n: usize, total: usize, after: Tensor<'g>) -> Tensor<'g> {
+        // SAFETY: a result the body leaves to the parts' writes; the source is only ordered
+        // before it.
+        unsafe { self.custom(Out::F32, [n, total, 1, 1], &[after], Reserve, "stack_rows") }
     }
 
     /// Writes the 2-D f32 `part` into `stack`'s next rows, scheduled now: before any node built
@@ -616,7 +616,7 @@ impl<'g> Graph<'g> {
             part.ne(2) == 1
                 && part.ne(3) == 1
                 && part.dtype() == Some(DType::F32)
-                && stack.dst.is_none_or(|d| d.ne(0) == part.ne(0))
+                && stack.dst.ne(0) == part.ne(0)
                 && stack.at + len <= stack.total,
             || {
                 format!(
@@ -627,48 +627,28 @@ impl<'g> Graph<'g> {
                 )
             },
         );
-        let dst = match stack.dst {
-            // The first part in the top rows of a full-length node (allocated when it is
-            // computed; a fresh leaf would hold its memory from the start of the graph), the
-            // other rows left for the parts' writes: a zero fill of the whole length first
-            // cost a pass over it.
-            None => {
-                let first = if part.is_contiguous() {
-                    part
-                } else {
-                    self.cont(part)
-                };
-                let shape = [part.ne(0), stack.total, 1, 1];
-                // SAFETY: an f32 [n, total] result over the contiguous f32 [n, len] first
-                // part, as FirstRows reads it.
-                unsafe { self.custom(Out::F32, shape, &[first], FirstRows, "stack_rows") }
-            }
-            Some(dst) => {
-                let row_bytes = dst.nb()[1];
-                // SAFETY: part fits in dst at row `at` (checked above).
-                let p = unsafe {
-                    sys::ggml_set_2d_inplace(
-                        self.ctx(),
-                        dst.raw(),
-                        part.raw(),
-                        row_bytes,
-                        stack.at * row_bytes,
-                    )
-                };
-                self.wrap(p, "stack_rows")
-            }
+        let row_bytes = stack.dst.nb()[1];
+        // SAFETY: part fits in dst at row `at` (checked above).
+        let p = unsafe {
+            sys::ggml_set_2d_inplace(
+                self.ctx(),
+                stack.dst.raw(),
+                part.raw(),
+                row_bytes,
+                stack.at * row_bytes,
+            )
         };
-        stack.dst = Some(dst);
+        stack.dst = self.wrap(p, "stack_rows");
         stack.at += len;
-        dst
+        stack.dst
     }
 
     /// The stacked result, once every row is written.
     pub fn finish_rows(&mut self, stack: RowStack<'g>) -> Tensor<'g> {
-        check(stack.dst.is_some() && stack.at == stack.total, || {
+        check(stack.at == stack.total, || {
             format!("stack_rows: {} of {} rows written", stack.at, stack.total)
         });
-        stack.dst.expect("checked")
+        stack.dst
     }
 
     /// Zero padding: `(before, after)` per axis.
@@ -899,29 +879,16 @@ impl Drop for Graph<'_> {
 
 /// A stacked result being written part by part ([`Graph::row_stack`]).
 pub struct RowStack<'g> {
-    dst: Option<Tensor<'g>>,
+    /// The stack as of its last write (a part's write is a node of its own).
+    dst: Tensor<'g>,
     at: usize,
     total: usize,
 }
 
-/// The node that holds [`Graph::row_stack`]'s memory: nothing to compute, the parts' writes
+/// The node that holds a stack's memory ([`Graph::stack_rows`], [`Graph::row_stack`]): nothing to compute, the parts' writes
 /// fill every row.
 struct Reserve;
 
 impl Body for Reserve {
     fn run(&self, _: &custom::CustomOp<'_>) {}
-}
-
-/// The node that starts [`Graph::stack_rows`]'s result: source 0 (contiguous f32) copied to
-/// its first elements, split over the threads; the rows after it are the parts' to write.
-struct FirstRows;
-
-impl Body for FirstRows {
-    fn run(&self, op: &custom::CustomOp<'_>) {
-        let src = op.src_f32(0);
-        let mine = op.share(src.len());
-        // SAFETY: this thread's elements of the first part's rows, written by no other thread.
-        let dst = unsafe { op.dst_mut::<f32>(mine.clone()) };
-        dst.copy_from_slice(&src[mine]);
-    }
 }

@@ -1106,8 +1106,7 @@ fn sliced_layer<'g>(
     if !local || hp.causal_conv() || t <= slice || slice == 0 {
         return None;
     }
-    let (d, h) = (hp.d_model, hp.n_heads);
-    let dk = d / h;
+    let d = hp.d_model;
     let a = &l.self_attn;
     let slices: Vec<(usize, usize)> = (0..t)
         .step_by(slice)
@@ -1132,27 +1131,27 @@ fn sliced_layer<'g>(
 
     // (2) x2 = x1 + attention(x1), each slice's queries over its window's keys.
     let p = g.linear(table, &a.linear_pos, None);
-    let p = g.reshape(p, &[dk, h, p.ne(1)]);
-    let (u, vb) = (g.weight(&a.pos_bias_u), g.weight(&a.pos_bias_v));
     let mut x2 = g.row_stack(d, t, x1);
     for &(start, len) in &slices {
         let x1s = g.rows(x1, start, len);
         let n = layer_norm(g, x1s, &l.norm_self_att);
-        let q = g.linear(n, &a.linear_q.weight, a.linear_q.bias.as_ref());
-        let q = g.reshape(q, &[dk, h, len]);
         let first = start.saturating_sub(window.left);
         let keys = (start + len + window.right).min(t) - first;
-        let kw = g.rows(k, first, keys);
-        let kw = g.reshape(kw, &[dk, h, keys]);
-        let vw = g.rows(v, first, keys);
-        let vw = g.reshape(vw, &[dk, h, keys]);
+        let (kw, vw) = (g.rows(k, first, keys), g.rows(v, first, keys));
         let slice_window = KeyWindow {
             past: start - first,
             ..window
         };
-        let o = g.rel_pos_attention(q, kw, vw, p, u, vb, slice_window, &[]);
-        let o = g.reshape(o, &[d, len]);
-        let x2s = last_linear(g, o, &a.linear_out, Some((x1s, 1.0)));
+        let x2s = attend(
+            g,
+            hp,
+            a,
+            n,
+            (kw, vw, p),
+            slice_window,
+            &[],
+            Some((x1s, 1.0)),
+        );
         g.push_rows(&mut x2, x2s);
     }
     let x2 = g.finish_rows(x2);
@@ -1193,10 +1192,7 @@ fn self_attention<'g>(
     (pos, window): (LayerPositions<'g>, KeyWindow),
     residual: Residual<'g>,
 ) -> Tensor<'g> {
-    let (d, t, h) = (hp.d_model, x.ne(1), hp.n_heads);
-    let dk = d / h;
-    let q = g.linear(x, &a.linear_q.weight, a.linear_q.bias.as_ref());
-    let q = g.reshape(q, &[dk, h, t]);
+    let t = x.ne(1);
     let k = g.linear(x, &a.linear_k.weight, a.linear_k.bias.as_ref());
     let v = g.linear(x, &a.linear_v.weight, a.linear_v.bias.as_ref());
     let mut after = Vec::new();
@@ -1212,9 +1208,6 @@ fn self_attention<'g>(
             (append(g, c.keys, k), append(g, c.values, v))
         }
     };
-    let tk = k.ne(1);
-    let k = g.reshape(k, &[dk, h, tk]);
-    let v = g.reshape(v, &[dk, h, tk]);
     let p = match pos {
         LayerPositions::Projected(p) => p,
         LayerPositions::Table(table) => {
@@ -1225,10 +1218,33 @@ fn self_attention<'g>(
             p
         }
     };
+    attend(g, hp, a, x, (k, v, p), window, &after, residual)
+}
+
+/// The attention proper and its output projection: the queries of `x` (`[d, T]`, the
+/// normalised frames) over the keys and values `k`, `v` (`[d, keys]`) the window gives them,
+/// with the projected positional rows `p` (`[d, rows]`), then `linear_out` with the residual.
+#[allow(clippy::too_many_arguments)]
+fn attend<'g>(
+    g: &mut Graph<'g>,
+    hp: &EncoderParams,
+    a: &RelPositionAttention,
+    x: Tensor<'g>,
+    (k, v, p): (Tensor<'g>, Tensor<'g>, Tensor<'g>),
+    window: KeyWindow,
+    after: &[Tensor<'g>],
+    residual: Residual<'g>,
+) -> Tensor<'g> {
+    let (d, t, h) = (hp.d_model, x.ne(1), hp.n_heads);
+    let dk = d / h;
+    let q = g.linear(x, &a.linear_q.weight, a.linear_q.bias.as_ref());
+    let q = g.reshape(q, &[dk, h, t]);
+    let k = g.reshape(k, &[dk, h, k.ne(1)]);
+    let v = g.reshape(v, &[dk, h, v.ne(1)]);
     let p = g.reshape(p, &[dk, h, p.ne(1)]);
     let u = g.weight(&a.pos_bias_u);
     let vb = g.weight(&a.pos_bias_v);
-    let o = g.rel_pos_attention(q, k, v, p, u, vb, window, &after);
+    let o = g.rel_pos_attention(q, k, v, p, u, vb, window, after);
     let o = g.reshape(o, &[d, t]);
     last_linear(g, o, &a.linear_out, residual)
 }
