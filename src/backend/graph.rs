@@ -885,8 +885,8 @@ pub struct RowStack<'g> {
     total: usize,
 }
 
-/// The node that holds a stack's memory ([`Graph::stack_rows`], [`Graph::row_stack`]): nothing to compute, the parts' writes
-/// fill every row.
+/// The node that holds a stack's memory ([`Graph::stack_rows`], [`Graph::row_stack`]): nothing
+/// to compute, the parts' writes fill every row.
 struct Reserve;
 
 impl Body for Reserve {
