@@ -264,7 +264,11 @@ fn realtime_paces_a_file_at_the_speakers_pace() {
 }
 
 fn parakeet_stdin(args: &[&str], stdin: &[u8]) -> Output {
-    let cache = scratch_dir("stream", "cache");
+    // A cache of its own per call: tests run in parallel threads, and a shared one was emptied
+    // by one call's scratch_dir while another's conversion was renaming its file into it.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let cache = scratch_dir("stream", &format!("cache-{call}"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
         .args(args)
         .env("PARAKEET_CACHE", &cache)
