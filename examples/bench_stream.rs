@@ -11,7 +11,7 @@
 
 use anyhow::{Context, Result, bail};
 use parakeet::audio::{load_audio, resample_to_16k};
-use parakeet::session::{DecoderChoice, Session};
+use parakeet::session::{DecoderChoice, Session, Threads};
 use parakeet::stream::{CacheAwareConfig, CacheAwareStream, LiveTranscriber, StreamEvent};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -36,7 +36,7 @@ fn main() -> Result<()> {
         Some("ctc") => DecoderChoice::Ctc,
         _ => DecoderChoice::Auto,
     };
-    let session = Session::load(&model, threads)?;
+    let session = Session::load(&model, Threads::new(threads)?)?;
     let config = CacheAwareConfig {
         att_context,
         decoder,

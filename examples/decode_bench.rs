@@ -14,12 +14,10 @@
 
 use anyhow::{Context, Result};
 use parakeet::audio::{load_audio, resample_to_16k};
-use parakeet::decoder::beam::{BeamConfig, BeamStrategy};
-use parakeet::decoder::boosting::{BoostingConfig, BoostingTree};
+use parakeet::decoder::boosting::BoostingConfig;
 use parakeet::decoder::confidence::ConfidenceConfig;
-use parakeet::session::{BeamPlan, DecoderChoice, Session};
+use parakeet::session::{BeamRequest, DecodeOptions, DecodeRequest, Session, Threads};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 #[path = "common/cpu_time.rs"]
@@ -46,67 +44,70 @@ fn main() -> Result<()> {
     };
     let (threads, reps, beam) = (env_or("THREADS", 2), env_or("REPS", 31), env_or("BEAM", 4));
     parakeet::backend::silence_ggml_logs();
-    let mut session = Session::load(&model, threads)?;
+    let mut session = Session::load(&model, Threads::new(threads)?)?;
     let samples = resample_to_16k(load_audio(&file)?)?;
     let features = session.features(&samples);
     let encoded = session.encode(&features, false)?;
 
-    let boost_with = |alpha: f32| -> Result<Option<Arc<BoostingTree>>> {
-        let Some(path) = args.get(2) else {
-            return Ok(None);
-        };
-        let text = std::fs::read_to_string(path).with_context(|| path.clone())?;
-        let cfg = BoostingConfig {
-            phrases: text
+    let phrases: Option<Vec<String>> = match args.get(2) {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| path.clone())?
                 .lines()
                 .filter(|l| !l.trim().is_empty())
                 .map(String::from)
                 .collect(),
-            alpha,
-            ..BoostingConfig::default()
+        ),
+        None => None,
+    };
+    let options = |confidence: bool, alpha: Option<f32>, beamed: bool| -> Result<DecodeOptions> {
+        let boost = alpha.and_then(|alpha| {
+            phrases.clone().map(|phrases| BoostingConfig {
+                phrases,
+                alpha,
+                ..BoostingConfig::default()
+            })
+        });
+        let request = DecodeRequest {
+            confidence: confidence.then(ConfidenceConfig::default),
+            boost,
+            beam: beamed.then(|| BeamRequest::new(beam)),
+            ..DecodeRequest::default()
         };
         let built = Instant::now();
-        let tree = BoostingTree::new(&session.model().tokenizer, &cfg)?;
-        println!(
-            "boosting tree: {} phrases, {} states, {} arcs, built in {:.1} ms",
-            tree.phrases(),
-            tree.states().len(),
-            tree.arcs().len(),
-            built.elapsed().as_secs_f64() * 1e3
-        );
-        Ok(Some(Arc::new(tree)))
-    };
-    let boost = boost_with(1.0)?;
-    let boost_same_path = boost_with(1e-6)?;
-    let head = session.beam_head(DecoderChoice::Auto)?;
-    let beam_plan = BeamPlan {
-        config: BeamConfig::new(BeamStrategy::default_for(head), beam),
-        nbest: 1,
+        let opts = DecodeOptions::new(session.model(), &request)?;
+        if let Some(tree) = opts.boosting() {
+            println!(
+                "boosting tree: {} phrases, {} states, {} arcs, built in {:.1} ms",
+                tree.phrases(),
+                tree.states().len(),
+                tree.arcs().len(),
+                built.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        Ok(opts)
     };
 
-    // (name, confidence, boosting tree, beam)
-    let mut variants: Vec<(&str, bool, Option<Arc<BoostingTree>>, bool)> = vec![
-        ("greedy", false, None, false),
-        ("greedy+confidence", true, None, false),
+    // (name, options)
+    let mut variants: Vec<(&str, DecodeOptions)> = vec![
+        ("greedy", options(false, None, false)?),
+        ("greedy+confidence", options(true, None, false)?),
     ];
-    if boost.is_some() {
-        variants.push(("greedy+boost", false, boost.clone(), false));
-        variants.push(("greedy+boost same path", false, boost_same_path, false));
+    if phrases.is_some() {
+        variants.push(("greedy+boost", options(false, Some(1.0), false)?));
+        variants.push(("greedy+boost same path", options(false, Some(1e-6), false)?));
     }
-    variants.push(("beam", false, None, true));
-    if boost.is_some() {
-        variants.push(("beam+boost", false, boost, true));
+    variants.push(("beam", options(false, None, true)?));
+    if phrases.is_some() {
+        variants.push(("beam+boost", options(false, Some(1.0), true)?));
     }
     let mut times = vec![Vec::new(); variants.len()];
     let mut cpu = vec![Vec::new(); variants.len()];
     let mut tokens = vec![Vec::new(); variants.len()];
     for _ in 0..reps {
-        for (i, (_, conf, tree, beamed)) in variants.iter().enumerate() {
-            session.set_confidence(conf.then(ConfidenceConfig::default))?;
-            session.set_boosting(tree.clone());
-            session.set_beam(DecoderChoice::Auto, beamed.then(|| beam_plan.clone()))?;
+        for (i, (_, opts)) in variants.iter().enumerate() {
             let (start, start_cpu) = (Instant::now(), cpu_seconds());
-            let decoded = session.decode(&encoded, DecoderChoice::Auto)?;
+            let decoded = session.decode(&encoded, opts)?;
             times[i].push(start.elapsed().as_secs_f64() * 1e3);
             cpu[i].push((cpu_seconds() - start_cpu) * 1e3);
             tokens[i] = decoded

@@ -12,7 +12,7 @@
 //!   seconds of audio per second.
 
 use parakeet::audio;
-use parakeet::session::{DecoderChoice, Session};
+use parakeet::session::{DecodeOptions, Session, Threads};
 use std::path::Path;
 use std::time::Instant;
 
@@ -71,12 +71,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn overhead(url: &str, model: &Path, path: &Path, n: usize, threads: usize) -> anyhow::Result<()> {
     let bytes = std::fs::read(path)?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let mut session = Session::load(model, threads)?;
+    let mut session = Session::load(model, Threads::new(threads)?)?;
+    let options = DecodeOptions::greedy(session.model())?;
     let (content_type, body) = multipart(&name, &bytes);
     let mut local = || -> anyhow::Result<String> {
         let decoded = audio::decode_bytes(&bytes, &name)?;
         let samples = audio::resample_to_16k(decoded)?;
-        Ok(session.transcribe(samples, DecoderChoice::Auto)?.text)
+        Ok(session.transcribe(samples, &options)?.text)
     };
     let text = local()?;
     let (remote, _) = post(url, &content_type, &body)?;

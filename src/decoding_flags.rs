@@ -1,15 +1,17 @@
 //! The decoding flags `transcribe` and `serve` share (confidence, phrase boosting, beam
-//! search), checked and resolved against a model into the options a
-//! `Session` decodes with. Every check happens here, before any audio is
-//! read: a bad flag is one clear error and nothing is written.
+//! search), parsed into a [`DecodeRequest`]'s parts; [`DecodeOptions::new`] checks them
+//! against the model, before any audio is read: a bad flag is one clear error and nothing is
+//! written. Python's keyword arguments fill in the same structs.
+//!
+//! [`DecodeRequest`]: crate::session::DecodeRequest
+//! [`DecodeOptions::new`]: crate::session::DecodeOptions::new
 
-use crate::decoder::beam::{BeamConfig, BeamHead, BeamStrategy};
-use crate::decoder::boosting::{BoostingConfig, BoostingTree};
+use crate::decoder::beam::BeamStrategy;
+use crate::decoder::boosting::BoostingConfig;
 use crate::decoder::confidence::{Aggregation, ConfidenceConfig, Measure};
-use crate::tokenizer::Tokenizer;
-use anyhow::{Context, Result, bail};
+use crate::error::{Error, Result};
+use crate::session::BeamRequest;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 /// `--confidence-alpha` and `--confidence-aggregation` when not given: NeMo's defaults.
 pub const DEFAULT_CONFIDENCE_ALPHA: f64 = 0.33;
@@ -24,7 +26,8 @@ pub struct ConfidenceArgs {
     /// `entropy_tsallis_exp`, computed when an output shows it.
     #[arg(long, value_name = "METHOD")]
     pub confidence: Option<String>,
-    /// The confidence method's alpha (> 0; NeMo's default 0.33).
+    /// The confidence method's alpha (NeMo's default 0.33): 0.01 to 10, and for the Gibbs
+    /// entropies NeMo's bound for the vocabulary (about 0.12 to 1.14 for 1024 pieces).
     #[arg(long, value_name = "A", default_value_t = DEFAULT_CONFIDENCE_ALPHA)]
     pub confidence_alpha: f64,
     /// How token confidences make a word's: mean, min (NeMo's default), max, prod.
@@ -60,20 +63,14 @@ impl ConfidenceArgs {
             Some("none") => None,
             Some(name) => Some(
                 name.parse::<Measure>()
-                    .map_err(|e| anyhow::anyhow!("--confidence: {e}"))?,
+                    .map_err(|e| Error::Options(format!("--confidence: {e}")))?,
             ),
             None => wanted.then(|| ConfidenceConfig::default().measure),
         };
         let aggregation: Aggregation = self
             .confidence_aggregation
             .parse()
-            .map_err(|e| anyhow::anyhow!("--confidence-aggregation: {e}"))?;
-        if !(self.confidence_alpha > 0.0 && self.confidence_alpha.is_finite()) {
-            bail!(
-                "--confidence-alpha must be a number > 0, got {}",
-                self.confidence_alpha
-            );
-        }
+            .map_err(|e| Error::Options(format!("--confidence-aggregation: {e}")))?;
         Ok(measure.map(|measure| ConfidenceConfig {
             measure,
             alpha: self.confidence_alpha,
@@ -130,15 +127,19 @@ impl BoostArgs {
     pub fn phrases(&self) -> Result<Vec<String>> {
         let mut out = self.phrases.clone();
         for path in &self.boost_file {
-            let bytes = std::fs::read(path)
-                .with_context(|| format!("--boost-file {}: cannot read it", path.display()))?;
+            let bytes = std::fs::read(path).map_err(|e| {
+                Error::io(
+                    format!("--boost-file {}: cannot read it", path.display()),
+                    &e,
+                )
+            })?;
             for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
                 let line = std::str::from_utf8(line).map_err(|_| {
-                    anyhow::anyhow!(
+                    Error::Options(format!(
                         "--boost-file {}: line {} is not UTF-8 text",
                         path.display(),
                         i + 1
-                    )
+                    ))
                 })?;
                 let line = line.strip_suffix('\r').unwrap_or(line);
                 if !line.trim().is_empty() {
@@ -154,30 +155,16 @@ impl BoostArgs {
         !self.phrases.is_empty() || !self.boost_file.is_empty()
     }
 
-    /// The settings for `phrases`.
-    pub fn config(&self, phrases: Vec<String>) -> BoostingConfig {
-        BoostingConfig {
+    /// The settings for `phrases` (from [`phrases`](Self::phrases), plus a server
+    /// request's), or `None` when there are none.
+    pub fn config(&self, phrases: Vec<String>) -> Option<BoostingConfig> {
+        (!phrases.is_empty()).then(|| BoostingConfig {
             phrases,
             alpha: self.boost_alpha,
             context_score: self.boost_context_score,
             depth_scaling: self.boost_depth_scaling,
             ..BoostingConfig::default()
-        }
-    }
-
-    /// The boosting tree of `phrases` (from [`phrases`](Self::phrases), plus a server
-    /// request's) for a model's tokenizer, or `None` when there are none.
-    pub fn tree(
-        &self,
-        tokenizer: &Tokenizer,
-        phrases: Vec<String>,
-    ) -> Result<Option<Arc<BoostingTree>>> {
-        if phrases.is_empty() {
-            return Ok(None);
-        }
-        let tree =
-            BoostingTree::new(tokenizer, &self.config(phrases)).context("phrase boosting")?;
-        Ok(Some(Arc::new(tree)))
+        })
     }
 }
 
@@ -204,45 +191,38 @@ impl BeamArgs {
         self.beam.is_some()
     }
 
-    /// The checks that need no model: sizes, the strategy's name. Errors name the flag.
-    pub fn check(&self) -> Result<()> {
-        match self.beam {
-            None if self.beam_strategy.is_some() => bail!("--beam-strategy needs --beam N"),
-            None if self.nbest != 1 => bail!(
-                "--nbest {} needs --beam N with N >= {}",
-                self.nbest,
-                self.nbest
+    /// The beam search asked for (`None`: greedy). The checks that need no model: flags that
+    /// need `--beam`, the strategy's name; the sizes are checked with the model's options.
+    pub fn request(&self) -> Result<Option<BeamRequest>> {
+        let strategy = match &self.beam_strategy {
+            Some(name) => Some(
+                name.parse::<BeamStrategy>()
+                    .map_err(|e| Error::Options(format!("--beam-strategy: {e}")))?,
             ),
-            Some(0) => bail!("--beam 0: a beam search keeps at least one hypothesis"),
-            Some(n) if self.nbest == 0 || self.nbest > n => {
-                bail!(
-                    "--nbest {} must be between 1 and the beam size ({n})",
-                    self.nbest
-                )
+            None => None,
+        };
+        if self.nbest == 0 {
+            return Err(Error::Options(
+                "--nbest 0: keeps at least 1 hypothesis (1 to the beam size)".into(),
+            ));
+        }
+        let Some(size) = self.beam else {
+            if self.beam_strategy.is_some() {
+                return Err(Error::Options("--beam-strategy needs --beam N".into()));
             }
-            _ => {}
-        }
-        if let Some(name) = &self.beam_strategy {
-            name.parse::<BeamStrategy>()
-                .map_err(|e| anyhow::anyhow!("--beam-strategy: {e}"))?;
-        }
-        Ok(())
-    }
-
-    /// The beam search for a decoder `head` (NeMo's default strategy for it unless one is
-    /// named) and the N-best count, or `None` for greedy decoding.
-    pub fn plan(&self, head: BeamHead) -> Result<Option<(BeamConfig, usize)>> {
-        self.check()?;
-        let Some(beam_size) = self.beam else {
+            if self.nbest != 1 {
+                return Err(Error::Options(format!(
+                    "--nbest {}: alternatives come from a beam search; give --beam N (N >= {})",
+                    self.nbest, self.nbest
+                )));
+            }
             return Ok(None);
         };
-        let strategy = match &self.beam_strategy {
-            Some(name) => name
-                .parse::<BeamStrategy>()
-                .map_err(|e| anyhow::anyhow!("--beam-strategy: {e}"))?,
-            None => BeamStrategy::default_for(head),
-        };
-        Ok(Some((BeamConfig::new(strategy, beam_size), self.nbest)))
+        Ok(Some(BeamRequest {
+            strategy,
+            nbest: self.nbest,
+            ..BeamRequest::new(size)
+        }))
     }
 }
 

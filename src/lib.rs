@@ -14,6 +14,7 @@ pub mod convert;
 pub mod decoder;
 pub mod decoding_flags;
 pub mod encoder;
+pub mod error;
 pub mod gguf;
 pub mod hparams;
 pub mod kernels;

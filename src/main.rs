@@ -11,7 +11,8 @@ use parakeet::kernels::cpu::Isa;
 use parakeet::layout::Layout;
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
-use parakeet::session::{BeamPlan, DecoderChoice, Session};
+use parakeet::session::pipeline::{self, Input, Limits};
+use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, Session, Threads};
 use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
 use parakeet::stream::open::{LiveOptions, open_live};
 use parakeet::stream::pump::{PumpOptions, pump};
@@ -184,7 +185,8 @@ fn parse_att_context(s: &str) -> Result<[usize; 2], String> {
     }
 }
 
-/// Exit codes: 0 all good, 1 some inputs failed, 2 usage or model errors.
+/// Exit codes: 0 all good, 1 some inputs failed (or an internal error), 2 the user's error
+/// (flags, options, model, audio).
 const EXIT_FAILED_INPUTS: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
@@ -226,9 +228,19 @@ fn main() -> ExitCode {
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(EXIT_USAGE)
+            ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// The exit code of a failed command: the library's errors by whose they are (the user's:
+/// 2, ours: 1); the command line's own (flags, files) are the user's.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    let ours = e.chain().any(|c| {
+        c.downcast_ref::<parakeet::error::Error>()
+            .is_some_and(|e| e.blame() == parakeet::error::Blame::Ours)
+    });
+    if ours { EXIT_FAILED_INPUTS } else { EXIT_USAGE }
 }
 
 /// ggml's threads meet at an OpenMP barrier after every op, and libgomp's default is to spin
@@ -608,76 +620,112 @@ struct Profile {
     attention: Vec<Attention>,
 }
 
-fn transcribe(args: TranscribeArgs) -> Result<u8> {
-    let formats = parse_formats(&args.formats)?;
-    let shows_confidence = formats
-        .iter()
-        .any(|f| matches!(f, Format::Json | Format::Tsv));
-    args.beam.check()?;
-    // Confidence comes from greedy decoding's steps: a beam search has none to show.
-    let confidence = args
-        .confidence
-        .resolve(shows_confidence && !args.beam.any())?;
-    let boost_phrases = args.boost.phrases()?;
-    let (mut jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
-    if jobs.is_empty() {
-        bail!(
-            "no audio files found in the given inputs ({skipped_non_audio} non-audio files skipped)"
-        );
-    }
-    if let Some(shard) = args.shard {
-        let all = jobs.len();
-        jobs.retain(|j| shard.takes(j));
-        if !args.quiet {
-            eprintln!(
-                "shard {}/{}: {} of {all} inputs",
-                shard.index,
-                shard.count,
-                jobs.len()
+/// What `transcribe` runs, decided from its flags before any model or audio is touched
+/// (a bad flag is one error and nothing is written).
+struct TranscribePlan {
+    jobs: Vec<Job>,
+    /// Each job's output files (empty when the text goes to stdout).
+    outputs: Vec<Vec<(Format, PathBuf)>>,
+    to_files: bool,
+    skipped_non_audio: usize,
+    threads: Threads,
+    /// The decoding options as given; checked against the model once it is loaded.
+    request: DecodeRequest,
+}
+
+impl TranscribePlan {
+    fn new(args: &TranscribeArgs) -> Result<TranscribePlan> {
+        let formats = parse_formats(&args.formats)?;
+        let shows_confidence = formats
+            .iter()
+            .any(|f| matches!(f, Format::Json | Format::Tsv));
+        let beam = args.beam.request()?;
+        // Confidence comes from greedy decoding's steps: a beam search has none to show.
+        let confidence = args
+            .confidence
+            .resolve(shows_confidence && beam.is_none())?;
+        let boost = args.boost.config(args.boost.phrases()?);
+        let (threads, warning) = Threads::resolve(args.threads)?;
+        let (mut jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
+        if jobs.is_empty() {
+            bail!(
+                "no audio files found in the given inputs ({skipped_non_audio} non-audio files skipped)"
             );
         }
-        if jobs.is_empty() {
-            return Ok(0);
+        if let Some(shard) = args.shard {
+            let all = jobs.len();
+            jobs.retain(|j| shard.takes(j));
+            if !args.quiet {
+                eprintln!(
+                    "shard {}/{}: {} of {all} inputs",
+                    shard.index,
+                    shard.count,
+                    jobs.len()
+                );
+            }
         }
+        if let Some(w) = warning {
+            eprintln!("warning: {w}");
+        }
+        // Text goes to stdout unless outputs are written to files.
+        let to_files = args.output_dir.is_some() || formats.iter().any(|f| *f != Format::Txt);
+        let outputs = if to_files {
+            let inputs: Vec<(&Path, Option<&Path>)> = jobs
+                .iter()
+                .map(|j| (j.path.as_path(), j.root.as_deref()))
+                .collect();
+            output::plan_outputs(&inputs, args.output_dir.as_deref(), &formats)?
+        } else {
+            vec![Vec::new(); jobs.len()]
+        };
+        Ok(TranscribePlan {
+            jobs,
+            outputs,
+            to_files,
+            skipped_non_audio,
+            threads,
+            request: DecodeRequest {
+                decoder: args.decoder,
+                attention: args.att_context,
+                confidence,
+                boost,
+                beam,
+            },
+        })
     }
-    // Text goes to stdout unless outputs are written to files.
-    let to_files = args.output_dir.is_some() || formats.iter().any(|f| *f != Format::Txt);
-    let planned = if to_files {
-        let inputs: Vec<(&Path, Option<&Path>)> = jobs
-            .iter()
-            .map(|j| (j.path.as_path(), j.root.as_deref()))
-            .collect();
-        output::plan_outputs(&inputs, args.output_dir.as_deref(), &formats)?
-    } else {
-        vec![Vec::new(); jobs.len()]
-    };
-    let threads = thread_count(args.threads)?;
+}
+
+/// Counts of a batch.
+#[derive(Default)]
+struct Tally {
+    done: usize,
+    failed: usize,
+    skipped: usize,
+}
+
+fn transcribe(args: TranscribeArgs) -> Result<u8> {
+    let plan = TranscribePlan::new(&args)?;
+    if plan.jobs.is_empty() {
+        return Ok(0); // an empty shard
+    }
     let start = Instant::now();
     let model_path = resolve_model(&args.model)?;
     // The first file's length, from its header: its compute buffer is readied during the load.
-    let expect_seconds = jobs
+    let expect_seconds = plan
+        .jobs
         .first()
         .filter(|j| j.path.as_os_str() != "-")
         .and_then(|j| audio::declared_seconds(&j.path));
-    let mut session = Session::load_for(&model_path, threads, expect_seconds)?;
-    session.set_attention(args.att_context);
+    let mut session = Session::load_for(&model_path, plan.threads, expect_seconds)?;
+    let options = DecodeOptions::new(session.model(), &plan.request)?;
     session.set_op_timing(args.profile);
-    session.set_confidence(confidence)?;
-    let tree = args.boost.tree(&session.model().tokenizer, boost_phrases)?;
-    session.set_boosting(tree);
-    let beam = args.beam.plan(session.beam_head(args.decoder)?)?;
-    session.set_beam(
-        args.decoder,
-        beam.map(|(config, nbest)| BeamPlan { config, nbest }),
-    )?;
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()
     };
-    let model_name = session.model().name.clone();
-    let single = jobs.len() == 1;
+    let single = plan.jobs.len() == 1;
     let progress = (!args.quiet && !single && std::io::stderr().is_terminal())
-        .then(|| progress_bar(jobs.len()));
+        .then(|| progress_bar(plan.jobs.len()));
     // One file: its stages and how far each is (a long file is minutes of work).
     let stage_bar = (!args.quiet && single && std::io::stderr().is_terminal()).then(stage_bar);
     if let Some(bar) = &stage_bar {
@@ -689,60 +737,40 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
             bar.set_position((done * 1000.0) as u64);
         })));
     }
-
-    let (mut done, mut failed, mut skipped) = (0usize, 0usize, 0usize);
-    for (job, outputs) in jobs.iter().zip(planned) {
+    let mut tally = Tally::default();
+    for (job, outputs) in plan.jobs.iter().zip(&plan.outputs) {
         if args.skip_existing && !outputs.is_empty() && outputs.iter().all(|(_, p)| p.exists()) {
-            skipped += 1;
-            if let Some(pb) = &progress {
-                pb.inc(1);
-            }
-            continue;
-        }
-        let result = transcribe_one(&mut session, job, &args, &mut profile).and_then(|t| {
-            if let Some(bar) = &stage_bar {
-                bar.finish_and_clear();
-            }
-            let meta = OutputMeta {
-                model: model_name.clone(),
-                audio_path: job.path.display().to_string(),
-                audio_seconds: t.audio_seconds,
-                timings: vec![
-                    ("features".into(), t.times.features.as_secs_f64()),
-                    ("encoder".into(), t.times.encoder.as_secs_f64()),
-                    ("decoder".into(), t.times.decoder.as_secs_f64()),
-                ],
-            };
-            for (format, path) in &outputs {
-                output::check_not_input(path, &job.path)?;
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir)
-                        .with_context(|| format!("{}: cannot create directory", dir.display()))?;
+            tally.skipped += 1;
+        } else {
+            let result =
+                transcribe_one(&mut session, job, &args, &options, &mut profile).and_then(|t| {
+                    if let Some(bar) = &stage_bar {
+                        bar.finish_and_clear();
+                    }
+                    write_outputs(&t, job, outputs, &session.model().name)?;
+                    Ok(t)
+                });
+            match result {
+                Ok(t) => {
+                    tally.done += 1;
+                    if !plan.to_files {
+                        print_transcript(&t, job, single, args.timestamps)?;
+                    } else if !args.quiet && progress.is_none() {
+                        eprintln!(
+                            "{}: {:.1} s of audio -> {} file(s)",
+                            job.path.display(),
+                            t.audio_seconds,
+                            outputs.len()
+                        );
+                    }
                 }
-                output::write_atomic(path, output::render(*format, &t, &meta).as_bytes())?;
-            }
-            Ok(t)
-        });
-        match result {
-            Ok(t) => {
-                done += 1;
-                if !to_files {
-                    print_transcript(&t, job, single, args.timestamps)?;
-                } else if !args.quiet && progress.is_none() {
-                    eprintln!(
-                        "{}: {:.1} s of audio -> {} file(s)",
-                        job.path.display(),
-                        t.audio_seconds,
-                        outputs.len()
-                    );
-                }
-            }
-            Err(e) => {
-                failed += 1;
-                let msg = format!("error: {e:#}");
-                match &progress {
-                    Some(pb) => pb.println(msg),
-                    None => eprintln!("{msg}"),
+                Err(e) => {
+                    tally.failed += 1;
+                    let msg = format!("error: {e:#}");
+                    match &progress {
+                        Some(pb) => pb.println(msg),
+                        None => eprintln!("{msg}"),
+                    }
                 }
             }
         }
@@ -765,7 +793,11 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let wall = start.elapsed();
     if !single && !args.quiet {
         eprintln!(
-            "{done} done, {failed} failed, {skipped} skipped, {skipped_non_audio} non-audio files ignored; {:.1} s of audio in {:.1} s ({:.1}x real time)",
+            "{} done, {} failed, {} skipped, {} non-audio files ignored; {:.1} s of audio in {:.1} s ({:.1}x real time)",
+            tally.done,
+            tally.failed,
+            tally.skipped,
+            plan.skipped_non_audio,
             profile.audio_seconds,
             wall.as_secs_f64(),
             profile.audio_seconds / wall.as_secs_f64().max(1e-9)
@@ -774,37 +806,86 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     if args.profile {
         print_profile(&profile, &session, wall);
     }
-    Ok(if failed > 0 { EXIT_FAILED_INPUTS } else { 0 })
+    Ok(if tally.failed > 0 {
+        EXIT_FAILED_INPUTS
+    } else {
+        0
+    })
+}
+
+/// Writes a transcript's planned output files (each atomically).
+fn write_outputs(
+    t: &Transcript,
+    job: &Job,
+    outputs: &[(Format, PathBuf)],
+    model_name: &str,
+) -> Result<()> {
+    let meta = OutputMeta {
+        model: model_name.to_owned(),
+        audio_path: job.path.display().to_string(),
+        audio_seconds: t.audio_seconds,
+        timings: vec![
+            ("features".into(), t.times.features.as_secs_f64()),
+            ("encoder".into(), t.times.encoder.as_secs_f64()),
+            ("decoder".into(), t.times.decoder.as_secs_f64()),
+        ],
+    };
+    for (format, path) in outputs {
+        output::check_not_input(path, &job.path)?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("{}: cannot create directory", dir.display()))?;
+        }
+        output::write_atomic(path, output::render(*format, t, &meta).as_bytes())?;
+    }
+    Ok(())
 }
 
 fn transcribe_one(
     session: &mut Session,
     job: &Job,
     args: &TranscribeArgs,
+    options: &DecodeOptions,
     profile: &mut Profile,
 ) -> Result<Transcript> {
-    let shown = job.path.display().to_string();
     let t0 = Instant::now();
-    let decoded = if job.path.as_os_str() == "-" {
-        audio::read_stdin()?
+    let stdin;
+    let input = if job.path.as_os_str() == "-" {
+        stdin = read_stdin()?;
+        Input::Bytes {
+            data: &stdin,
+            name: "<stdin>",
+        }
     } else {
-        audio::load_audio(&job.path)?
+        Input::Path(&job.path)
     };
-    let samples =
-        audio::resample_to_16k(decoded).with_context(|| format!("{shown}: resampling"))?;
+    let shown = input.name();
+    let samples = pipeline::load_samples(input, Limits::default())?;
     profile.read += t0.elapsed();
     if let Some(dir) = &args.dump_layers {
-        dump_layers(session, &samples, dir).with_context(|| format!("{shown}: dumping layers"))?;
+        dump_layers(session, &samples, options, dir)
+            .with_context(|| format!("{shown}: dumping layers"))?;
     }
     let t = session
-        .transcribe(samples, args.decoder)
-        .with_context(|| shown.clone())?;
+        .transcribe(samples, options)
+        .map_err(|e| e.context(&shown))?;
     profile.stages.add(&t.times);
     profile.audio_seconds += t.audio_seconds;
     if !profile.attention.contains(&t.attention) {
         profile.attention.push(t.attention);
     }
     Ok(t)
+}
+
+/// Standard input, whole.
+fn read_stdin() -> Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut bytes)
+        .context("cannot read audio from <stdin>")?;
+    Ok(bytes)
 }
 
 fn print_transcript(
@@ -829,10 +910,15 @@ fn print_transcript(
     Ok(())
 }
 
-fn dump_layers(session: &mut Session, samples: &[f32], dir: &Path) -> Result<()> {
+fn dump_layers(
+    session: &mut Session,
+    samples: &[f32],
+    options: &DecodeOptions,
+    dir: &Path,
+) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
     let features = session.features(samples);
-    let enc = session.encode(&features, true)?;
+    let enc = session.encode_with(&features, true, options.attention())?;
     use npyz::WriterBuilder;
     let mut all = enc.layers;
     all.push(("encoder_out_tc".to_string(), enc.output));
@@ -900,11 +986,15 @@ fn stream(args: StreamArgs) -> Result<u8> {
             "--max-utterance-seconds must be 0 (never cut) or a positive number of seconds (got {cut})"
         );
     }
+    let (threads, warning) = Threads::resolve(args.threads)?;
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
+    }
     let model = Arc::new(Model::load(&resolve_model(&args.model)?)?);
     let options = LiveOptions {
         att_context: args.att_context,
         decoder: args.decoder,
-        threads: args.threads.unwrap_or_else(default_threads),
+        threads,
         max_utterance_seconds: (cut > 0.0).then_some(cut),
     };
     let mut transcriber = open_live(&model, &options)?;
@@ -961,27 +1051,6 @@ fn open_microphone() -> Result<Box<dyn AudioSource>> {
     bail!(
         "no microphone: this build has no microphone support (built without the `mic` feature); give a file, or pipe audio to `-`"
     )
-}
-
-fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// `--threads`, capped at the available cores: ggml's workers spin while they wait, so threads
-/// beyond the cores only fight over them (10,000 of them never finish a 2 s clip).
-fn thread_count(requested: Option<usize>) -> Result<usize> {
-    let cores = default_threads();
-    match requested {
-        None => Ok(cores),
-        Some(0) => bail!("--threads must be at least 1"),
-        Some(n) if n > cores => {
-            eprintln!(
-                "warning: --threads {n} is more than the {cores} available cores; using {cores}"
-            );
-            Ok(cores)
-        }
-        Some(n) => Ok(n),
-    }
 }
 
 fn peak_rss_bytes() -> Option<u64> {

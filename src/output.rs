@@ -253,6 +253,8 @@ pub fn destination(
     keep_audio_ext: bool,
 ) -> PathBuf {
     let base = match out_dir {
+        // Standard input is named `stdin` wherever its outputs go.
+        Some(dir) if input.as_os_str() == "-" => dir.join("stdin.txt"),
         Some(dir) => output_path(input, input_root, dir, Format::Txt),
         None if input.as_os_str() == "-" => PathBuf::from("stdin.txt"),
         None => input.with_extension("txt"),

@@ -6,35 +6,30 @@
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, Stats};
-use crate::decoder::beam::{BeamConfig, BeamHead, NBest, ctc_beam, transducer_beam};
-use crate::decoder::boosting::BoostingTree;
-use crate::decoder::confidence::{ConfidenceConfig, ctc_frames};
+use crate::decoder::beam::{BeamHead, NBest, ctc_beam, transducer_beam};
+use crate::decoder::confidence::ctc_frames;
 use crate::decoder::ctc::{ctc_greedy, ctc_greedy_boosted, log_softmax_rows};
 use crate::decoder::greedy::{GreedyTransducer, Step};
 use crate::decoder::hypothesis::Hypothesis;
 use crate::encoder::{
     AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
 };
+use crate::error::{Error, Result};
 use crate::hparams::Attention;
 use crate::model::Model;
 use crate::tokenizer::Token;
 use crate::transcript::{Alternative, DecodingSummary, StageTimes, Transcript};
-use anyhow::{Result, bail};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Which head decodes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum DecoderChoice {
-    /// The model's transducer (TDT / RNN-T), or CTC for CTC-only models.
-    #[default]
-    Auto,
-    /// TDT or RNN-T (whichever the model has).
-    Tdt,
-    /// The CTC head (CTC and hybrid models).
-    Ctc,
-}
+pub mod options;
+pub mod pipeline;
+
+pub use options::{
+    BeamPlan, BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, Head, MAX_BEAM_SIZE,
+    Threads,
+};
 
 /// What decoding an encoder pass gives.
 pub struct Decoded {
@@ -49,31 +44,16 @@ pub struct Decoded {
 /// One backend and its graph allocator running utterances of a shared model, one at a time.
 ///
 /// Per utterance it starts a fresh [`EncoderState`] and a fresh decoder hypothesis: each file
-/// is one chunk. A streaming session will keep both here between chunks.
+/// is one chunk. How an utterance is decoded is the call's [`DecodeOptions`]: nothing of one
+/// request stays in the session for the next.
 pub struct Session {
     /// Read-only, so one model can serve several sessions (each with its own backend).
     model: Arc<Model>,
     backend: Backend,
     mel: MelConfig,
-    attention: AttentionChoice,
     progress: Option<Progress>,
-    /// Token and word confidence, when asked for.
-    confidence: Option<ConfidenceConfig>,
-    /// Phrases every decode boosts (shared: one tree serves every session of a server).
-    boosting: Option<Arc<BoostingTree>>,
-    /// A beam search instead of greedy decoding.
-    beam: Option<BeamPlan>,
     /// Test hook: the encoder's layer time slice ([`Session::set_layer_slice`]).
     layer_slice: Option<usize>,
-}
-
-/// A beam search a session runs in place of greedy decoding, and how many of its hypotheses
-/// a transcript keeps.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BeamPlan {
-    pub config: BeamConfig,
-    /// Hypotheses kept as the transcript's alternatives (1 to the beam size).
-    pub nbest: usize,
 }
 
 /// Told the stage of the utterance being transcribed ("features", "encoder", "decoder") and
@@ -85,7 +65,7 @@ pub type Progress = std::sync::Arc<dyn Fn(&'static str, f64) + Send + Sync>;
 const PREPARE_MAX_SECONDS: f64 = 120.0;
 
 /// The encoder graphs of an utterance of `seconds` (zero features), allocated, not computed.
-fn prepare_encoder(backend: &mut Backend, model: &Model, seconds: f64) -> Result<()> {
+fn prepare_encoder(backend: &mut Backend, model: &Model, seconds: f64) -> anyhow::Result<()> {
     let hp = &model.hparams;
     if !seconds.is_finite() || seconds <= 0.0 {
         return Ok(());
@@ -127,8 +107,8 @@ const KEEP_COMPUTE_BUFFER_BYTES: usize = 256 << 20;
 
 impl Session {
     /// A session over a model shared with others, with its own backend and allocator.
-    pub fn new(model: Arc<Model>, threads: usize) -> Result<Session> {
-        let backend = Backend::cpu(threads)?;
+    pub fn new(model: Arc<Model>, threads: Threads) -> Result<Session> {
+        let backend = Backend::cpu(threads.get())?;
         let pp = &model.hparams.preprocessor;
         let mel = MelConfig {
             n_fft: pp.n_fft,
@@ -143,24 +123,21 @@ impl Session {
             model,
             backend,
             mel,
-            attention: AttentionChoice::Auto,
             progress: None,
-            confidence: None,
-            boosting: None,
-            beam: None,
             layer_slice: None,
         })
     }
 
     /// Loads the model at `path` and opens a session over it.
-    pub fn load(path: &Path, threads: usize) -> Result<Session> {
+    pub fn load(path: &Path, threads: Threads) -> Result<Session> {
         Session::load_for(path, threads, None)
     }
 
     /// [`Session::load`], also readying the compute buffer for an utterance of
     /// `expect_seconds` ([`Session::prepare`]) while another thread maps the weights' pages.
-    pub fn load_for(path: &Path, threads: usize, expect_seconds: Option<f64>) -> Result<Session> {
-        let mut session = Session::new(Arc::new(Model::load(path)?), threads)?;
+    pub fn load_for(path: &Path, threads: Threads, expect_seconds: Option<f64>) -> Result<Session> {
+        let model = Model::load(path).map_err(Error::model)?;
+        let mut session = Session::new(Arc::new(model), threads)?;
         let Session { model, backend, .. } = &mut session;
         std::thread::scope(|s| {
             s.spawn(|| model.file.populate());
@@ -182,7 +159,7 @@ impl Session {
     /// of it once, so that the first utterance does not pay for fresh memory (the graphs are
     /// built and allocated, not computed). Later utterances of up to that length reuse it.
     pub fn prepare(&mut self, seconds: f64) -> Result<()> {
-        prepare_encoder(&mut self.backend, &self.model, seconds)
+        Ok(prepare_encoder(&mut self.backend, &self.model, seconds)?)
     }
 
     pub fn sample_rate(&self) -> u32 {
@@ -213,17 +190,6 @@ impl Session {
             state.set_layer_slice(frames);
         }
         state
-    }
-
-    /// The self-attention to run (`--att-context`; default [`AttentionChoice::Auto`]).
-    pub fn set_attention(&mut self, choice: AttentionChoice) {
-        self.attention = choice;
-    }
-
-    /// Boost the tree's phrases in every decode from now on (transducer and CTC greedy
-    /// alike), or stop with `None`. The tree must be built with this model's tokenizer.
-    pub fn set_boosting(&mut self, tree: Option<Arc<BoostingTree>>) {
-        self.boosting = tree;
     }
 
     /// Report each utterance's progress (for a terminal), or stop with `None`.
@@ -262,33 +228,44 @@ impl Session {
         self.backend.device_name()
     }
 
-    /// The self-attention an utterance of `feature_frames` feature frames gets.
-    pub fn attention_for(&self, feature_frames: usize) -> Attention {
+    /// The self-attention an utterance of `feature_frames` feature frames gets by `choice`.
+    pub fn attention_for(&self, feature_frames: usize, choice: AttentionChoice) -> Attention {
         let geometry = self.model.hparams.geometry();
-        self.attention.resolve(
+        choice.resolve(
             self.model.hparams.encoder.attention,
             geometry.encoded_len(feature_frames),
             geometry.frame_seconds(),
         )
     }
 
-    /// The encoder graph over `features` as one chunk, with the last layer's output and every
-    /// head the model has; `capture_layers` adds every layer's output (and layer 0's
-    /// sub-blocks) from the same graph.
+    /// The encoder graph over `features` as one chunk, with the model's own attention
+    /// ([`AttentionChoice::Auto`]), the last layer's output and every head the model has;
+    /// `capture_layers` adds every layer's output (and layer 0's sub-blocks) from the same
+    /// graph.
     pub fn encode(&mut self, features: &Features, capture_layers: bool) -> Result<Encoded> {
-        let attention = self.attention_for(features.n_frames);
+        self.encode_with(features, capture_layers, AttentionChoice::Auto)
+    }
+
+    /// [`encode`](Self::encode) with the self-attention `choice` picks.
+    pub fn encode_with(
+        &mut self,
+        features: &Features,
+        capture_layers: bool,
+        choice: AttentionChoice,
+    ) -> Result<Encoded> {
+        let attention = self.attention_for(features.n_frames, choice);
         let outputs = Outputs::All {
             layers: capture_layers,
         };
         let mut state = self.whole_file_state();
-        encode(
+        Ok(encode(
             &mut self.backend,
             &self.model,
             &mut state,
             features.into(),
             attention,
             outputs,
-        )
+        )?)
     }
 
     /// The front end's settings (the model's `preprocessor`).
@@ -305,14 +282,14 @@ impl Session {
         attention: Attention,
         outputs: Outputs,
     ) -> Result<Encoded> {
-        encode(
+        Ok(encode(
             &mut self.backend,
             &self.model,
             state,
             chunk,
             attention,
             outputs,
-        )
+        )?)
     }
 
     /// Greedy transducer decoding of a stream's next chunk (`joint_enc`, `[frames][joint
@@ -336,129 +313,61 @@ impl Session {
     /// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's
     /// `encoder_out`, for teacher-forced decoder tests): `output` is `[frames][d_model]`.
     pub fn encode_heads(&mut self, output: &[f32], frames: usize) -> Result<Encoded> {
-        encode_heads(&mut self.backend, &self.model, output, frames)
+        Ok(encode_heads(
+            &mut self.backend,
+            &self.model,
+            output,
+            frames,
+        )?)
     }
 
-    /// The head `choice` decodes with, or why this model has none.
+    /// The encoder output the head `choice` decodes, or why this model has none.
     pub fn head(&self, choice: DecoderChoice) -> Result<Outputs> {
-        let model = &self.model;
-        let ctc = match choice {
-            DecoderChoice::Ctc => true,
-            DecoderChoice::Tdt => false,
-            DecoderChoice::Auto => !model.hparams.model_type.has_transducer(),
-        };
-        if ctc && model.ctc.is_none() {
-            bail!(
-                "{}: this model has no CTC head (it is {})",
-                model.path.display(),
-                model.hparams.model_type.name()
-            );
-        }
-        if !ctc && model.joint.is_none() {
-            bail!(
-                "{}: this model has no transducer decoder (it is {}); use --decoder ctc",
-                model.path.display(),
-                model.hparams.model_type.name()
-            );
-        }
-        Ok(if ctc {
-            Outputs::CtcLogits
-        } else {
-            Outputs::JointEnc
-        })
+        Ok(Head::of(&self.model, choice)?.outputs())
     }
 
-    /// Compute NeMo's token and word confidence by `cfg` in later transcriptions (`None`:
-    /// none, the default: it costs a pass over every step's distribution).
-    pub fn set_confidence(&mut self, cfg: Option<ConfidenceConfig>) -> Result<()> {
-        if let Some(c) = &cfg {
-            c.validate()?;
-        }
-        self.confidence = cfg;
-        Ok(())
-    }
-
-    /// The decoder a beam search runs over for `choice`.
-    pub fn beam_head(&self, choice: DecoderChoice) -> Result<BeamHead> {
-        if self.head(choice)? == Outputs::CtcLogits {
-            return Ok(BeamHead::Ctc);
-        }
-        BeamHead::transducer_of(self.model.hparams.model_type)
-            .ok_or_else(|| anyhow::anyhow!("internal: a transducer head on a CTC-only model"))
-    }
-
-    /// Decode by `plan`'s beam search from now on (`None`: greedy), on the head `choice`
-    /// picks. Checked here, before any audio: the beam and N-best sizes, the strategy against
-    /// the head, boosting (set first) against the strategy, confidence (greedy only, as NeMo).
-    pub fn set_beam(&mut self, choice: DecoderChoice, plan: Option<BeamPlan>) -> Result<()> {
-        if let Some(plan) = &plan {
-            plan.config.check(self.beam_head(choice)?)?;
-            if plan.nbest == 0 || plan.nbest > plan.config.beam_size {
-                bail!(
-                    "--nbest {} must be between 1 and the beam size ({})",
-                    plan.nbest,
-                    plan.config.beam_size
-                );
-            }
-            plan.config.check_boosting(self.boosting.is_some())?;
-            if self.confidence.is_some() {
-                bail!(
-                    "confidence is computed by greedy decoding only (as NeMo does), not with a beam search"
-                );
-            }
-        }
-        self.beam = plan;
-        Ok(())
-    }
-
-    /// What [`transcribe`](Self::transcribe) reports of its decoding for `choice`.
-    fn summary(&self, choice: DecoderChoice) -> DecodingSummary {
-        let hp = &self.model.hparams;
-        let ctc = self.head(choice).ok() == Some(Outputs::CtcLogits);
+    /// What [`transcribe`](Self::transcribe) reports of its decoding by `opts`.
+    fn summary(&self, opts: &DecodeOptions) -> DecodingSummary {
+        let beam = opts.beam();
+        let boosting = opts.boosting();
         DecodingSummary {
-            head: if ctc {
-                "ctc"
-            } else if hp.durations.is_empty() {
-                "rnnt"
-            } else {
-                "tdt"
-            },
-            strategy: self
-                .beam
-                .as_ref()
-                .map_or("greedy_batch".into(), |b| b.config.strategy.to_string()),
-            beam_size: self.beam.as_ref().map_or(1, |b| b.config.beam_size),
-            boosted_phrases: self.boosting.as_ref().map_or(0, |t| t.phrases()),
-            boosting_alpha: self.boosting.as_ref().map_or(0.0, |t| t.alpha()),
-            confidence: self
-                .confidence
+            head: opts.head().name(),
+            strategy: beam.map_or("greedy_batch".into(), |b| b.config().strategy.to_string()),
+            beam_size: beam.map_or(1, |b| b.config().beam_size),
+            boosted_phrases: boosting.map_or(0, |t| t.phrases()),
+            boosting_alpha: boosting.map_or(0.0, |t| t.alpha()),
+            confidence: opts
+                .confidence()
                 .map(|c| (c.measure.to_string(), c.alpha, c.aggregation.name())),
         }
     }
 
-    /// Greedy decoding of an encoder pass.
-    pub fn decode(&mut self, enc: &Encoded, choice: DecoderChoice) -> Result<Decoded> {
-        self.decode_with(enc, choice, None)
+    /// Decoding of an encoder pass by `opts`: greedy, or its beam search.
+    pub fn decode(&mut self, enc: &Encoded, opts: &DecodeOptions) -> Result<Decoded> {
+        self.decode_with(enc, opts, None)
     }
 
     /// Greedy transducer decoding of an encoder pass, recording every step into `trace` (the
     /// fields of NeMo's `decode_trace.json`).
     pub fn decode_traced(&mut self, enc: &Encoded, trace: &mut Vec<Step>) -> Result<Vec<Token>> {
-        self.decode_with(enc, DecoderChoice::Tdt, Some(trace))
-            .map(|d| d.tokens)
+        let opts = DecodeOptions::new(
+            &self.model,
+            &DecodeRequest::with_decoder(DecoderChoice::Tdt),
+        )?;
+        self.decode_with(enc, &opts, Some(trace)).map(|d| d.tokens)
     }
 
     fn decode_with(
         &mut self,
         enc: &Encoded,
-        choice: DecoderChoice,
+        opts: &DecodeOptions,
         trace: Option<&mut Vec<Step>>,
     ) -> Result<Decoded> {
         let mut times = StageTimes::default();
         let graphs_before = self.backend.stats().graphs_computed;
-        if let Some(plan) = self.beam.clone() {
-            let mut nbest = self.decode_beam(enc, choice, &plan.config)?;
-            nbest.truncate(plan.nbest);
+        if let Some(plan) = opts.beam() {
+            let mut nbest = self.decode_beam(enc, opts)?;
+            nbest.truncate(plan.nbest());
             times.decoder_graphs = self.backend.stats().graphs_computed - graphs_before;
             let tokens = nbest.first().map(|b| b.tokens.clone()).unwrap_or_default();
             return Ok(Decoded {
@@ -468,26 +377,27 @@ impl Session {
                 times,
             });
         }
-        let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
+        let missing = || Error::Internal("the encoder pass lacks the decoder's head".into());
         let vocab = self.model.hparams.vocab_size;
         let blank = self.model.hparams.blank_id();
-        let boost = self.boosting.as_deref();
+        let boost = opts.boosting().map(|t| &**t);
         if let Some(tree) = boost
             && tree.vocab_size() != vocab
         {
-            bail!(
+            return Err(Error::Options(format!(
                 "the boosting phrases were tokenised for a {}-piece vocabulary; this model has {vocab}",
                 tree.vocab_size()
-            );
+            )));
         }
-        let (tokens, token_confidence) = if self.head(choice)? == Outputs::CtcLogits {
+        let confidence = opts.confidence().copied();
+        let (tokens, token_confidence) = if opts.head() == Head::Ctc {
             let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
             let classes = vocab + 1;
             let tokens = match boost {
                 Some(tree) => ctc_greedy_boosted(logits, classes, tree),
                 None => ctc_greedy(logits, classes),
             };
-            let confidence = self.confidence.map(|c| {
+            let confidence = confidence.map(|c| {
                 let (frame_confidence, frame_labels) = ctc_frames(&c, logits, classes);
                 c.ctc_tokens(&frame_confidence, &frame_labels, &tokens, blank)
             });
@@ -495,16 +405,15 @@ impl Session {
         } else {
             let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
             let mut search = GreedyTransducer::new(&self.model)?;
-            search.set_confidence(self.confidence);
+            search.set_confidence(confidence);
             let tokens = search.decode(&mut self.backend, joint_enc, enc.frames, boost, trace)?;
             let counts = search.counts();
             times.decoder_steps = counts.joint_steps;
             times.predictor_steps = counts.predictor_steps;
-            let tdt = !self.model.hparams.durations.is_empty();
+            let tdt = opts.head() == Head::Tdt;
             let steps = search.take_steps();
-            let confidence = self
-                .confidence
-                .map(|c| c.transducer_tokens(&steps, &tokens, blank, enc.frames, tdt));
+            let confidence =
+                confidence.map(|c| c.transducer_tokens(&steps, &tokens, blank, enc.frames, tdt));
             (tokens, confidence)
         };
         times.decoder_graphs = self.backend.stats().graphs_computed - graphs_before;
@@ -516,41 +425,43 @@ impl Session {
         })
     }
 
-    /// Beam search over an encoder pass with the head `choice` picks: NeMo's N-best list for
-    /// `cfg`, best first. The settings are checked against the head before any graph runs
-    /// (beam size 0, a strategy the head cannot use). The phrases of
-    /// [`set_boosting`](Self::set_boosting), if any, are boosted (strategies `malsd_batch` and
-    /// CTC's `beam_batch`; NeMo's other searches refuse a boosting tree, and so do ours).
-    pub fn decode_beam(
-        &mut self,
-        enc: &Encoded,
-        choice: DecoderChoice,
-        cfg: &BeamConfig,
-    ) -> Result<Vec<NBest>> {
-        let missing = || anyhow::anyhow!("internal: the encoder pass lacks the decoder's head");
+    /// The beam search of `opts` over an encoder pass: NeMo's whole N-best list, best first
+    /// (a transcript keeps `nbest` of it). Its phrases, if any, are boosted (the strategies
+    /// that can boost were checked when the options were built).
+    pub fn decode_beam(&mut self, enc: &Encoded, opts: &DecodeOptions) -> Result<Vec<NBest>> {
+        let missing = || Error::Internal("the encoder pass lacks the decoder's head".into());
+        let plan = opts
+            .beam()
+            .ok_or_else(|| Error::Internal("a beam search without a beam plan".into()))?;
+        let cfg = plan.config();
         let model = &self.model;
-        let boost = self.boosting.as_deref();
-        if self.head(choice)? == Outputs::CtcLogits {
-            cfg.check(BeamHead::Ctc)?;
-            let classes = model.hparams.vocab_size + 1;
-            let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
-            ctc_beam(&log_softmax_rows(logits, classes), classes, cfg, boost)
-        } else {
-            let Some(head) = BeamHead::transducer_of(model.hparams.model_type) else {
-                bail!("internal: a transducer head on a CTC-only model");
-            };
-            cfg.check(head)?;
-            let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
-            transducer_beam(&mut self.backend, model, joint_enc, enc.frames, cfg, boost)
-        }
+        let boost = opts.boosting().map(|t| &**t);
+        let nbest = match opts.head() {
+            Head::Ctc => {
+                let classes = model.hparams.vocab_size + 1;
+                let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
+                ctc_beam(&log_softmax_rows(logits, classes), classes, cfg, boost)?
+            }
+            head => {
+                let head = if head == Head::Tdt {
+                    BeamHead::Tdt
+                } else {
+                    BeamHead::Rnnt
+                };
+                cfg.check(head)?;
+                let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
+                transducer_beam(&mut self.backend, model, joint_enc, enc.frames, cfg, boost)?
+            }
+        };
+        Ok(nbest)
     }
 
-    /// Transcribe 16 kHz mono samples: the whole file in one encoder pass and one decoder
-    /// pass (local attention keeps long files linear in time and memory). The samples are
-    /// taken by value so that an hour of audio is freed once its features exist.
-    pub fn transcribe(&mut self, samples: Vec<f32>, choice: DecoderChoice) -> Result<Transcript> {
+    /// Transcribe 16 kHz mono samples by `opts`: the whole file in one encoder pass and one
+    /// decoder pass (local attention keeps long files linear in time and memory). The samples
+    /// are taken by value so that an hour of audio is freed once its features exist.
+    pub fn transcribe(&mut self, samples: Vec<f32>, opts: &DecodeOptions) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
-        let (decoded, attention) = self.run_stages(samples, choice)?;
+        let (decoded, attention) = self.run_stages(samples, opts)?;
         let Decoded {
             tokens,
             token_confidence,
@@ -560,7 +471,7 @@ impl Session {
         let tokenizer = &self.model.tokenizer;
         let frame_seconds = self.model.hparams.geometry().frame_seconds();
         let mut words = tokenizer.words(&tokens, frame_seconds);
-        if let (Some(c), Some(tc)) = (&self.confidence, &token_confidence) {
+        if let (Some(c), Some(tc)) = (opts.confidence(), &token_confidence) {
             let groups = tokenizer.word_groups(&tokens);
             for (word, conf) in words.iter_mut().zip(c.words(&groups, tc)) {
                 word.confidence = Some(conf as f32);
@@ -574,7 +485,7 @@ impl Session {
                 .collect(),
             words,
             token_confidence: token_confidence.map(|tc| tc.into_iter().map(|c| c as f32).collect()),
-            decoding: self.summary(choice),
+            decoding: self.summary(opts),
             alternatives: alternatives
                 .into_iter()
                 .map(|b| Alternative {
@@ -597,20 +508,17 @@ impl Session {
     fn run_stages(
         &mut self,
         samples: Vec<f32>,
-        choice: DecoderChoice,
+        opts: &DecodeOptions,
     ) -> Result<(Decoded, Attention)> {
-        let outputs = self.head(choice)?;
+        let outputs = opts.head().outputs();
         let t0 = Instant::now();
         self.report("features", 0.0);
         let features = self.features(&samples);
         if features.n_frames == 0 {
-            bail!(
-                "audio too short ({:.3} s): nothing to transcribe",
-                samples.len() as f64 / self.sample_rate() as f64
-            );
+            return Err(too_short(samples.len(), self.sample_rate()));
         }
         drop(samples);
-        let attention = self.attention_for(features.n_frames);
+        let attention = self.attention_for(features.n_frames, opts.attention());
         let chunk = FeatureImage::from(&features);
         drop(features);
         let t1 = Instant::now();
@@ -635,11 +543,20 @@ impl Session {
         self.backend
             .release_compute_buffer(KEEP_COMPUTE_BUFFER_BYTES)?;
         let t2 = Instant::now();
-        let mut decoded = self.decode(&enc, choice)?;
+        let mut decoded = self.decode(&enc, opts)?;
         let times = &mut decoded.times;
         times.features = t1 - t0;
         times.encoder = t2 - t1;
         times.decoder = t2.elapsed();
         Ok((decoded, attention))
     }
+}
+
+/// The one "too short" rule: audio shorter than one feature frame (a hop, 10 ms) has nothing
+/// to transcribe.
+fn too_short(samples: usize, rate: u32) -> Error {
+    Error::Audio(format!(
+        "audio too short ({:.3} s, {samples} samples at {rate} Hz): nothing to transcribe",
+        samples as f64 / rate as f64
+    ))
 }

@@ -4,23 +4,24 @@
 //! transcription runs with the GIL released; errors become Python exceptions carrying the
 //! command line's messages.
 
-use anyhow::Context as _;
 use clap::ValueEnum as _;
 use numpy::ndarray::ArrayViewD;
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
-use parakeet::audio::{self, Audio};
-use parakeet::decoder::boosting::BoostingTree;
-use parakeet::decoder::confidence::ConfidenceConfig;
+use parakeet::audio::Audio;
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs, DEFAULT_BOOST_ALPHA};
 use parakeet::encoder::AttentionChoice;
+use parakeet::error::Error;
 use parakeet::server::plan_workers;
 use parakeet::server::pool::{JobFailure, Pool};
-use parakeet::session::{BeamPlan, DecoderChoice, Session};
+use parakeet::session::pipeline::{self, Limits};
+use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, Session, Threads};
 use parakeet::tokenizer::token_span;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyFileNotFoundError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyException, PyFileNotFoundError, PyOSError, PyTypeError, PyUserWarning, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use std::path::PathBuf;
@@ -32,27 +33,22 @@ create_exception!(
     parakeet,
     ParakeetError,
     PyException,
-    "A model that cannot be loaded (a broken or unsupported file) or an input that cannot be \
-     transcribed (undecodable audio, too short, a decoding option the model cannot use). The \
-     message is the command line's."
+    "A model that cannot be loaded (a broken or unsupported file), or a failure of ours while \
+     transcribing. The message is the command line's."
 );
 
-/// A failure that is the caller's argument (an array, an option): ValueError.
-fn value_error(e: anyhow::Error) -> PyErr {
-    PyValueError::new_err(format!("{e:#}"))
-}
-
-/// Any other failure: FileNotFoundError when a file is missing, else ParakeetError.
-fn parakeet_error(e: anyhow::Error) -> PyErr {
-    let missing = e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
-    });
-    let msg = format!("{e:#}");
-    if missing {
-        PyFileNotFoundError::new_err(msg)
-    } else {
-        ParakeetError::new_err(msg)
+/// The library's error as Python's, by whose it is: the caller's audio and options are
+/// ValueError, a missing file FileNotFoundError (other file errors OSError), a model that
+/// cannot be loaded and our own failures ParakeetError.
+fn py_error(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::Audio(_) | Error::AudioTooLong(_) | Error::Options(_) => PyValueError::new_err(msg),
+        Error::Io { kind, .. } if kind == std::io::ErrorKind::NotFound => {
+            PyFileNotFoundError::new_err(msg)
+        }
+        Error::Io { .. } => PyOSError::new_err(msg),
+        Error::Model(_) | Error::Internal(_) => ParakeetError::new_err(msg),
     }
 }
 
@@ -67,57 +63,22 @@ enum Input {
     },
 }
 
-/// How one call decodes: the CLI's decoding flags, checked before any audio is read.
-struct Decoding {
-    decoder: DecoderChoice,
-    attention: AttentionChoice,
-    confidence: Option<ConfidenceConfig>,
-    boosting: Option<Arc<BoostingTree>>,
-    beam: BeamArgs,
-}
-
-impl Decoding {
-    /// Sets this call's options on a pooled session (the previous call may have set others),
-    /// in the CLI's order: confidence and boosting first, then the beam checked against them.
-    fn apply(&self, session: &mut Session) -> anyhow::Result<()> {
-        session.set_beam(self.decoder, None)?;
-        session.set_attention(self.attention);
-        session.set_confidence(self.confidence)?;
-        session.set_boosting(self.boosting.clone());
-        let plan = self.beam.plan(session.beam_head(self.decoder)?)?;
-        session.set_beam(
-            self.decoder,
-            plan.map(|(config, nbest)| BeamPlan { config, nbest }),
-        )
-    }
-}
-
-/// Why a job gave no transcript.
-enum JobError {
-    /// The call's options do not fit the model (ValueError).
-    Options(anyhow::Error),
-    /// The input (ParakeetError or FileNotFoundError).
-    Input(anyhow::Error),
-}
-
+/// One input through the one pipeline every front end takes.
 fn run_job(
     session: &mut Session,
     input: Input,
-    decoding: &Decoding,
-) -> Result<parakeet::transcript::Transcript, JobError> {
-    decoding.apply(session).map_err(JobError::Options)?;
-    let transcribe = || {
-        let (audio, shown) = match input {
-            Input::File(path) => (audio::load_audio(&path)?, path.display().to_string()),
-            Input::Samples { audio, name } => (audio, name),
-        };
-        let samples =
-            audio::resample_to_16k(audio).with_context(|| format!("{shown}: resampling"))?;
-        session
-            .transcribe(samples, decoding.decoder)
-            .with_context(|| shown)
-    };
-    transcribe().map_err(JobError::Input)
+    options: &DecodeOptions,
+) -> Result<parakeet::transcript::Transcript, Error> {
+    let limits = Limits::default();
+    match input {
+        Input::File(path) => {
+            pipeline::transcribe_input(session, pipeline::Input::Path(&path), options, limits)
+        }
+        Input::Samples { audio, name } => {
+            let input = pipeline::Input::Samples { audio, name: &name };
+            pipeline::transcribe_input(session, input, options, limits)
+        }
+    }
 }
 
 /// A speech recognition model, loaded once and shared by a pool of workers.
@@ -161,23 +122,41 @@ impl Model {
         threads: Option<usize>,
         workers: Option<usize>,
     ) -> PyResult<Model> {
-        if threads == Some(0) {
-            return Err(PyValueError::new_err("threads must be at least 1"));
-        }
         if workers == Some(0) {
             return Err(PyValueError::new_err("workers must be at least 1"));
         }
-        py.detach(|| -> anyhow::Result<Model> {
-            let path = parakeet::model_source::resolve(&model, &mut |line| eprintln!("{line}"))?;
-            let loaded = Arc::new(parakeet::model::Model::load(&path)?);
+        // The command line's thread policy: 0 refused, more than the cores warned and capped.
+        let threads = match threads {
+            Some(n) => {
+                let (t, warning) = Threads::resolve(Some(n)).map_err(py_error)?;
+                if let Some(w) = warning {
+                    PyErr::warn(
+                        py,
+                        &py.get_type::<PyUserWarning>(),
+                        &std::ffi::CString::new(w).unwrap_or_default(),
+                        1,
+                    )?;
+                }
+                Some(t.get())
+            }
+            None => None,
+        };
+        py.detach(|| -> Result<Model, Error> {
+            let path = parakeet::model_source::resolve(&model, &mut |line| eprintln!("{line}"))
+                .map_err(|e| match Error::from(e) {
+                    missing if missing.is_not_found() => missing,
+                    other => Error::Model(other.to_string()),
+                })?;
+            let loaded = Arc::new(parakeet::model::Model::load(&path).map_err(Error::model)?);
             loaded.file.populate();
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let (workers, threads) = plan_workers(cores, workers, threads);
+            let threads = Threads::new(threads)?;
             let shared = loaded.clone();
             let pool = Pool::new(
                 workers,
                 QUEUE,
-                move |_| Session::new(shared.clone(), threads),
+                move |_| Ok(Session::new(shared.clone(), threads)?),
                 // A session already trims its compute buffer after each encoder pass.
                 |_, _| false,
             )?;
@@ -186,10 +165,10 @@ impl Model {
                 pool,
                 path,
                 workers,
-                threads,
+                threads: threads.get(),
             })
         })
-        .map_err(parakeet_error)
+        .map_err(py_error)
     }
 
     /// The model's name (from its GGUF metadata).
@@ -265,7 +244,7 @@ impl Model {
         nbest: usize,
         att_context: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let decoding = self.decoding(
+        let options = self.options(
             decoder,
             confidence,
             boost,
@@ -303,7 +282,7 @@ impl Model {
                 "sample_rate= is for arrays: a file's rate comes from its header",
             ));
         }
-        let results = py.detach(|| self.run(inputs, decoding))?;
+        let results = py.detach(|| self.run(inputs, options))?;
         let transcripts = results
             .into_iter()
             .map(|t| Transcript::new(py, t, &self.model))
@@ -397,8 +376,9 @@ fn interleave<T: Copy>(
 }
 
 impl Model {
-    /// The call's options, checked against the model before any audio is read.
-    fn decoding(
+    /// The call's options, checked against the model before any audio is read, by the
+    /// function the command line and the server use.
+    fn options(
         &self,
         decoder: &str,
         confidence: Option<String>,
@@ -406,7 +386,7 @@ impl Model {
         boost_alpha: f32,
         beam: BeamArgs,
         att_context: &str,
-    ) -> PyResult<Decoding> {
+    ) -> PyResult<DecodeOptions> {
         let decoder = DecoderChoice::from_str(decoder, true).map_err(|_| {
             let names: Vec<String> = DecoderChoice::value_variants()
                 .iter()
@@ -429,23 +409,19 @@ impl Model {
             boost_alpha,
             ..BoostArgs::default()
         };
-        beam.check().map_err(value_error)?;
-        let confidence = ConfidenceArgs {
-            confidence,
-            ..ConfidenceArgs::default()
-        }
-        .resolve(false)
-        .map_err(value_error)?;
-        let boosting = boost
-            .tree(&self.model.tokenizer, phrases)
-            .map_err(value_error)?;
-        Ok(Decoding {
+        let request = DecodeRequest {
             decoder,
             attention,
-            confidence,
-            boosting,
-            beam,
-        })
+            confidence: ConfidenceArgs {
+                confidence,
+                ..ConfidenceArgs::default()
+            }
+            .resolve(false)
+            .map_err(py_error)?,
+            boost: boost.config(phrases),
+            beam: beam.request().map_err(py_error)?,
+        };
+        DecodeOptions::new(&self.model, &request).map_err(py_error)
     }
 
     /// Every input on the pool, in parallel; the transcripts in input order, or the first
@@ -454,16 +430,16 @@ impl Model {
     fn run(
         &self,
         inputs: Vec<Input>,
-        decoding: Decoding,
+        options: DecodeOptions,
     ) -> PyResult<Vec<parakeet::transcript::Transcript>> {
-        let decoding = Arc::new(decoding);
+        let options = Arc::new(options);
         let (tx, rx) = mpsc::channel();
         let mut panics = Vec::new();
         let n = inputs.len();
         for (i, input) in inputs.into_iter().enumerate() {
-            let (tx, decoding) = (tx.clone(), decoding.clone());
+            let (tx, options) = (tx.clone(), options.clone());
             let submitted = self.pool.submit(move |session: &mut Session| {
-                let _ = tx.send((i, run_job(session, input, &decoding)));
+                let _ = tx.send((i, run_job(session, input, &options)));
             });
             match submitted {
                 Ok(reply) => panics.push(reply),
@@ -471,7 +447,7 @@ impl Model {
             }
         }
         drop(tx);
-        let mut results: Vec<Option<Result<_, JobError>>> = (0..n).map(|_| None).collect();
+        let mut results: Vec<Option<Result<_, Error>>> = (0..n).map(|_| None).collect();
         let mut received = 0;
         while received < n {
             match rx.recv_timeout(Duration::from_millis(100)) {
@@ -490,8 +466,7 @@ impl Model {
         for (result, reply) in results.into_iter().zip(panics) {
             match result {
                 Some(Ok(t)) => out.push(t),
-                Some(Err(JobError::Options(e))) => return Err(value_error(e)),
-                Some(Err(JobError::Input(e))) => return Err(parakeet_error(e)),
+                Some(Err(e)) => return Err(py_error(e)),
                 None => {
                     let why = match reply.blocking_recv() {
                         Ok(Err(JobFailure::Panicked(msg))) => msg,

@@ -257,13 +257,15 @@ def test_a_broken_model_is_a_parakeet_error(tmp_path):
     assert issubclass(parakeet.ParakeetError, Exception)
 
 
-def test_undecodable_audio_is_a_parakeet_error(tdt, tmp_path):
+def test_undecodable_audio_is_a_value_error(tdt, tmp_path):
     bad = tmp_path / "noise.wav"
     bad.write_bytes(b"RIFF not really a wave file" * 10)
-    with pytest.raises(parakeet.ParakeetError, match="cannot decode audio file .*noise.wav"):
+    with pytest.raises(ValueError, match="cannot decode audio file .*noise.wav"):
         tdt.transcribe(bad)
-    with pytest.raises(parakeet.ParakeetError, match="too short"):
+    # The command line's rule: less than one 10 ms feature frame.
+    with pytest.raises(ValueError, match="too short"):
         tdt.transcribe(np.zeros(100, np.float32), sample_rate=16000)
+    assert tdt.transcribe(np.zeros(160, np.float32), sample_rate=16000).text == ""
 
 
 @pytest.mark.parametrize(
@@ -301,8 +303,18 @@ def test_bad_options_are_value_errors(tdt):
         tdt.transcribe(CLIP, att_context="sideways")
     with pytest.raises(ValueError, match="sample_rate= is for arrays"):
         tdt.transcribe(CLIP, sample_rate=16000)
-    with pytest.raises(ValueError, match="threads must be at least 1"):
+    with pytest.raises(ValueError, match="--threads 0: at least 1 thread"):
         parakeet.Model(FIXTURES / "tiny_tdt.nemo", threads=0)
+    with pytest.warns(UserWarning, match="--threads 10000 is more than the"):
+        many = parakeet.Model(FIXTURES / "tiny_tdt.nemo", threads=10000, workers=1)
+    assert 1 <= many.threads <= os.cpu_count()
+    for beam in (2**64 - 1, 2**32, 100000, 4096):
+        with pytest.raises((ValueError, OverflowError), match=r"--beam \d+: at most 256|int too big"):
+            tdt.transcribe(CLIP, beam=beam)
+    with pytest.raises(ValueError, match="--nbest 0: keeps at least 1"):
+        tdt.transcribe(CLIP, beam=2, nbest=0)
+    with pytest.raises(ValueError, match="--boost-alpha 1e\\+?37|--boost-alpha 100000"):
+        tdt.transcribe(CLIP, boost="the cat", boost_alpha=1e37)
     with pytest.raises(TypeError, match="expected a path, a numpy array"):
         tdt.transcribe(42)
     # The model still works after every refusal.

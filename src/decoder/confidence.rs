@@ -12,7 +12,7 @@ use crate::kernels::vmath::exp_in_place;
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 use std::fmt;
-use std::ops::Range;
+use std::ops::{Range, RangeInclusive};
 use std::str::FromStr;
 
 /// How a distribution becomes a confidence.
@@ -108,6 +108,30 @@ impl FromStr for Measure {
             _ => return Err(bad()),
         };
         Ok(Measure::Entropy(kind, norm))
+    }
+}
+
+/// The range of α (`--confidence-alpha`) outside Gibbs' bound: NeMo asks only α > 0, but
+/// at α below about 1e-2 `V^α - 1` and `1 - α` lose their digits, and above 10 `V^α` and
+/// `Σ p^α` leave f64's range for real vocabularies, and the values leave [0, 1].
+pub const ALPHA_RANGE: RangeInclusive<f64> = 0.01..=10.0;
+
+impl Measure {
+    /// The α this measure is defined for over `classes` (vocabulary + blank): NeMo's
+    /// documented bound for the Gibbs entropy, `(ln V + 2 - sqrt(ln² V + 4)) / (2 ln V) <= α
+    /// <= (1 + ln(V - 1)) / ln(V - 1)` (outside it the value leaves [0, 1]), [`ALPHA_RANGE`]
+    /// for the others.
+    pub fn alpha_range(self, classes: usize) -> RangeInclusive<f64> {
+        match self {
+            Measure::Entropy(EntropyKind::Gibbs, _) if classes > 2 => {
+                let ln_v = (classes as f64).ln();
+                let ln_v1 = (classes as f64 - 1.0).ln();
+                let low = (ln_v + 2.0 - (ln_v * ln_v + 4.0).sqrt()) / (2.0 * ln_v);
+                let high = (1.0 + ln_v1) / ln_v1;
+                low.max(*ALPHA_RANGE.start())..=high.min(*ALPHA_RANGE.end())
+            }
+            _ => ALPHA_RANGE,
+        }
     }
 }
 
@@ -553,6 +577,60 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Across each measure's whole alpha range (edges included) and vocabularies from a tiny
+    /// model's to a large one's, every value stays in [0, 1]: uniform, certain, peaked and
+    /// random distributions, by the fast path and by the f64 formulas.
+    #[test]
+    fn values_stay_in_zero_one_over_the_alpha_range() {
+        let mut seed = 11u32;
+        let mut random = |n: usize, spread: f32| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * spread
+                })
+                .collect()
+        };
+        for classes in [9, 129, 1025, 8193] {
+            let mut dists = vec![
+                vec![0.0; classes],
+                random(classes, 4.0),
+                random(classes, 60.0),
+            ];
+            let mut certain = vec![0.0; classes];
+            certain[classes / 2] = 200.0;
+            dists.push(certain);
+            let mut peaked = random(classes, 2.0);
+            peaked[1] = 12.0;
+            dists.push(peaked);
+            for name in MEASURES {
+                let range = name.parse::<Measure>().unwrap().alpha_range(classes);
+                let (lo, hi) = (*range.start(), *range.end());
+                let steps = 40;
+                for k in 0..=steps {
+                    // Geometric steps: the range spans three orders of magnitude.
+                    let alpha = lo * (hi / lo).powf(k as f64 / steps as f64);
+                    let alpha = if k == steps { hi } else { alpha };
+                    let c = cfg(name, alpha);
+                    for logits in &dists {
+                        let v = c.of_logits(logits, classes);
+                        assert!(
+                            (0.0..=1.0 + 1e-6).contains(&v) || v.abs() < 1e-6,
+                            "{name} alpha {alpha} V {classes}: {v}"
+                        );
+                    }
+                }
+            }
+        }
+        // Outside: NeMo's Gibbs bound for V = 1025 is about [0.124, 1.144].
+        let gibbs = "entropy_gibbs_lin"
+            .parse::<Measure>()
+            .unwrap()
+            .alpha_range(1025);
+        assert!((gibbs.start() - 0.1239).abs() < 1e-3 && (gibbs.end() - 1.1443).abs() < 1e-3);
+        assert!(!gibbs.contains(&2.0));
     }
 
     #[test]

@@ -11,14 +11,12 @@ mod openai;
 pub mod pool;
 pub mod realtime;
 
-use crate::audio;
-use crate::decoder::boosting::BoostingTree;
-use crate::decoder::confidence::ConfidenceConfig;
 use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
+use crate::error::{Blame, Error};
 use crate::model::Model;
-use crate::session::{DecoderChoice, Session};
+use crate::session::pipeline::{Input, Limits, load_samples};
+use crate::session::{DecodeOptions, DecodeRequest, Session, Threads};
 use crate::stream::open::{LiveOptions, open_live};
-use crate::transcript::Transcript;
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Request, State};
@@ -115,13 +113,15 @@ struct AppState {
     threads: usize,
     max_upload: usize,
     max_audio_seconds: f64,
-    /// The confidence verbose_json's words carry (None: none).
-    confidence: Option<ConfidenceConfig>,
-    /// The boosting settings, the server-wide phrases and their tree (a request with phrases
-    /// of its own gets a tree of both).
+    /// Every request's decoding: the server-wide phrases' tree and the confidence
+    /// verbose_json's words carry (built once; a request with phrases of its own gets options
+    /// of both, checked by the same function).
+    options: DecodeOptions,
+    /// The request `options` was built from, and the boosting flags with the server's
+    /// phrases, for requests that add phrases.
+    request: DecodeRequest,
     boost: BoostArgs,
     boost_phrases: Vec<String>,
-    boost_tree: Option<Arc<BoostingTree>>,
     /// Each worker's compute buffer after its last request (0 after a release).
     buffers: Arc<Vec<AtomicUsize>>,
     next_id: AtomicU64,
@@ -135,15 +135,35 @@ struct AudioSeconds(f64);
 pub fn serve(args: ServeArgs) -> Result<()> {
     let confidence = args.confidence.resolve(true)?;
     let boost_phrases = args.boost.phrases()?;
+    if args.workers == Some(0) {
+        anyhow::bail!("--workers 0: at least 1 worker is needed");
+    }
+    let threads = match args.threads {
+        Some(n) => {
+            let (t, warning) = Threads::resolve(Some(n))?;
+            if let Some(w) = warning {
+                eprintln!("warning: {w}");
+            }
+            Some(t.get())
+        }
+        None => None,
+    };
     let path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
-    let model = Arc::new(Model::load(&path)?);
-    let boost_tree = args.boost.tree(&model.tokenizer, boost_phrases.clone())?;
+    let model = Arc::new(Model::load(&path).map_err(Error::model)?);
+    let request = DecodeRequest {
+        confidence,
+        boost: args.boost.config(boost_phrases.clone()),
+        ..DecodeRequest::default()
+    };
+    let options = DecodeOptions::new(&model, &request)?;
     model.file.populate();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (workers, threads) = plan_workers(cores, args.workers, args.threads);
-    if workers * threads > cores {
+    let (workers, threads) = plan_workers(cores, args.workers, threads);
+    let threads = Threads::new(threads)?;
+    let threads_n = threads.get();
+    if workers * threads_n > cores {
         eprintln!(
-            "warning: {workers} workers x {threads} threads oversubscribe the {cores} cores; requests will slow each other down"
+            "warning: {workers} workers x {threads_n} threads oversubscribe the {cores} cores; requests will slow each other down"
         );
     }
     let release = usize::try_from(args.release_buffer_mb << 20).unwrap_or(usize::MAX);
@@ -153,7 +173,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         Pool::new(
             workers,
             args.queue,
-            move |_| Session::new(model.clone(), threads),
+            move |_| Ok(Session::new(model.clone(), threads)?),
             move |i, session: &Session| {
                 // The gallocr's buffer only grows; after a very long request, drop it whole.
                 let bytes = session.stats().compute_buffer_bytes;
@@ -190,13 +210,13 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         model: model.clone(),
         model_created,
         workers,
-        threads,
+        threads: threads_n,
         max_upload: usize::try_from(args.max_upload_mb << 20).unwrap_or(usize::MAX),
         max_audio_seconds: args.max_audio_seconds,
-        confidence,
+        options,
+        request,
         boost: args.boost.clone(),
         boost_phrases,
-        boost_tree,
         buffers,
         next_id: AtomicU64::new(0),
     });
@@ -212,7 +232,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         let addr = listener.local_addr()?;
         eprintln!(
-            "parakeet serve: {} ({}), {workers} worker(s) x {threads} thread(s), queue {}, listening on http://{addr}",
+            "parakeet serve: {} ({}), {workers} worker(s) x {threads_n} thread(s), queue {}, listening on http://{addr}",
             model.name,
             path.display(),
             args.queue
@@ -378,19 +398,42 @@ struct Fields {
     boost: Vec<String>,
 }
 
-/// The boosting tree for a request: the server's, or one of the server's phrases and the
-/// request's together.
-fn request_tree(
-    st: &AppState,
-    phrases: Vec<String>,
-) -> Result<Option<Arc<BoostingTree>>, ApiError> {
+/// The decoding options of a request: the server's, or the server's with the request's own
+/// phrases added (checked as the server's were).
+fn request_options(st: &AppState, phrases: Vec<String>) -> Result<DecodeOptions, ApiError> {
     if phrases.is_empty() {
-        return Ok(st.boost_tree.clone());
+        return Ok(st.options.clone());
     }
     let all = st.boost_phrases.iter().cloned().chain(phrases).collect();
-    st.boost
-        .tree(&st.model.tokenizer, all)
-        .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("boost"), Some("invalid_value")))
+    let request = DecodeRequest {
+        boost: st.boost.config(all),
+        ..st.request.clone()
+    };
+    DecodeOptions::new(&st.model, &request).map_err(|e| api_error(e, Some("boost")))
+}
+
+/// A library error as the API's: the user's are 400 (naming the field `param` when the
+/// failure is one field's), ours 500.
+fn api_error(e: Error, param: Option<&'static str>) -> ApiError {
+    let message = e.to_string();
+    let (param, code) = match &e {
+        Error::Audio(_) => (Some("file"), "invalid_audio"),
+        Error::AudioTooLong(_) => (Some("file"), "audio_too_long"),
+        Error::Options(_) => (param, "invalid_value"),
+        Error::Model(_) | Error::Io { .. } | Error::Internal(_) => (None, "internal_error"),
+    };
+    match e.blame() {
+        // The model and the files are the server's, not the client's.
+        Blame::User if !matches!(e, Error::Model(_) | Error::Io { .. }) => {
+            ApiError::bad_request(message, param, Some(code))
+        }
+        _ => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            message,
+            None,
+            Some("internal_error"),
+        ),
+    }
 }
 
 async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, ApiError> {
@@ -413,17 +456,31 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         granularities,
         boost,
     } = fields;
-    let boost = request_tree(st, boost)?;
+    let options = request_options(st, boost)?;
     // Only verbose_json's words show a confidence: nothing else pays for it.
-    let confidence = st
-        .confidence
-        .filter(|_| format == ResponseFormat::VerboseJson && granularities.word);
+    let options = if format == ResponseFormat::VerboseJson && granularities.word {
+        options
+    } else {
+        options.without_confidence()
+    };
     let reply = st
         .pool
         .submit(move |session: &mut Session| {
             let start = Instant::now();
-            run_job(session, file, &file_name, max_seconds, confidence, boost)
+            let input = Input::Bytes {
+                data: &file,
+                name: &file_name,
+            };
+            let limits = Limits {
+                max_seconds: Some(max_seconds),
+            };
+            // The pipeline's two steps, so that the upload is freed before the transcription.
+            let samples = load_samples(input, limits).map_err(|e| api_error(e, None))?;
+            drop(file);
+            session
+                .transcribe(samples, &options)
                 .map(|t| (t, start.elapsed()))
+                .map_err(|e| api_error(e.context(&file_name), None))
         })
         .map_err(|_| {
             ApiError::new(
@@ -552,55 +609,6 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
         granularities: Granularities::resolve(granularities),
         boost,
     })
-}
-
-/// Decodes the upload (any format the CLI reads, from memory) and transcribes it.
-fn run_job(
-    session: &mut Session,
-    file: Bytes,
-    file_name: &str,
-    max_seconds: f64,
-    confidence: Option<ConfidenceConfig>,
-    boost: Option<Arc<BoostingTree>>,
-) -> Result<Transcript, ApiError> {
-    let bad_audio = |e: anyhow::Error| {
-        ApiError::bad_request(format!("{e:#}"), Some("file"), Some("invalid_audio"))
-    };
-    let decoded = audio::decode_bytes(&file, file_name).map_err(bad_audio)?;
-    drop(file);
-    if decoded.duration_s > max_seconds {
-        return Err(ApiError::bad_request(
-            format!(
-                "{file_name}: {:.1} s of audio is longer than this server's limit of {max_seconds} s (--max-audio-seconds)",
-                decoded.duration_s
-            ),
-            Some("file"),
-            Some("audio_too_long"),
-        ));
-    }
-    let samples = audio::resample_to_16k(decoded).map_err(bad_audio)?;
-    if samples.len() < session.model().hparams.preprocessor.hop_length {
-        return Err(ApiError::bad_request(
-            format!(
-                "{file_name}: the audio is too short to transcribe ({} samples at 16 kHz)",
-                samples.len()
-            ),
-            Some("file"),
-            Some("audio_too_short"),
-        ));
-    }
-    session.set_boosting(boost);
-    session
-        .set_confidence(confidence)
-        .and_then(|()| session.transcribe(samples, DecoderChoice::Auto))
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("{file_name}: {e:#}"),
-                None,
-                Some("internal_error"),
-            )
-        })
 }
 
 #[cfg(test)]

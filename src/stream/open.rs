@@ -3,7 +3,7 @@
 
 use super::{CacheAwareConfig, CacheAwareStream, DEFAULT_MAX_UTTERANCE_SECONDS, LiveTranscriber};
 use crate::model::Model;
-use crate::session::{DecoderChoice, Session};
+use crate::session::{DecoderChoice, Session, Threads};
 use anyhow::Result;
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ pub struct LiveOptions {
     /// Which head decodes (`--decoder`).
     pub decoder: DecoderChoice,
     /// Compute threads.
-    pub threads: usize,
+    pub threads: Threads,
     /// Utterances longer than this without an end-of-utterance token are cut at a word start
     /// (`--max-utterance-seconds`; `None`: never).
     pub max_utterance_seconds: Option<f64>,
@@ -27,7 +27,7 @@ impl Default for LiveOptions {
         LiveOptions {
             att_context: None,
             decoder: DecoderChoice::default(),
-            threads: 0,
+            threads: Threads::all(),
             max_utterance_seconds: Some(DEFAULT_MAX_UTTERANCE_SECONDS),
         }
     }

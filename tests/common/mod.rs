@@ -158,3 +158,17 @@ pub fn rel_err_f64(ours: &[f32], reference: &[f64]) -> f64 {
     }
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
+
+/// `n` compute threads (at most the cores).
+pub fn threads(n: usize) -> parakeet::session::Threads {
+    parakeet::session::Threads::new(n).unwrap()
+}
+
+/// Greedy decoding by `decoder` on `session`'s model.
+pub fn greedy(
+    session: &parakeet::session::Session,
+    decoder: parakeet::session::DecoderChoice,
+) -> parakeet::session::DecodeOptions {
+    let request = parakeet::session::DecodeRequest::with_decoder(decoder);
+    parakeet::session::DecodeOptions::new(session.model(), &request).unwrap()
+}

@@ -160,7 +160,7 @@ fn the_websocket_gives_nemos_streaming_text() {
     let options = LiveOptions {
         att_context: None,
         decoder: DecoderChoice::Auto,
-        threads: 1,
+        threads: threads(1),
         ..LiveOptions::default()
     };
     let factory: TranscriberFactory = Arc::new(move || open_live(&model, &options));

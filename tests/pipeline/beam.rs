@@ -6,14 +6,15 @@
 
 use crate::common::*;
 use parakeet::convert::OutType;
-use parakeet::decoder::beam::{BeamConfig, BeamStrategy, NBest};
-use parakeet::decoder::boosting::{BoostingConfig, BoostingTree};
-use parakeet::session::{DecoderChoice, Session};
+use parakeet::decoder::beam::{BeamStrategy, NBest};
+use parakeet::decoder::boosting::BoostingConfig;
+use parakeet::session::{
+    BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, MAX_BEAM_SIZE, Session,
+};
 use serde_json::Value;
-use std::sync::Arc;
 
-/// The case's boosting tree (NeMo's phrases and settings), or `None`.
-fn boost_tree(session: &Session, boost: &Value) -> Option<Arc<BoostingTree>> {
+/// The case's boosting settings (NeMo's phrases and settings), or `None`.
+fn boost_config(boost: &Value) -> Option<BoostingConfig> {
     if boost.is_null() {
         return None;
     }
@@ -32,9 +33,7 @@ fn boost_tree(session: &Session, boost: &Value) -> Option<Arc<BoostingTree>> {
         score_per_phrase: f32_of("score_per_phrase"),
         uniform_weights: boost["uniform_weights"].as_bool().unwrap(),
     };
-    Some(Arc::new(
-        BoostingTree::new(&session.model().tokenizer, &cfg).unwrap(),
-    ))
+    Some(cfg)
 }
 
 fn fixture() -> Value {
@@ -106,7 +105,7 @@ fn beam_search_matches_nemo_nbest() {
     let mut ran_by_nemo = 0;
     for model in MODELS {
         let cases = fixture[model].as_object().unwrap();
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         for (_, clip) in CLIPS {
             let features = session.features(&clip_samples(clip));
             let enc = session.encode(&features, false).unwrap();
@@ -117,19 +116,25 @@ fn beam_search_matches_nemo_nbest() {
                     continue;
                 }
                 ran_by_nemo += 1;
-                let tree = boost_tree(&session, &case["boost"]);
-                session.set_boosting(tree);
                 let strategy: BeamStrategy = case["strategy"].as_str().unwrap().parse().unwrap();
-                let mut cfg =
-                    BeamConfig::new(strategy, case["beam_size"].as_u64().unwrap() as usize);
-                cfg.score_norm = case["score_norm"].as_bool().unwrap();
-                let choice = if name.starts_with("ctc:") {
+                let decoder = if name.starts_with("ctc:") {
                     DecoderChoice::Ctc
                 } else {
                     DecoderChoice::Tdt
                 };
+                let request = DecodeRequest {
+                    decoder,
+                    boost: boost_config(&case["boost"]),
+                    beam: Some(BeamRequest {
+                        strategy: Some(strategy),
+                        score_norm: case["score_norm"].as_bool().unwrap(),
+                        ..BeamRequest::new(case["beam_size"].as_u64().unwrap() as usize)
+                    }),
+                    ..DecodeRequest::default()
+                };
+                let opts = DecodeOptions::new(session.model(), &request).unwrap();
                 let nemo = case["clips"][clip].as_array().unwrap();
-                match session.decode_beam(&enc, choice, &cfg) {
+                match session.decode_beam(&enc, &opts) {
                     Ok(ours) => match compare(&session, &ours, nemo) {
                         Ok(()) => passed.push(what),
                         Err(e) => failed.push(format!("{what}: {e}")),
@@ -146,31 +151,72 @@ fn beam_search_matches_nemo_nbest() {
     assert_eq!(ran_by_nemo, 40, "the fixture's cases");
 }
 
-/// Settings a model cannot run are refused with a clear error before any graph runs.
+/// Settings a model cannot run are refused with a clear error when the options are built,
+/// before any graph.
 #[test]
 fn beam_settings_the_model_cannot_use_are_refused_before_any_graph() {
-    let refused = |model: &str, choice, cfg: BeamConfig, boost: bool, expect: &str| {
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
-        let features = session.features(&clip_samples("speech_2s.wav"));
-        let enc = session.encode(&features, false).unwrap();
-        if boost {
-            let phrases = serde_json::json!({
-                "phrases": ["the cat"], "alpha": 1.0, "context_score": 1.0,
-                "depth_scaling": 2.0, "unk_score": 0.0, "score_per_phrase": 0.0,
-                "uniform_weights": false
-            });
-            let tree = boost_tree(&session, &phrases);
-            session.set_boosting(tree);
-        }
-        let graphs = session.stats().graphs_computed;
-        let err = session.decode_beam(&enc, choice, &cfg).unwrap_err();
+    let refused = |model: &str, decoder, strategy: &str, size, boost: bool, expect: &str| {
+        let session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+        let phrases = serde_json::json!({
+            "phrases": ["the cat"], "alpha": 1.0, "context_score": 1.0,
+            "depth_scaling": 2.0, "unk_score": 0.0, "score_per_phrase": 0.0,
+            "uniform_weights": false
+        });
+        let request = DecodeRequest {
+            decoder,
+            boost: if boost { boost_config(&phrases) } else { None },
+            beam: Some(BeamRequest {
+                strategy: Some(strategy.parse().unwrap()),
+                ..BeamRequest::new(size)
+            }),
+            ..DecodeRequest::default()
+        };
+        let err = DecodeOptions::new(session.model(), &request).unwrap_err();
         let msg = format!("{err:#}");
         assert!(msg.contains(expect), "{model}: {msg:?} lacks {expect:?}");
-        assert_eq!(session.stats().graphs_computed, graphs, "{model}: {msg}");
+        assert!(
+            matches!(err, parakeet::error::Error::Options(_)),
+            "{model}: {err:?}"
+        );
+        assert_eq!(session.stats().graphs_computed, 0, "{model}: {msg}");
     };
     let (auto, ctc) = (DecoderChoice::Auto, DecoderChoice::Ctc);
     let cases = [
-        ("tiny_tdt", auto, "malsd_batch", 0, false, "beam size 0"),
+        ("tiny_tdt", auto, "malsd_batch", 0, false, "--beam 0"),
+        (
+            "tiny_tdt",
+            auto,
+            "malsd_batch",
+            MAX_BEAM_SIZE + 1,
+            false,
+            "at most 256",
+        ),
+        (
+            "tiny_ctc",
+            auto,
+            "beam_batch",
+            usize::MAX,
+            false,
+            "at most 256",
+        ),
+        (
+            "tiny_rnnt",
+            auto,
+            "maes_batch",
+            1 << 32,
+            false,
+            "at most 256",
+        ),
+        (
+            "tiny_tdt",
+            auto,
+            "malsd_batch",
+            100_000,
+            false,
+            "at most 256",
+        ),
+        ("tiny_tdt", auto, "malsd_batch", 4096, false, "at most 256"),
+        ("tiny_tdt", auto, "maes", 256, false, "maes draws the beam"),
         ("tiny_tdt", auto, "tsd", 4, false, "does not run on a TDT"),
         (
             "tiny_tdt",
@@ -194,9 +240,58 @@ fn beam_settings_the_model_cannot_use_are_refused_before_any_graph() {
         ("tiny_tdt", auto, "beam", 4, true, "cannot boost phrases"),
         ("tiny_tdt", auto, "maes", 4, true, "cannot boost phrases"),
     ];
-    for (model, choice, strategy, size, boost, expect) in cases {
-        let cfg = BeamConfig::new(strategy.parse().unwrap(), size);
-        refused(model, choice, cfg, boost, expect);
+    for (model, decoder, strategy, size, boost, expect) in cases {
+        refused(model, decoder, strategy, size, boost, expect);
+    }
+}
+
+/// The largest beam runs every strategy on every head it fits, within the graphs' capacity:
+/// the N-best list is as long as NeMo's rules make it and best first.
+#[test]
+fn the_largest_beam_runs_every_strategy() {
+    for (model, decoder, strategies) in [
+        (
+            "tiny_tdt",
+            DecoderChoice::Auto,
+            &["malsd_batch", "beam", "maes"][..],
+        ),
+        (
+            "tiny_rnnt",
+            DecoderChoice::Auto,
+            &["malsd_batch", "beam", "maes", "maes_batch", "tsd", "alsd"][..],
+        ),
+        ("tiny_ctc", DecoderChoice::Auto, &["beam_batch"][..]),
+    ] {
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+        let features = session.features(&clip_samples("speech_2s.wav"));
+        let enc = session.encode(&features, false).unwrap();
+        let vocab = session.model().hparams.vocab_size;
+        for strategy in strategies {
+            // `maes` draws the beam and 2 more candidates from the vocabulary.
+            let size = if *strategy == "maes" {
+                MAX_BEAM_SIZE.min(vocab - 2)
+            } else {
+                MAX_BEAM_SIZE
+            };
+            let request = DecodeRequest {
+                decoder,
+                beam: Some(BeamRequest {
+                    strategy: Some(strategy.parse().unwrap()),
+                    nbest: 3,
+                    ..BeamRequest::new(size)
+                }),
+                ..DecodeRequest::default()
+            };
+            let opts = DecodeOptions::new(session.model(), &request).unwrap();
+            let nbest = session
+                .decode_beam(&enc, &opts)
+                .unwrap_or_else(|e| panic!("{model} {strategy}: {e:#}"));
+            assert!(!nbest.is_empty(), "{model} {strategy}");
+            assert!(nbest.len() <= MAX_BEAM_SIZE, "{model} {strategy}");
+            let decoded = session.decode(&enc, &opts).unwrap();
+            assert_eq!(decoded.alternatives.len(), 3.min(nbest.len()));
+            assert_eq!(decoded.alternatives[0], nbest[0], "{model} {strategy}");
+        }
     }
 }
 
@@ -204,13 +299,21 @@ fn beam_settings_the_model_cannot_use_are_refused_before_any_graph() {
 /// buffer of the short one, with the beam's hypotheses and a transcript that grows with it.
 #[test]
 fn a_long_utterance_decodes_in_the_same_memory() {
-    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(2)).unwrap();
     let features = session.features(&clip_samples("speech_10s.wav"));
     let enc = session.encode(&features, false).unwrap();
-    let cfg = BeamConfig::new("malsd_batch".parse().unwrap(), 4);
-    let short = session
-        .decode_beam(&enc, DecoderChoice::Auto, &cfg)
-        .unwrap();
+    let opts = DecodeOptions::new(
+        session.model(),
+        &DecodeRequest {
+            beam: Some(BeamRequest {
+                strategy: Some("malsd_batch".parse().unwrap()),
+                ..BeamRequest::new(4)
+            }),
+            ..DecodeRequest::default()
+        },
+    )
+    .unwrap();
+    let short = session.decode_beam(&enc, &opts).unwrap();
     let buffer = session.compute_buffer_bytes();
     let long = parakeet::encoder::Encoded {
         frames: enc.frames * 8,
@@ -218,9 +321,7 @@ fn a_long_utterance_decodes_in_the_same_memory() {
         joint_enc: enc.joint_enc.as_ref().map(|j| j.repeat(8)),
         ..Default::default()
     };
-    let nbest = session
-        .decode_beam(&long, DecoderChoice::Auto, &cfg)
-        .unwrap();
+    let nbest = session.decode_beam(&long, &opts).unwrap();
     assert_eq!(session.compute_buffer_bytes(), buffer);
     assert_eq!(nbest.len(), 4);
     let (n_short, n_long) = (short[0].tokens.len(), nbest[0].tokens.len());

@@ -6,10 +6,9 @@
 use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::decoder::boosting::{BoostingConfig, BoostingTree};
-use parakeet::session::{DecoderChoice, Session};
+use parakeet::session::{BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, Session};
 use parakeet::tokenizer::Tokenizer;
 use serde_json::Value;
-use std::sync::Arc;
 
 fn fixture(model: &str) -> Value {
     json(
@@ -121,7 +120,7 @@ fn assert_advance(
 }
 
 fn tokenizer(model: &str) -> Tokenizer {
-    let session = Session::load(&gguf(model, OutType::F32), 1).unwrap();
+    let session = Session::load(&gguf(model, OutType::F32), threads(1)).unwrap();
     session.model().tokenizer.clone()
 }
 
@@ -192,7 +191,7 @@ fn boosted_greedy_decoding_equals_nemo() {
     let mut checked = 0;
     for model in MODELS {
         let fx = fixture(model);
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         let tok = session.model().tokenizer.clone();
         for (clip, results) in fx["results"].as_object().unwrap() {
             let samples = clip_samples(clip);
@@ -205,13 +204,17 @@ fn boosted_greedy_decoding_equals_nemo() {
                     "ctc" => DecoderChoice::Ctc,
                     _ => DecoderChoice::Tdt,
                 };
-                let tree = case["tree"].as_str().map(|id| {
-                    let alpha = f32s(&case["alpha"]);
-                    Arc::new(BoostingTree::new(&tok, &config(&fx, id, alpha)).unwrap())
-                });
-                let boosted = tree.is_some();
-                session.set_boosting(tree);
-                let tokens = session.decode(&enc, choice).unwrap().tokens;
+                let boost = case["tree"]
+                    .as_str()
+                    .map(|id| config(&fx, id, f32s(&case["alpha"])));
+                let boosted = boost.is_some();
+                let request = DecodeRequest {
+                    decoder: choice,
+                    boost,
+                    ..DecodeRequest::default()
+                };
+                let opts = DecodeOptions::new(session.model(), &request).unwrap();
+                let tokens = session.decode(&enc, &opts).unwrap().tokens;
                 let ids: Vec<usize> = tokens.iter().map(|t| t.id).collect();
                 assert_eq!(ids, ints(&nemo["tokens"]), "{what}: tokens");
                 let frames: Vec<usize> = tokens.iter().map(|t| t.frame).collect();
@@ -223,7 +226,7 @@ fn boosted_greedy_decoding_equals_nemo() {
                 let text = tok.detokenize(ids.iter().copied());
                 assert_eq!(text, nemo["text"].as_str().unwrap(), "{what}: text");
                 if !boosted {
-                    let whole = session.transcribe(samples.clone(), choice).unwrap();
+                    let whole = session.transcribe(samples.clone(), &opts).unwrap();
                     assert_eq!(whole.tokens, tokens, "{what}: transcribe");
                 }
                 checked += 1;
@@ -235,33 +238,31 @@ fn boosted_greedy_decoding_equals_nemo() {
 }
 
 /// A boosted transcript from the samples (the path the CLI takes) is the decode above, and
-/// the session forgets the tree when told.
+/// the next call without phrases is not boosted: nothing of a call stays in the session.
 #[test]
-fn a_session_boosts_until_told_to_stop() {
+fn boosting_is_the_calls_and_does_not_stay_in_the_session() {
     let fx = fixture("tiny_tdt");
-    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
-    let tok = session.model().tokenizer.clone();
+    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(2)).unwrap();
     let key = "tdt:C_3plus|S1_a1_cs1_ds2";
     let case = &fx["cases"][key];
-    let tree = BoostingTree::new(
-        &tok,
-        &config(&fx, case["tree"].as_str().unwrap(), f32s(&case["alpha"])),
-    )
-    .unwrap();
-    assert_eq!(tree.phrases(), 4);
-    session.set_boosting(Some(Arc::new(tree)));
+    let request = DecodeRequest {
+        boost: Some(config(
+            &fx,
+            case["tree"].as_str().unwrap(),
+            f32s(&case["alpha"]),
+        )),
+        ..DecodeRequest::default()
+    };
+    let opts = DecodeOptions::new(session.model(), &request).unwrap();
+    assert_eq!(opts.boosting().unwrap().phrases(), 4);
     let clip = CLIPS[0].1;
-    let boosted = session
-        .transcribe(clip_samples(clip), DecoderChoice::Auto)
-        .unwrap();
+    let boosted = session.transcribe(clip_samples(clip), &opts).unwrap();
     assert_eq!(
         boosted.text,
         fx["results"][clip][key]["text"].as_str().unwrap()
     );
-    session.set_boosting(None);
-    let plain = session
-        .transcribe(clip_samples(clip), DecoderChoice::Auto)
-        .unwrap();
+    let greedy = DecodeOptions::greedy(session.model()).unwrap();
+    let plain = session.transcribe(clip_samples(clip), &greedy).unwrap();
     assert_eq!(
         plain.text,
         fx["results"][clip]["tdt:baseline"]["text"]
@@ -305,29 +306,70 @@ fn bad_phrase_lists_are_refused_with_the_phrase_named() {
         e.contains("convert the .nemo again with this version"),
         "{e}"
     );
-    // A tree of another vocabulary is refused by the session, not misread.
-    let big = Tokenizer::with_sentencepiece(
-        &std::fs::read(fixtures().join("tokenizers/spe_bpe_v1024.model")).unwrap(),
-    )
-    .unwrap();
-    let other = BoostingTree::new(
-        &big,
-        &BoostingConfig {
-            phrases: vec!["data".into()],
+    // Through the options, the phrase is named the same way, as the user's option error.
+    let session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(1)).unwrap();
+    let request = DecodeRequest {
+        boost: Some(BoostingConfig {
+            phrases: vec!["data".into(), "".into()],
             alpha: 1.0,
             ..BoostingConfig::default()
-        },
-    )
-    .unwrap();
-    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), 1).unwrap();
-    session.set_boosting(Some(Arc::new(other)));
-    let e = format!(
-        "{:#}",
-        session
-            .transcribe(clip_samples(CLIPS[1].1), DecoderChoice::Auto)
-            .unwrap_err()
+        }),
+        ..DecodeRequest::default()
+    };
+    let e = DecodeOptions::new(session.model(), &request).unwrap_err();
+    assert!(
+        matches!(&e, parakeet::error::Error::Options(m) if m.contains("boost phrase 2")),
+        "{e:?}"
     );
-    assert!(e.contains("1024-piece vocabulary"), "{e}");
+}
+
+/// Weights outside their documented finite ranges are refused before the tree is built,
+/// naming the flag; the ends of the ranges decode (greedy and CTC beam alike) with no error.
+#[test]
+fn boosting_weights_outside_their_ranges_are_refused() {
+    let mut session = Session::load(&gguf("tiny_tdt_ctc", OutType::F32), threads(2)).unwrap();
+    let boost = |alpha: f32, context_score: f32| BoostingConfig {
+        phrases: vec!["the cat".into()],
+        alpha,
+        context_score,
+        ..BoostingConfig::default()
+    };
+    for (alpha, score, flag) in [
+        (
+            1e37,
+            1.0,
+            "--boost-alpha 10000000000000000000000000000000000000",
+        ),
+        (f32::NAN, 1.0, "--boost-alpha NaN"),
+        (-1.0, 1.0, "--boost-alpha -1"),
+        (1e7, 1.0, "--boost-alpha 10000000"),
+        (1.0, 3e38, "--boost-context-score"),
+        (1.0, f32::INFINITY, "--boost-context-score inf"),
+    ] {
+        let request = DecodeRequest {
+            boost: Some(boost(alpha, score)),
+            ..DecodeRequest::default()
+        };
+        let e = DecodeOptions::new(session.model(), &request).unwrap_err();
+        assert!(
+            matches!(&e, parakeet::error::Error::Options(m) if m.contains(flag) && m.contains("takes")),
+            "{alpha} {score}: {e:?}"
+        );
+    }
+    let samples = clip_samples(CLIPS[1].1);
+    for decoder in [DecoderChoice::Auto, DecoderChoice::Ctc] {
+        for beam in [None, Some(BeamRequest::new(4))] {
+            let request = DecodeRequest {
+                decoder,
+                boost: Some(boost(10.0, 10.0)),
+                beam,
+                ..DecodeRequest::default()
+            };
+            let opts = DecodeOptions::new(session.model(), &request).unwrap();
+            let t = session.transcribe(samples.clone(), &opts).unwrap();
+            assert!(!t.tokens.is_empty(), "{decoder:?}");
+        }
+    }
 }
 
 /// Trees harder than the shared references' (shared prefixes with different per-phrase scores,

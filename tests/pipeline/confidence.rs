@@ -5,7 +5,7 @@
 use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::decoder::confidence::{Aggregation, ConfidenceConfig, Measure};
-use parakeet::session::{DecoderChoice, Session};
+use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, Session};
 use serde_json::Value;
 
 /// The tolerance; random tiny models give confidences down to ~1e-20, so absolute.
@@ -58,7 +58,7 @@ fn confidence_matches_nemo_for_every_method() {
     let mut checked = 0;
     for model in MODELS {
         let fixture = json(&fixtures().join(format!("decoding/{model}/confidence.json")));
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         let cases = fixture["cases"].as_object().unwrap();
         assert!(!cases.is_empty(), "{model}: no cases");
         for (name, case) in cases {
@@ -67,9 +67,15 @@ fn confidence_matches_nemo_for_every_method() {
                 "ctc" => DecoderChoice::Ctc,
                 _ => DecoderChoice::Tdt,
             };
-            session.set_confidence(Some(cfg)).unwrap();
+            let request = DecodeRequest {
+                decoder: choice,
+                confidence: Some(cfg),
+                ..DecodeRequest::default()
+            };
+            let opts = DecodeOptions::new(session.model(), &request)
+                .unwrap_or_else(|e| panic!("{model} {name}: {e}"));
             let samples = clip_samples(case["clip"].as_str().unwrap());
-            let ours = session.transcribe(samples, choice).unwrap();
+            let ours = session.transcribe(samples, &opts).unwrap();
             let ids: Vec<u64> = ours.tokens.iter().map(|t| t.id as u64).collect();
             let nemo_ids: Vec<u64> = case["tokens"]
                 .as_array()

@@ -15,7 +15,7 @@ use serde_json::Value;
 #[test]
 fn transcripts_match_nemo_token_for_token() {
     for model in MODELS {
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         for (suffix, clip) in CLIPS {
             let name = format!("{model}{suffix}");
             let result = json(&reference(&name).join("result.json"));
@@ -29,7 +29,9 @@ fn transcripts_match_nemo_token_for_token() {
             }
             assert!(!heads.is_empty(), "{name}: no reference decode");
             for (choice, nemo, what) in heads {
-                let ours = session.transcribe(samples.clone(), choice).unwrap();
+                let ours = session
+                    .transcribe(samples.clone(), &greedy(&session, choice))
+                    .unwrap();
                 let ids: Vec<usize> = ours.tokens.iter().map(|t| t.id).collect();
                 assert_eq!(ids, ints(&nemo["tokens"]), "{name} {what}: tokens");
                 if let Some(ts) = nemo.get("timestamp") {
@@ -65,7 +67,7 @@ fn a_prepared_compute_buffer_serves_the_utterance() {
         let seconds = parakeet::audio::declared_seconds(&reference("").join(clip)).unwrap();
         assert!((seconds - samples.len() as f64 / 16000.0).abs() < 1e-9);
         let mut session =
-            Session::load_for(&gguf("tiny_tdt", OutType::F32), 2, Some(seconds)).unwrap();
+            Session::load_for(&gguf("tiny_tdt", OutType::F32), threads(2), Some(seconds)).unwrap();
         let prepared = session.compute_buffer_bytes();
         assert!(prepared > 0, "{clip}: nothing prepared");
         assert_eq!(
@@ -73,7 +75,9 @@ fn a_prepared_compute_buffer_serves_the_utterance() {
             0,
             "{clip}: prepare computed"
         );
-        let ours = session.transcribe(samples, DecoderChoice::Auto).unwrap();
+        let ours = session
+            .transcribe(samples, &greedy(&session, DecoderChoice::Auto))
+            .unwrap();
         assert_eq!(
             session.compute_buffer_bytes(),
             prepared,
@@ -89,7 +93,7 @@ fn a_prepared_compute_buffer_serves_the_utterance() {
 #[test]
 fn teacher_forced_decode_follows_nemo_trace() {
     for model in ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt"] {
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         for (suffix, _) in CLIPS {
             let name = format!("{model}{suffix}");
             let dir = reference(&name);
@@ -126,7 +130,7 @@ fn teacher_forced_decode_follows_nemo_trace() {
 #[test]
 fn ctc_log_probs_match_nemo() {
     for model in ["tiny_ctc", "tiny_tdt_ctc"] {
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         for (suffix, clip) in CLIPS {
             let name = format!("{model}{suffix}");
             let features = session.features(&clip_samples(clip));
@@ -146,11 +150,11 @@ fn ctc_log_probs_match_nemo() {
 /// same tokens as the cold one did (NeMo's).
 #[test]
 fn kept_input_gates_are_the_graphs_product() {
-    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(2)).unwrap();
     let (suffix, clip) = CLIPS[0];
     let samples = clip_samples(clip);
     let cold = session
-        .transcribe(samples.clone(), DecoderChoice::Auto)
+        .transcribe(samples.clone(), &greedy(&session, DecoderChoice::Auto))
         .unwrap();
     let model = session.model().clone();
     let pred = model.prediction.as_ref().unwrap();
@@ -185,7 +189,9 @@ fn kept_input_gates_are_the_graphs_product() {
             "token {token}: kept gates differ from the graph's"
         );
     }
-    let warm = session.transcribe(samples, DecoderChoice::Auto).unwrap();
+    let warm = session
+        .transcribe(samples, &greedy(&session, DecoderChoice::Auto))
+        .unwrap();
     assert_eq!(warm.tokens, cold.tokens, "warm cache changed the decode");
     let nemo = json(&reference(&format!("tiny_tdt{suffix}")).join("result.json"));
     assert_eq!(warm.text, nemo["greedy_batch"]["text"].as_str().unwrap());
@@ -197,7 +203,7 @@ fn kept_input_gates_are_the_graphs_product() {
 /// joint only where a frame was given, and one input product made for a token fed twice.
 #[test]
 fn batched_steps_match_single_steps() {
-    let session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(2)).unwrap();
     let model = session.model().clone();
     let mut backend = Backend::cpu(2).unwrap();
     let mut nets = Nets::new(&model).unwrap();

@@ -11,7 +11,7 @@ const F32_TOL: f64 = 1e-4;
 fn every_layer_matches_nemo_in_f32() {
     let mut worst = (0.0f64, String::new());
     for model in MODELS {
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         for (suffix, clip) in CLIPS {
             let dir = reference(&format!("{model}{suffix}"));
             let features = session.features(&clip_samples(clip));
@@ -81,7 +81,7 @@ fn quantized_encoders_stay_close_to_nemo() {
     ] {
         let mut worst = 0.0f64;
         for model in MODELS {
-            let mut session = Session::load(&gguf(model, ty), 2).unwrap();
+            let mut session = Session::load(&gguf(model, ty), threads(2)).unwrap();
             let features = session.features(&clip_samples("speech_10s.wav"));
             let enc = session.encode(&features, false).unwrap();
             let (shape, nemo) = npy(&reference(model).join("encoder_out.npy"));
@@ -113,12 +113,12 @@ fn plain_and_repacked_quantized_agree() {
             let r = parakeet::convert::convert_ggml_layout(&nemo(model), &plain, ty).unwrap();
             assert_eq!(r.repacked_tensors + r.repacked_q4_tensors, 0);
             let features = {
-                let session = Session::load(&plain, 1).unwrap();
+                let session = Session::load(&plain, threads(1)).unwrap();
                 session.features(&clip_samples("speech_10s.wav"))
             };
             let mut enc = Vec::new();
             for path in [plain.clone(), gguf(model, ty)] {
-                let mut session = Session::load(&path, 2).unwrap();
+                let mut session = Session::load(&path, threads(2)).unwrap();
                 enc.push(session.encode(&features, false).unwrap().output);
             }
             let err = rel_err(&enc[1], &enc[0]);
@@ -132,7 +132,7 @@ fn plain_and_repacked_quantized_agree() {
 /// allocator must re-plan (it used to replay the first plan for the second graph and crash).
 #[test]
 fn graphs_with_and_without_captures_alternate_safely() {
-    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(2)).unwrap();
     let features = session.features(&clip_samples("speech_2s.wav"));
     let first = session.encode(&features, true).unwrap();
     for capture in [false, true, false] {

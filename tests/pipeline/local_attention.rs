@@ -7,17 +7,23 @@ use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::encoder::{AUTO_FULL_MAX_SECONDS, AttentionChoice};
 use parakeet::hparams::Attention;
-use parakeet::session::{DecoderChoice, Session};
+use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, Session};
 use std::path::Path;
 
 /// Worst relative error allowed per layer (‖ours − NeMo‖ / ‖NeMo‖).
 const TOL: f64 = 1e-4;
 
 /// Every dumped layer of `dir` against ours, then the decoded heads against `result.json`.
-pub(crate) fn check_against_nemo(session: &mut Session, samples: &[f32], dir: &Path, name: &str) {
+pub(crate) fn check_against_nemo(
+    session: &mut Session,
+    attention: AttentionChoice,
+    samples: &[f32],
+    dir: &Path,
+    name: &str,
+) {
     let result = json(&dir.join("result.json"));
     let features = session.features(samples);
-    let enc = session.encode(&features, true).unwrap();
+    let enc = session.encode_with(&features, true, attention).unwrap();
     let (frames, d) = (enc.frames, enc.d_model);
     assert_eq!(frames as u64, result["enc_len"].as_u64().unwrap(), "{name}");
     let mut checked = 0;
@@ -52,7 +58,13 @@ pub(crate) fn check_against_nemo(session: &mut Session, samples: &[f32], dir: &P
     }
     assert!(!heads.is_empty(), "{name}: no reference decode");
     for (choice, nemo, what) in heads {
-        let ours = session.transcribe(samples.to_vec(), choice).unwrap();
+        let request = DecodeRequest {
+            decoder: choice,
+            attention,
+            ..DecodeRequest::default()
+        };
+        let opts = DecodeOptions::new(session.model(), &request).unwrap();
+        let ours = session.transcribe(samples.to_vec(), &opts).unwrap();
         let ids: Vec<usize> = ours.tokens.iter().map(|t| t.id).collect();
         assert_eq!(ids, ints(&nemo["tokens"]), "{name} {what}: tokens");
         if let Some(ts) = nemo.get("timestamp") {
@@ -78,11 +90,11 @@ fn local(left: usize, right: usize) -> AttentionChoice {
 #[test]
 fn four_models_switched_to_local_16_16_match_nemo() {
     for model in MODELS {
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
-        session.set_attention(local(16, 16));
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         let name = format!("{model}_local16");
         check_against_nemo(
             &mut session,
+            local(16, 16),
             &clip_samples("speech_10s.wav"),
             &reference(&name),
             &name,
@@ -92,7 +104,7 @@ fn four_models_switched_to_local_16_16_match_nemo() {
 
 #[test]
 fn model_configured_with_local_attention_matches_nemo() {
-    let mut session = Session::load(&gguf("tiny_tdt_ctc_local", OutType::F32), 2).unwrap();
+    let mut session = Session::load(&gguf("tiny_tdt_ctc_local", OutType::F32), threads(2)).unwrap();
     assert_eq!(
         session.model().hparams.encoder.attention,
         Attention::Local {
@@ -104,14 +116,20 @@ fn model_configured_with_local_attention_matches_nemo() {
     // `auto` keeps the model's own window, at any length.
     let features = session.features(&samples);
     assert_eq!(
-        session.attention_for(features.n_frames),
+        session.attention_for(features.n_frames, AttentionChoice::Auto),
         Attention::Local {
             left: 12,
             right: 12
         }
     );
     let dir = reference("tiny_tdt_ctc_local");
-    check_against_nemo(&mut session, &samples, &dir, "tiny_tdt_ctc_local");
+    check_against_nemo(
+        &mut session,
+        AttentionChoice::Auto,
+        &samples,
+        &dir,
+        "tiny_tdt_ctc_local",
+    );
 }
 
 /// 16, 32, 33 and 34 encoder frames with the [16, 16] window (33 frames wide; NeMo pads to
@@ -120,7 +138,7 @@ fn model_configured_with_local_attention_matches_nemo() {
 /// (`scripts/make_local_refs.sh`).
 #[test]
 fn window_edges_match_nemo() {
-    let mut session = Session::load(&gguf("tiny_tdt_ctc", OutType::F32), 2).unwrap();
+    let mut session = Session::load(&gguf("tiny_tdt_ctc", OutType::F32), threads(2)).unwrap();
     for (name, wav, (l, r)) in [
         ("tiny_tdt_ctc_local16_t16", "edge_16.wav", (16, 16)),
         ("tiny_tdt_ctc_local16_t32", "edge_32.wav", (16, 16)),
@@ -129,8 +147,13 @@ fn window_edges_match_nemo() {
         ("tiny_tdt_ctc_local8x4_t33", "edge_33.wav", (8, 4)),
         ("tiny_tdt_ctc_local4x8_t33", "edge_33.wav", (4, 8)),
     ] {
-        session.set_attention(local(l, r));
-        check_against_nemo(&mut session, &clip_samples(wav), &reference(name), name);
+        check_against_nemo(
+            &mut session,
+            local(l, r),
+            &clip_samples(wav),
+            &reference(name),
+            name,
+        );
     }
 }
 
@@ -143,15 +166,14 @@ fn layers_in_time_slices_match_nemo_and_the_whole_layer() {
     for (model, (l, r)) in [("tiny_tdt_ctc", (16, 16)), ("tiny_rnnt", (16, 16))] {
         let name = format!("{model}_local16");
         let samples = clip_samples("speech_10s.wav");
-        let mut whole = Session::load(&gguf(model, OutType::F32), 2).unwrap();
-        whole.set_attention(local(l, r));
-        let mut sliced = Session::load(&gguf(model, OutType::F32), 2).unwrap();
-        sliced.set_attention(local(l, r));
+        let mut whole = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+        let mut sliced = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         sliced.set_layer_slice(32);
-        check_against_nemo(&mut sliced, &samples, &reference(&name), &name);
+        let window = local(l, r);
+        check_against_nemo(&mut sliced, window, &samples, &reference(&name), &name);
         let features = whole.features(&samples);
-        let a = whole.encode(&features, false).unwrap();
-        let b = sliced.encode(&features, false).unwrap();
+        let a = whole.encode_with(&features, false, window).unwrap();
+        let b = sliced.encode_with(&features, false, window).unwrap();
         assert!(
             a.frames > 96,
             "{name}: {} frames make no partial fourth slice",
@@ -170,10 +192,10 @@ fn layers_in_time_slices_match_nemo_and_the_whole_layer() {
 #[test]
 fn window_wider_than_the_utterance_is_full_attention() {
     for model in ["tiny_tdt", "tiny_ctc"] {
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
-        session.set_attention(local(200, 200));
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         check_against_nemo(
             &mut session,
+            local(200, 200),
             &clip_samples("speech_10s.wav"),
             &reference(model),
             &format!("{model} [200, 200]"),
@@ -183,26 +205,29 @@ fn window_wider_than_the_utterance_is_full_attention() {
 
 #[test]
 fn auto_picks_full_attention_up_to_the_threshold_then_long_form() {
-    let session = Session::load(&gguf("tiny_tdt", OutType::F32), 2).unwrap();
+    let session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(2)).unwrap();
     // Feature frames of 10 ms; encoder frames of 80 ms.
     let feature_frames = |seconds: f64| (seconds * 100.0).round() as usize;
     assert_eq!(
-        session.attention_for(feature_frames(10.0)),
+        session.attention_for(feature_frames(10.0), AttentionChoice::Auto),
         Attention::Full,
         "10 s"
     );
     assert_eq!(
-        session.attention_for(feature_frames(AUTO_FULL_MAX_SECONDS)),
+        session.attention_for(feature_frames(AUTO_FULL_MAX_SECONDS), AttentionChoice::Auto),
         Attention::Full,
         "at the threshold"
     );
     assert_eq!(
-        session.attention_for(feature_frames(AUTO_FULL_MAX_SECONDS) + 8),
+        session.attention_for(
+            feature_frames(AUTO_FULL_MAX_SECONDS) + 8,
+            AttentionChoice::Auto
+        ),
         Attention::LONG_FORM,
         "one encoder frame past the threshold"
     );
     assert_eq!(
-        session.attention_for(feature_frames(3600.0)),
+        session.attention_for(feature_frames(3600.0), AttentionChoice::Auto),
         Attention::Local {
             left: 128,
             right: 128

@@ -15,7 +15,7 @@ pub const STREAM_MODELS: [&str; 2] = ["tiny_stream_rnnt", "tiny_stream_tdt_ctc"]
 
 #[test]
 fn streaming_models_convert_with_their_streaming_hyperparameters() {
-    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), 1).unwrap();
+    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), threads(1)).unwrap();
     let e = &session.model().hparams.encoder;
     assert_eq!(
         e.attention,
@@ -51,7 +51,7 @@ fn streaming_models_convert_with_their_streaming_hyperparameters() {
             nemo["drop_extra_pre_encoded"].as_u64().unwrap()
         );
     }
-    let hybrid = Session::load(&gguf("tiny_stream_tdt_ctc", OutType::F32), 1).unwrap();
+    let hybrid = Session::load(&gguf("tiny_stream_tdt_ctc", OutType::F32), threads(1)).unwrap();
     assert_eq!(hybrid.model().hparams.encoder.att_context_sizes, [[70, 13]]);
 }
 
@@ -60,10 +60,16 @@ fn streaming_models_convert_with_their_streaming_hyperparameters() {
 #[test]
 fn streaming_models_transcribe_whole_files_as_nemo() {
     for model in STREAM_MODELS {
-        let mut session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         for (suffix, clip) in CLIPS {
             let name = format!("{model}{suffix}");
-            check_against_nemo(&mut session, &clip_samples(clip), &reference(&name), &name);
+            check_against_nemo(
+                &mut session,
+                parakeet::encoder::AttentionChoice::Auto,
+                &clip_samples(clip),
+                &reference(&name),
+                &name,
+            );
         }
     }
 }
@@ -82,7 +88,7 @@ fn stream_in_pieces(
     piece: usize,
     cache_room: Option<usize>,
 ) -> Run {
-    let session = Session::load(&gguf(model, OutType::F32), 2).unwrap();
+    let session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
     let config = CacheAwareConfig {
         att_context: Some(lookahead),
         decoder,
@@ -278,7 +284,7 @@ fn check_encoder(run: &Run, dir: &std::path::Path, what: &str) {
 /// made the marker.
 #[test]
 fn an_end_of_utterance_token_gives_a_final_and_a_new_utterance() {
-    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), 2).unwrap();
+    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), threads(2)).unwrap();
     let config = CacheAwareConfig {
         att_context: Some([70, 13]),
         record_chunks: true,
@@ -320,7 +326,7 @@ fn an_end_of_utterance_token_gives_a_final_and_a_new_utterance() {
 
 #[test]
 fn non_streaming_models_and_unknown_lookaheads_are_refused() {
-    let session = Session::load(&gguf("tiny_tdt", OutType::F32), 1).unwrap();
+    let session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(1)).unwrap();
     let e = CacheAwareStream::new(session, CacheAwareConfig::default())
         .err()
         .unwrap()
@@ -329,7 +335,7 @@ fn non_streaming_models_and_unknown_lookaheads_are_refused() {
         e.contains("not a cache-aware streaming model") && e.contains("nemotron-speech-streaming"),
         "{e}"
     );
-    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), 1).unwrap();
+    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), threads(1)).unwrap();
     let config = CacheAwareConfig {
         att_context: Some([70, 2]),
         ..CacheAwareConfig::default()
@@ -342,7 +348,7 @@ fn non_streaming_models_and_unknown_lookaheads_are_refused() {
         e.contains("att_context 70,2 is not one of the model's lookaheads (70,13 70,6 70,1 70,0)"),
         "{e}"
     );
-    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), 1).unwrap();
+    let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), threads(1)).unwrap();
     let config = CacheAwareConfig {
         decoder: DecoderChoice::Ctc,
         ..CacheAwareConfig::default()

@@ -1,0 +1,435 @@
+//! A request's decoding choices as one value: [`DecodeRequest`] is what a front end was given
+//! (command-line flags, form fields, Python keyword arguments), [`DecodeOptions::new`] the one
+//! function that checks it against a model, and a [`DecodeOptions`] what a [`Session`] decodes
+//! with, per call. Every range lives here, so the command line, the server and Python refuse
+//! the same values with the same words; nothing a request can ask for reaches a graph unchecked.
+//!
+//! [`Session`]: super::Session
+
+use crate::decoder::beam::{BeamConfig, BeamHead, BeamStrategy};
+use crate::decoder::boosting::{BoostingConfig, BoostingTree};
+use crate::decoder::confidence::{ConfidenceConfig, Measure};
+use crate::encoder::{AttentionChoice, Outputs};
+use crate::error::{Error, Result};
+use crate::model::Model;
+use std::num::NonZeroUsize;
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+
+/// Which head decodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DecoderChoice {
+    /// The model's transducer (TDT / RNN-T), or CTC for CTC-only models.
+    #[default]
+    Auto,
+    /// TDT or RNN-T (whichever the model has).
+    Tdt,
+    /// The CTC head (CTC and hybrid models).
+    Ctc,
+}
+
+/// The largest beam. A beam step's graph holds a few tensors per hypothesis (its prediction
+/// input, its state columns, its joint row), and a graph holds 16,384 nodes with 4,096 kept for
+/// weights: 256 hypotheses stay far inside that for every strategy and model, and a beam search
+/// allocates and compares per hypothesis per frame, so a larger beam only costs time. NeMo's
+/// own configurations use 2 to 16 hypotheses.
+pub const MAX_BEAM_SIZE: usize = 256;
+
+/// The finite ranges of the phrase-boosting weights. The boost is `alpha` times a bonus of
+/// `context_score` (scaled by `depth_scaling` and the depth's log) per matched piece: at the
+/// top of these ranges a phrase's pieces gain hundreds of log-probability units, which
+/// already overrules any acoustic evidence; beyond them the scores lose their precision
+/// (f32) and the searches their candidates.
+pub const BOOST_ALPHA_RANGE: RangeInclusive<f32> = 0.0..=10.0;
+pub const BOOST_CONTEXT_SCORE_RANGE: RangeInclusive<f32> = 0.0..=10.0;
+pub const BOOST_DEPTH_SCALING_RANGE: RangeInclusive<f32> = 0.0..=10.0;
+pub const BOOST_UNK_SCORE_RANGE: RangeInclusive<f32> = -10.0..=10.0;
+pub const BOOST_SCORE_PER_PHRASE_RANGE: RangeInclusive<f32> = 0.0..=100.0;
+
+/// Compute threads: at least one and at most the available cores (threads beyond the cores
+/// only fight over them; 10,000 of them never finish a 2 s clip, or fail to start at all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Threads(NonZeroUsize);
+
+impl Threads {
+    /// `n` threads: 0 is refused; more than the cores are the cores.
+    pub fn new(n: usize) -> Result<Threads> {
+        let n = NonZeroUsize::new(n)
+            .ok_or_else(|| Error::Options("--threads 0: at least 1 thread is needed".into()))?;
+        Ok(Threads(n.min(cores())))
+    }
+
+    /// The front ends' policy: `None` is every core; 0 is refused; more than the cores is
+    /// the cores, with a warning to show once.
+    pub fn resolve(requested: Option<usize>) -> Result<(Threads, Option<String>)> {
+        let cores = cores();
+        match requested {
+            None => Ok((Threads(cores), None)),
+            Some(n) if n > cores.get() => Ok((
+                Threads(cores),
+                Some(format!(
+                    "--threads {n} is more than the {cores} available cores; using {cores}"
+                )),
+            )),
+            Some(n) => Ok((Threads::new(n)?, None)),
+        }
+    }
+
+    /// All available cores.
+    pub fn all() -> Threads {
+        Threads(cores())
+    }
+
+    pub fn get(self) -> usize {
+        self.0.get()
+    }
+}
+
+fn cores() -> NonZeroUsize {
+    std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
+}
+
+/// A request for a beam search, as given.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeamRequest {
+    /// Hypotheses kept (`--beam`).
+    pub size: usize,
+    /// NeMo's strategy (`--beam-strategy`); `None`: NeMo's default for the head.
+    pub strategy: Option<BeamStrategy>,
+    /// Hypotheses kept as the transcript's alternatives (`--nbest`).
+    pub nbest: usize,
+    /// Rank by score per emitted token (NeMo's `score_norm`).
+    pub score_norm: bool,
+}
+
+impl BeamRequest {
+    /// A beam of `size` with NeMo's default strategy and settings, keeping the best only.
+    pub fn new(size: usize) -> BeamRequest {
+        BeamRequest {
+            size,
+            strategy: None,
+            nbest: 1,
+            score_norm: true,
+        }
+    }
+}
+
+/// A request's decoding choices, as given; [`DecodeOptions::new`] checks them.
+#[derive(Clone, Debug, Default)]
+pub struct DecodeRequest {
+    /// Which head decodes (`--decoder`).
+    pub decoder: DecoderChoice,
+    /// The encoder's self-attention (`--att-context`).
+    pub attention: AttentionChoice,
+    /// Token and word confidence (`--confidence*`); `None`: none.
+    pub confidence: Option<ConfidenceConfig>,
+    /// Phrases to boost with their weights (`--boost*`); `None` or no phrases: none.
+    pub boost: Option<BoostingConfig>,
+    /// A beam search instead of greedy decoding (`--beam`, `--beam-strategy`, `--nbest`).
+    pub beam: Option<BeamRequest>,
+}
+
+impl DecodeRequest {
+    /// Greedy decoding by the head `decoder`, nothing else.
+    pub fn with_decoder(decoder: DecoderChoice) -> DecodeRequest {
+        DecodeRequest {
+            decoder,
+            ..DecodeRequest::default()
+        }
+    }
+}
+
+/// The head an encoder pass must give and the decoder runs over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    Tdt,
+    Rnnt,
+    Ctc,
+}
+
+impl Head {
+    /// The encoder output this head reads.
+    pub fn outputs(self) -> Outputs {
+        match self {
+            Head::Ctc => Outputs::CtcLogits,
+            Head::Tdt | Head::Rnnt => Outputs::JointEnc,
+        }
+    }
+
+    /// The name a transcript reports ("tdt", "rnnt", "ctc").
+    pub fn name(self) -> &'static str {
+        match self {
+            Head::Tdt => "tdt",
+            Head::Rnnt => "rnnt",
+            Head::Ctc => "ctc",
+        }
+    }
+
+    fn beam_head(self) -> BeamHead {
+        match self {
+            Head::Tdt => BeamHead::Tdt,
+            Head::Rnnt => BeamHead::Rnnt,
+            Head::Ctc => BeamHead::Ctc,
+        }
+    }
+
+    /// The head `choice` picks on `model`, or why the model has none.
+    pub fn of(model: &Model, choice: DecoderChoice) -> Result<Head> {
+        let ty = model.hparams.model_type;
+        let ctc = match choice {
+            DecoderChoice::Ctc => true,
+            DecoderChoice::Tdt => false,
+            DecoderChoice::Auto => !ty.has_transducer(),
+        };
+        if ctc && model.ctc.is_none() {
+            return Err(Error::Options(format!(
+                "--decoder ctc: this model has no CTC head (it is {})",
+                ty.name()
+            )));
+        }
+        if !ctc && model.joint.is_none() {
+            return Err(Error::Options(format!(
+                "--decoder tdt: this model has no transducer decoder (it is {}); use --decoder ctc",
+                ty.name()
+            )));
+        }
+        Ok(if ctc {
+            Head::Ctc
+        } else if model.hparams.durations.is_empty() {
+            Head::Rnnt
+        } else {
+            Head::Tdt
+        })
+    }
+}
+
+/// A checked beam search: its size within [`MAX_BEAM_SIZE`], a strategy the head runs, and
+/// how many of its hypotheses a transcript keeps (1 to the beam size).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeamPlan {
+    config: BeamConfig,
+    nbest: NonZeroUsize,
+}
+
+impl BeamPlan {
+    pub fn config(&self) -> &BeamConfig {
+        &self.config
+    }
+
+    /// Hypotheses a transcript keeps as its alternatives.
+    pub fn nbest(&self) -> usize {
+        self.nbest.get()
+    }
+}
+
+/// How one utterance is decoded, checked against a model by [`DecodeOptions::new`]. Cheap to
+/// clone (the boosting tree is shared). Options built for one model decode only that model's
+/// sessions.
+#[derive(Clone)]
+pub struct DecodeOptions {
+    head: Head,
+    attention: AttentionChoice,
+    confidence: Option<ConfidenceConfig>,
+    boosting: Option<Arc<BoostingTree>>,
+    beam: Option<BeamPlan>,
+}
+
+impl std::fmt::Debug for DecodeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodeOptions")
+            .field("head", &self.head)
+            .field("attention", &self.attention)
+            .field("confidence", &self.confidence)
+            .field(
+                "boosted_phrases",
+                &self.boosting.as_ref().map_or(0, |t| t.phrases()),
+            )
+            .field("beam", &self.beam)
+            .finish()
+    }
+}
+
+impl DecodeOptions {
+    /// Checks `request` against `model` and builds what it needs (the boosting tree). Every
+    /// error is [`Error::Options`], naming the option as the command line spells it.
+    pub fn new(model: &Model, request: &DecodeRequest) -> Result<DecodeOptions> {
+        let head = Head::of(model, request.decoder)?;
+        let beam = request
+            .beam
+            .as_ref()
+            .map(|b| beam_plan(head, b, model.hparams.vocab_size))
+            .transpose()?;
+        if let Some(c) = &request.confidence {
+            check_confidence(model, head, c, beam.is_some())?;
+        }
+        let boost = request.boost.as_ref().filter(|b| !b.phrases.is_empty());
+        if let (Some(plan), Some(_)) = (&beam, boost) {
+            plan.config.check_boosting(true).map_err(Error::options)?;
+        }
+        let boosting = match boost {
+            Some(cfg) => Some(Arc::new(boosting_tree(model, cfg)?)),
+            None => None,
+        };
+        Ok(DecodeOptions {
+            head,
+            attention: request.attention,
+            confidence: request.confidence,
+            boosting,
+            beam,
+        })
+    }
+
+    /// Greedy decoding by the model's own head, nothing else.
+    pub fn greedy(model: &Model) -> Result<DecodeOptions> {
+        DecodeOptions::new(model, &DecodeRequest::default())
+    }
+
+    /// These options without confidence (always valid: confidence only restricts).
+    pub fn without_confidence(&self) -> DecodeOptions {
+        DecodeOptions {
+            confidence: None,
+            ..self.clone()
+        }
+    }
+
+    pub fn head(&self) -> Head {
+        self.head
+    }
+
+    pub fn attention(&self) -> AttentionChoice {
+        self.attention
+    }
+
+    pub fn confidence(&self) -> Option<&ConfidenceConfig> {
+        self.confidence.as_ref()
+    }
+
+    pub fn boosting(&self) -> Option<&Arc<BoostingTree>> {
+        self.boosting.as_ref()
+    }
+
+    pub fn beam(&self) -> Option<&BeamPlan> {
+        self.beam.as_ref()
+    }
+}
+
+fn beam_plan(head: Head, b: &BeamRequest, vocab: usize) -> Result<BeamPlan> {
+    let size = b.size;
+    if size == 0 {
+        return Err(Error::Options(
+            "--beam 0: a beam search keeps at least one hypothesis".into(),
+        ));
+    }
+    if size > MAX_BEAM_SIZE {
+        return Err(Error::Options(format!(
+            "--beam {size}: at most {MAX_BEAM_SIZE} hypotheses (NeMo's configurations use 2 to 16)"
+        )));
+    }
+    let nbest = NonZeroUsize::new(b.nbest)
+        .filter(|n| n.get() <= size)
+        .ok_or_else(|| {
+            Error::Options(format!(
+                "--nbest {} must be between 1 and the beam size ({size})",
+                b.nbest
+            ))
+        })?;
+    let strategy = b
+        .strategy
+        .unwrap_or_else(|| BeamStrategy::default_for(head.beam_head()));
+    let mut config = BeamConfig::new(strategy, size);
+    config.score_norm = b.score_norm;
+    config.check(head.beam_head()).map_err(Error::options)?;
+    // NeMo's `maes` draws beam + beta candidates from the vocabulary.
+    if strategy == BeamStrategy::Maes && size + config.maes_expansion_beta > vocab {
+        return Err(Error::Options(format!(
+            "--beam {size}: maes draws the beam plus {} candidates from the vocabulary, which \
+             has {vocab} pieces: at most --beam {}",
+            config.maes_expansion_beta,
+            vocab.saturating_sub(config.maes_expansion_beta)
+        )));
+    }
+    Ok(BeamPlan { config, nbest })
+}
+
+fn check_confidence(model: &Model, head: Head, c: &ConfidenceConfig, beam: bool) -> Result<()> {
+    if beam {
+        return Err(Error::Options(
+            "confidence is computed by greedy decoding only (as NeMo does), not with a beam search"
+                .into(),
+        ));
+    }
+    let classes = model.hparams.vocab_size + 1;
+    let range = c.measure.alpha_range(classes);
+    if !range.contains(&c.alpha) {
+        let why = match c.measure {
+            Measure::Entropy(crate::decoder::confidence::EntropyKind::Gibbs, _) => {
+                "NeMo's bound for the Gibbs entropy over this model's vocabulary"
+            }
+            _ => "beyond it the measure leaves [0, 1] in floating point",
+        };
+        return Err(Error::Options(format!(
+            "--confidence-alpha {}: {} takes {:.4} to {:.4} ({why})",
+            c.alpha,
+            c.measure,
+            range.start(),
+            range.end()
+        )));
+    }
+    if c.tdt_include_duration && head != Head::Tdt {
+        return Err(Error::Options(format!(
+            "--confidence-with-durations: the {} decoder has no durations (TDT only)",
+            head.name()
+        )));
+    }
+    Ok(())
+}
+
+fn boosting_tree(model: &Model, cfg: &BoostingConfig) -> Result<BoostingTree> {
+    for (flag, value, range) in [
+        ("--boost-alpha", cfg.alpha, BOOST_ALPHA_RANGE),
+        (
+            "--boost-context-score",
+            cfg.context_score,
+            BOOST_CONTEXT_SCORE_RANGE,
+        ),
+        (
+            "--boost-depth-scaling",
+            cfg.depth_scaling,
+            BOOST_DEPTH_SCALING_RANGE,
+        ),
+        ("boost unk_score", cfg.unk_score, BOOST_UNK_SCORE_RANGE),
+        (
+            "boost score_per_phrase",
+            cfg.score_per_phrase,
+            BOOST_SCORE_PER_PHRASE_RANGE,
+        ),
+    ] {
+        if !range.contains(&value) {
+            return Err(Error::Options(format!(
+                "{flag} {value}: takes {} to {}",
+                range.start(),
+                range.end()
+            )));
+        }
+    }
+    BoostingTree::new(&model.tokenizer, cfg)
+        .map_err(|e| Error::Options(format!("phrase boosting: {e:#}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_refuse_zero_and_cap_at_the_cores() {
+        let cores = cores().get();
+        assert!(matches!(Threads::new(0), Err(Error::Options(m)) if m.contains("--threads 0")));
+        assert_eq!(Threads::new(1).unwrap().get(), 1);
+        assert_eq!(Threads::new(cores + 1).unwrap().get(), cores);
+        let (t, warning) = Threads::resolve(Some(10_000)).unwrap();
+        assert_eq!(t.get(), cores);
+        assert!(warning.unwrap().contains("--threads 10000"));
+        assert_eq!(Threads::resolve(None).unwrap(), (Threads::all(), None));
+        assert!(Threads::resolve(Some(0)).is_err());
+    }
+}

@@ -1,0 +1,89 @@
+//! The one path from an input to a [`Transcript`] that every front end takes (the command line,
+//! the server, Python): decode, check the length, resample, transcribe, each failure
+//! classified once by whose it is.
+
+use super::{DecodeOptions, Session};
+use crate::audio::{self, Audio};
+use crate::error::{Error, Result};
+use crate::transcript::Transcript;
+use std::path::Path;
+
+/// Something to transcribe.
+pub enum Input<'a> {
+    /// An audio file.
+    Path(&'a Path),
+    /// A whole audio file in memory (an upload, standard input); `name` names it in errors and
+    /// its extension hints the format.
+    Bytes { data: &'a [u8], name: &'a str },
+    /// Samples already decoded, at their own rate; `name` names them in errors.
+    Samples { audio: Audio, name: &'a str },
+}
+
+impl Input<'_> {
+    /// How errors name this input.
+    pub fn name(&self) -> String {
+        match self {
+            Input::Path(p) => p.display().to_string(),
+            Input::Bytes { name, .. } | Input::Samples { name, .. } => name.to_string(),
+        }
+    }
+}
+
+/// Limits a front end puts on its inputs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Limits {
+    /// Longest audio accepted, in seconds (the server's `--max-audio-seconds`).
+    pub max_seconds: Option<f64>,
+}
+
+/// An input's samples at the model's rate (16 kHz mono), checked: undecodable, empty or
+/// too long audio is [`Error::Audio`], a missing file [`Error::Io`].
+pub fn load_samples(input: Input<'_>, limits: Limits) -> Result<Vec<f32>> {
+    let shown = input.name();
+    let decoded = match input {
+        Input::Path(path) => audio::load_audio(path).map_err(audio_error)?,
+        Input::Bytes { data, name } => audio::decode_bytes(data, name).map_err(audio_error)?,
+        Input::Samples { audio, .. } => audio,
+    };
+    if let Some(max) = limits.max_seconds
+        && decoded.duration_s > max
+    {
+        return Err(Error::AudioTooLong(format!(
+            "{shown}: {:.1} s of audio is longer than the limit of {max} s",
+            decoded.duration_s
+        )));
+    }
+    audio::resample_to_16k(decoded).map_err(|e| Error::Audio(format!("{shown}: resampling: {e:#}")))
+}
+
+/// An audio decoder's failure: the file not there (or unreadable) is I/O, anything else the
+/// audio's.
+fn audio_error(e: anyhow::Error) -> Error {
+    let io = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>());
+    match io.map(|io| io.kind()) {
+        Some(
+            kind @ (std::io::ErrorKind::NotFound
+            | std::io::ErrorKind::PermissionDenied
+            | std::io::ErrorKind::IsADirectory),
+        ) => Error::Io {
+            message: format!("{e:#}"),
+            kind,
+        },
+        _ => Error::Audio(format!("{e:#}")),
+    }
+}
+
+/// Transcribes one input by `opts`: [`load_samples`], then [`Session::transcribe`]. Every
+/// error names the input.
+pub fn transcribe_input(
+    session: &mut Session,
+    input: Input<'_>,
+    opts: &DecodeOptions,
+    limits: Limits,
+) -> Result<Transcript> {
+    let shown = input.name();
+    let samples = load_samples(input, limits)?;
+    session
+        .transcribe(samples, opts)
+        .map_err(|e| e.context(&shown))
+}
