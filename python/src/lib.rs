@@ -44,9 +44,10 @@ fn py_error(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::Audio(_) | Error::AudioTooLong(_) | Error::Options(_) => PyValueError::new_err(msg),
-        Error::Io { kind, .. } if kind == std::io::ErrorKind::NotFound => {
-            PyFileNotFoundError::new_err(msg)
-        }
+        Error::Io {
+            kind: std::io::ErrorKind::NotFound,
+            ..
+        } => PyFileNotFoundError::new_err(msg),
         Error::Io { .. } => PyOSError::new_err(msg),
         Error::Model(_) | Error::Internal(_) => ParakeetError::new_err(msg),
     }

@@ -265,7 +265,7 @@ def test_undecodable_audio_is_a_value_error(tdt, tmp_path):
     # The command line's rule: less than one 10 ms feature frame.
     with pytest.raises(ValueError, match="too short"):
         tdt.transcribe(np.zeros(100, np.float32), sample_rate=16000)
-    assert tdt.transcribe(np.zeros(160, np.float32), sample_rate=16000).text == ""
+    assert tdt.transcribe(np.zeros(160, np.float32), sample_rate=16000).audio_seconds == 0.01
 
 
 @pytest.mark.parametrize(

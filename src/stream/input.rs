@@ -106,6 +106,8 @@ pub struct RawStream<R> {
     channels: usize,
     bytes: Vec<u8>,
     frame: Vec<f32>,
+    /// Whether any whole frame came: an input with none is refused like an empty WAV.
+    received: bool,
 }
 
 impl<R: Read> RawStream<R> {
@@ -121,6 +123,7 @@ impl<R: Read> RawStream<R> {
             channels: usize::from(channels),
             bytes: vec![0; piece_frames(rate) * frame_bytes],
             frame: Vec::new(),
+            received: false,
         })
     }
 }
@@ -141,8 +144,12 @@ impl<R: Read> AudioSource for RawStream<R> {
         let frame_bytes = self.format.bytes() * self.channels;
         let whole = n - n % frame_bytes;
         if whole == 0 {
+            if !self.received {
+                bail!("{}: no audio (the input is empty)", self.name);
+            }
             return Ok(None);
         }
+        self.received = true;
         self.frame.clear();
         let data = &self.bytes[..whole];
         match self.format {

@@ -265,6 +265,39 @@ fn stdin_and_unreadable_entries() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim_end(), nemo_text("tiny_tdt_2s"));
 
+    // With -o, standard input's outputs are named `stdin` there, as the README says.
+    let out_dir = root.join("from-stdin");
+    let piped = |args: &[&str], input: &[u8]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+            .args(args)
+            .env("GGML_NO_BACKTRACE", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(input).unwrap();
+        }
+        child.wait_with_output().unwrap()
+    };
+    let m = model.to_str().unwrap();
+    let o = out_dir.to_str().unwrap();
+    let out = piped(&["transcribe", "-", "-m", m, "-q", "-o", o], &wav);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let written = std::fs::read_to_string(out_dir.join("stdin.txt")).unwrap();
+    assert_eq!(written.trim_end(), nemo_text("tiny_tdt_2s"));
+    assert!(!out_dir.join("-.txt").exists());
+    // Empty standard input fails as an input, like an empty file.
+    let out = piped(&["transcribe", "-", "-m", m, "-q"], b"");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("<stdin>"),
+        "{}",
+        text(&out.stderr)
+    );
+
     // A dangling link in a directory (root reads everything, so a broken link is the entry
     // that cannot be read) fails on its own; the good file is still transcribed.
     let dir = root.join("in");
@@ -455,7 +488,7 @@ fn bad_decoding_flags_exit_2_and_write_nothing() {
     std::fs::write(&not_utf8, b"data\n\xff\xfe name\n").unwrap();
     let missing = root.join("missing.txt");
     let out_dir = root.join("out");
-    let cases: [(&[&str], &str); 12] = [
+    let cases: &[(&[&str], &str)] = &[
         (&["--boost", ""], "is empty"),
         (&["--boost", "\u{65e5}\u{672c}"], "spells nothing"),
         (
@@ -483,8 +516,56 @@ fn bad_decoding_flags_exit_2_and_write_nothing() {
             &["--beam", "2", "--confidence", "max_prob"],
             "greedy decoding only",
         ),
+        // The beam's bound: no ggml assertion, no capacity error, no huge allocation.
+        (
+            &["--beam", "18446744073709551615"],
+            "--beam 18446744073709551615: at most 256",
+        ),
+        (&["--beam", "4294967296"], "--beam 4294967296: at most 256"),
+        (&["--beam", "100000"], "--beam 100000: at most 256"),
+        (&["--beam", "4096"], "--beam 4096: at most 256"),
+        (&["--nbest", "0"], "--nbest 0: keeps at least 1"),
+        (
+            &["--beam", "2", "--nbest", "0"],
+            "--nbest 0: keeps at least 1",
+        ),
+        (
+            &["--nbest", "2"],
+            "--nbest 2: alternatives come from a beam search",
+        ),
+        (
+            &["--decoder", "ctc", "--confidence-with-durations"],
+            "--confidence-with-durations: the ctc decoder has no durations",
+        ),
+        (
+            &[
+                "--confidence",
+                "entropy_gibbs_lin",
+                "--confidence-alpha",
+                "2",
+            ],
+            "--confidence-alpha 2: entropy_gibbs_lin takes",
+        ),
+        (
+            &["--confidence", "max_prob", "--confidence-alpha", "1e6"],
+            "--confidence-alpha 1000000: max_prob takes 0.0100 to 10.0000",
+        ),
+        (&["--confidence-alpha", "NaN"], "--confidence-alpha NaN"),
+        (
+            &["--boost", "data", "--boost-alpha", "1e37"],
+            "--boost-alpha 10000000000000000000000000000000000000: takes 0 to 10",
+        ),
+        (
+            &["--boost", "data", "--boost-context-score", "3e38"],
+            "--boost-context-score",
+        ),
+        (
+            &["--boost", "data", "--boost-alpha", "inf"],
+            "--boost-alpha inf",
+        ),
+        (&["--threads", "0"], "--threads 0: at least 1 thread"),
     ];
-    for (flags, says) in cases {
+    for &(flags, says) in cases {
         let mut extra = vec!["-f", "json", "-q", "-o", out_dir.to_str().unwrap()];
         extra.extend_from_slice(flags);
         let out = transcribe(&clip, &model, &extra, &root);

@@ -652,3 +652,47 @@ fn boost_fields_boost_like_the_cli() {
     assert_eq!(text(&[]), cli(&["--boost", "data"]));
     assert_ne!(text(&[]), both);
 }
+
+/// `serve` checks its decoding and thread flags with the command line's words: a bad one stops
+/// it before it listens (exit 2, one line); more threads than cores are the cores, with a
+/// warning, and the server transcribes.
+#[test]
+fn serve_checks_its_decoding_and_thread_flags_as_transcribe_does() {
+    let dir = scratch("flags");
+    let model = model();
+    for (flags, says) in [
+        (
+            &["--boost", "data", "--boost-alpha", "1e37"][..],
+            "--boost-alpha",
+        ),
+        (
+            &["--boost", "data", "--boost-context-score", "3e38"][..],
+            "--boost-context-score",
+        ),
+        (&["--confidence-alpha", "100"][..], "--confidence-alpha 100"),
+        (&["--threads", "0"][..], "--threads 0: at least 1 thread"),
+        (&["--workers", "0"][..], "--workers 0"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+            .args(["serve", "-m", model.to_str().unwrap(), "--port", "0"])
+            .args(flags)
+            .env("GGML_NO_BACKTRACE", "1")
+            .env_remove("PARAKEET_MODEL")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+    let server = Server::start(&["--threads", "10000", "--workers", "1"]);
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(server.health()["threads_per_worker"], cores);
+    let good = clip("speech_2s.wav");
+    let r = upload(&server, &good, &[("response_format", "text")]);
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (200, cli_output(&good, &dir).txt.as_str())
+    );
+}
