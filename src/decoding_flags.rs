@@ -171,7 +171,8 @@ impl BoostArgs {
 /// Beam search flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BeamArgs {
-    /// Beam search keeping N hypotheses instead of greedy decoding.
+    /// Beam search keeping N hypotheses instead of greedy decoding: 1 to 256 (`maes`: 8, and
+    /// both maes within the vocabulary), which keeps every step's graph within its capacity.
     #[arg(long, value_name = "N")]
     pub beam: Option<usize>,
     /// NeMo's beam search: TDT `malsd_batch` (default), `beam`, `maes`; RNN-T also `tsd`,

@@ -28,7 +28,7 @@ pub mod pipeline;
 
 pub use options::{
     BeamPlan, BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, Head, MAX_BEAM_SIZE,
-    Threads,
+    MAX_MAES_BEAM_SIZE, Threads,
 };
 
 /// What decoding an encoder pass gives.

@@ -35,6 +35,12 @@ pub enum DecoderChoice {
 /// own configurations use 2 to 16 hypotheses.
 pub const MAX_BEAM_SIZE: usize = 256;
 
+/// The largest beam of NeMo's `maes`: each round expands every hypothesis by up to the beam
+/// plus 2 candidates and feeds them all in one graph, so its graphs grow with the square of
+/// the beam (measured on the tiny RNN-T model: 16 hypotheses fill 90 % of a graph, 20 exceed
+/// it). 8 keeps a quarter of that; NeMo's examples use 4 to 8.
+pub const MAX_MAES_BEAM_SIZE: usize = 8;
+
 /// The finite ranges of the phrase-boosting weights. The boost is `alpha` times a bonus of
 /// `context_score` (scaled by `depth_scaling` and the depth's log) per matched piece: at the
 /// top of these ranges a phrase's pieces gain hundreds of log-probability units, which
@@ -336,13 +342,20 @@ fn beam_plan(head: Head, b: &BeamRequest, vocab: usize) -> Result<BeamPlan> {
     let strategy = b
         .strategy
         .unwrap_or_else(|| BeamStrategy::default_for(head.beam_head()));
+    if strategy == BeamStrategy::Maes && size > MAX_MAES_BEAM_SIZE {
+        return Err(Error::Options(format!(
+            "--beam {size}: maes takes at most {MAX_MAES_BEAM_SIZE} hypotheses (its steps grow \
+             with the square of the beam)"
+        )));
+    }
     let mut config = BeamConfig::new(strategy, size);
     config.score_norm = b.score_norm;
     config.check(head.beam_head()).map_err(Error::options)?;
-    // NeMo's `maes` draws beam + beta candidates from the vocabulary.
-    if strategy == BeamStrategy::Maes && size + config.maes_expansion_beta > vocab {
+    // NeMo's `maes` and `maes_batch` draw beam + beta candidates from the vocabulary.
+    let maes = matches!(strategy, BeamStrategy::Maes | BeamStrategy::MaesBatch);
+    if maes && size + config.maes_expansion_beta > vocab {
         return Err(Error::Options(format!(
-            "--beam {size}: maes draws the beam plus {} candidates from the vocabulary, which \
+            "--beam {size}: {strategy} draws the beam plus {} candidates from the vocabulary, which \
              has {vocab} pieces: at most --beam {}",
             config.maes_expansion_beta,
             vocab.saturating_sub(config.maes_expansion_beta)

@@ -662,7 +662,7 @@ fn too_many_threads_are_capped_with_a_warning() {
         &root,
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("--threads must be at least 1"));
+    assert!(text(&out.stderr).contains("--threads 0: at least 1 thread"));
 }
 
 #[test]
