@@ -11,6 +11,7 @@ mod depthwise;
 mod glu;
 mod linear;
 mod lstm;
+mod lstm_sequence;
 mod matvec;
 mod norm;
 mod pad;
@@ -86,6 +87,11 @@ pub trait FusedOps<'g> {
         biases: (&Weight, &Weight),
         c: Tensor<'g>,
     ) -> Tensor<'g>;
+
+    /// A PyTorch LSTM cell over a whole sequence of precomputed input products: `h` after
+    /// every step, then the last `c` (see [`lstm_sequence::lstm_sequence`]).
+    fn lstm_sequence(&mut self, gx: Tensor<'g>, w_hh_t: Tensor<'g>, state: Tensor<'g>)
+    -> Tensor<'g>;
 
     /// Depthwise 1-D convolution over time ('same' padding, odd kernel) plus an optional
     /// per-channel bias: `x` [C, T], `kernel` [K, C], `bias` [C] -> [C, T].
@@ -212,6 +218,15 @@ impl<'g> FusedOps<'g> for Graph<'g> {
         c: Tensor<'g>,
     ) -> Tensor<'g> {
         lstm::lstm_pointwise(self, gx, gh, biases, c)
+    }
+
+    fn lstm_sequence(
+        &mut self,
+        gx: Tensor<'g>,
+        w_hh_t: Tensor<'g>,
+        state: Tensor<'g>,
+    ) -> Tensor<'g> {
+        lstm_sequence::lstm_sequence(self, gx, w_hh_t, state)
     }
 
     fn conv1d_depthwise_same(
