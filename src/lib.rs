@@ -10,6 +10,7 @@
 
 pub mod audio;
 pub mod backend;
+pub mod cli;
 pub mod convert;
 pub mod decoder;
 pub mod decoding_flags;

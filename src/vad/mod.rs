@@ -6,7 +6,6 @@
 //! recurrence over them in one node. [`segments`] turns probabilities into speech segments as
 //! `get_speech_timestamps` does, and [`iterator`] is the package's streaming `VADIterator`.
 
-pub mod cli;
 pub mod iterator;
 pub mod model;
 pub mod segments;
