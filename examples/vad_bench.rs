@@ -52,7 +52,10 @@ fn main() -> anyhow::Result<()> {
                 .find_map(|l| l.strip_prefix("seconds "))
                 .and_then(|s| s.trim().parse().ok())
                 .ok_or_else(|| anyhow::anyhow!("unexpected output from {script}: {text}"))?;
-            let check = text.lines().find(|l| l.starts_with("windows")).unwrap_or("");
+            let check = text
+                .lines()
+                .find(|l| l.starts_with("windows"))
+                .unwrap_or("");
             println!(
                 "silero-vad ONNX (onnxruntime, 1 thread): {:.3} ms, {:.0}x real time, {:.2} us/window (best of 5); {check}",
                 onnx * 1e3,

@@ -19,20 +19,40 @@ pub struct SpeechArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub neg_threshold: Option<f64>,
     /// Speech shorter than this is dropped.
-    #[arg(long, allow_negative_numbers = true, value_name = "MS", default_value_t = 250.0)]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 250.0
+    )]
     pub min_speech_ms: f64,
     /// Speech longer than this is cut, at the longest silence in it where there is one
     /// [default: no limit].
     #[arg(long, allow_negative_numbers = true, value_name = "S")]
     pub max_speech_s: Option<f64>,
     /// Silence shorter than this does not end speech.
-    #[arg(long, allow_negative_numbers = true, value_name = "MS", default_value_t = 100.0)]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 100.0
+    )]
     pub min_silence_ms: f64,
     /// Added to both ends of every segment (a gap shorter than twice this is split in the middle).
-    #[arg(long, allow_negative_numbers = true, value_name = "MS", default_value_t = 30.0)]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 30.0
+    )]
     pub speech_pad_ms: f64,
     /// A silence at least this long is a place where --max-speech-s may cut.
-    #[arg(long, allow_negative_numbers = true, value_name = "MS", default_value_t = 98.0)]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 98.0
+    )]
     pub min_silence_at_max_speech_ms: f64,
     /// At --max-speech-s, cut at the last long silence instead of the longest (the package's
     /// use_max_poss_sil_at_max_speech=False).
@@ -143,7 +163,10 @@ pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> 
         let result = detect(&mut vad, path, &params, args.verbose).and_then(|d| {
             let text = render(args, &d, path, several && args.output_dir.is_none());
             match &args.output_dir {
-                Some(dir) => write_atomic(&destination(path, root.as_deref(), dir, args.format), text.as_bytes()),
+                Some(dir) => write_atomic(
+                    &destination(path, root.as_deref(), dir, args.format),
+                    text.as_bytes(),
+                ),
                 None => {
                     let mut out = stdout.lock();
                     out.write_all(text.as_bytes())

@@ -138,7 +138,10 @@ mod tests {
             }
             hp = next;
             for k in 0..h {
-                assert!((out[t * h + k] as f64 - hp[k]).abs() < 1e-6, "step {t} unit {k}");
+                assert!(
+                    (out[t * h + k] as f64 - hp[k]).abs() < 1e-6,
+                    "step {t} unit {k}"
+                );
             }
         }
         for k in 0..h {

@@ -90,8 +90,12 @@ pub trait FusedOps<'g> {
 
     /// A PyTorch LSTM cell over a whole sequence of precomputed input products: `h` after
     /// every step, then the last `c` (see [`lstm_sequence::lstm_sequence`]).
-    fn lstm_sequence(&mut self, gx: Tensor<'g>, w_hh_t: Tensor<'g>, state: Tensor<'g>)
-    -> Tensor<'g>;
+    fn lstm_sequence(
+        &mut self,
+        gx: Tensor<'g>,
+        w_hh_t: Tensor<'g>,
+        state: Tensor<'g>,
+    ) -> Tensor<'g>;
 
     /// Depthwise 1-D convolution over time ('same' padding, odd kernel) plus an optional
     /// per-channel bias: `x` [C, T], `kernel` [K, C], `bias` [C] -> [C, T].

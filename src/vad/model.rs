@@ -133,9 +133,9 @@ impl VadModel {
             .collect();
         // `torch` is the tensor's torch shape; GGUF stores it reversed.
         let read = |name: &str, torch: &[usize]| -> Result<Vec<f32>> {
-            let t = spans
-                .get(name)
-                .ok_or_else(|| anyhow!("{shown}: not a Silero VAD model: tensor '{name}' is missing"))?;
+            let t = spans.get(name).ok_or_else(|| {
+                anyhow!("{shown}: not a Silero VAD model: tensor '{name}' is missing")
+            })?;
             let mut want = [1u64; 4];
             for (w, &n) in want.iter_mut().zip(torch.iter().rev()) {
                 *w = n as u64;
@@ -163,11 +163,17 @@ impl VadModel {
             let p = rate.prefix();
             let frame = rate.frame();
             let bins = frame / 2 + 1;
-            let basis = read(&format!("{p}.stft.forward_basis_buffer"), &[2 * bins, 1, frame])?;
+            let basis = read(
+                &format!("{p}.stft.forward_basis_buffer"),
+                &[2 * bins, 1, frame],
+            )?;
             host.push(&format!("{p}.basis"), &[frame, 2 * bins], basis);
             let mut cin = bins;
             for (i, &cout) in CHANNELS.iter().enumerate() {
-                let w = read(&format!("{p}.encoder.{i}.reparam_conv.weight"), &[cout, cin, 3])?;
+                let w = read(
+                    &format!("{p}.encoder.{i}.reparam_conv.weight"),
+                    &[cout, cin, 3],
+                )?;
                 let b = read(&format!("{p}.encoder.{i}.reparam_conv.bias"), &[cout])?;
                 let mut taps = vec![0f32; cout * 3 * cin];
                 for o in 0..cout {

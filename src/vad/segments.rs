@@ -73,7 +73,10 @@ impl SpeechParams {
             ("max-speech-s", self.max_speech_s),
             ("min-silence-ms", self.min_silence_ms),
             ("speech-pad-ms", self.speech_pad_ms),
-            ("min-silence-at-max-speech-ms", self.min_silence_at_max_speech_ms),
+            (
+                "min-silence-at-max-speech-ms",
+                self.min_silence_at_max_speech_ms,
+            ),
         ] {
             if v.is_nan() || v < 0.0 {
                 bail!("{name} {v}: must not be negative");

@@ -100,7 +100,12 @@ fn json_carries_samples_and_every_flag_reaches_the_algorithm() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| (s["start_sample"].as_u64().unwrap(), s["end_sample"].as_u64().unwrap()))
+        .map(|s| {
+            (
+                s["start_sample"].as_u64().unwrap(),
+                s["end_sample"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(got, reference("sonnet1_librivox_16k", "split_legacy"));
 }
@@ -113,7 +118,13 @@ fn eight_khz_runs_the_8k_net() {
     assert_eq!(v["sample_rate"], 8000);
     let seg = &v["segments"][0];
     let want = reference("ldc93s1_8k_s16", "default")[0];
-    assert_eq!((seg["start_sample"].as_u64().unwrap(), seg["end_sample"].as_u64().unwrap()), want);
+    assert_eq!(
+        (
+            seg["start_sample"].as_u64().unwrap(),
+            seg["end_sample"].as_u64().unwrap()
+        ),
+        want
+    );
 }
 
 #[test]
@@ -121,7 +132,10 @@ fn rttm_srt_stdin_and_directories() {
     let (code, out, _) = run(&["vad", "-f", "rttm", &audio("jfk.wav")]);
     assert_eq!(code, 0);
     let first = out.lines().next().unwrap();
-    assert_eq!(first, "SPEAKER jfk 1 0.322 1.948 <NA> <NA> speech <NA> <NA>");
+    assert_eq!(
+        first,
+        "SPEAKER jfk 1 0.322 1.948 <NA> <NA> speech <NA> <NA>"
+    );
     assert_eq!(out.lines().count(), 4);
 
     let bytes = std::fs::read(audio("jfk.wav")).unwrap();
@@ -135,7 +149,10 @@ fn rttm_srt_stdin_and_directories() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     let srt = String::from_utf8(out.stdout).unwrap();
-    assert!(srt.starts_with("1\n00:00:00,322 --> 00:00:02,270\nspeech\n\n2\n"), "{srt}");
+    assert!(
+        srt.starts_with("1\n00:00:00,322 --> 00:00:02,270\nspeech\n\n2\n"),
+        "{srt}"
+    );
 
     let dir = scratch_dir("vad-cli", "tree");
     std::fs::create_dir_all(dir.join("in/sub")).unwrap();
@@ -172,7 +189,10 @@ fn bad_input_is_one_clear_error_and_exit_2() {
     for (args, says) in [
         (vec!["--threshold", "1.5"], "--threshold 1.5"),
         (vec!["--threshold", "0"], "--threshold 0"),
-        (vec!["--neg-threshold", "0.7"], "--neg-threshold 0.7: must not be above"),
+        (
+            vec!["--neg-threshold", "0.7"],
+            "--neg-threshold 0.7: must not be above",
+        ),
         (vec!["--min-speech-ms", "-3"], "--min-speech-ms -3"),
         (vec!["--speech-pad-ms", "-1"], "--speech-pad-ms -1"),
         (vec!["--max-speech-s", "-2"], "--max-speech-s -2"),

@@ -52,9 +52,7 @@ fn params(p: &serde_json::Value) -> SpeechParams {
         threshold: p["threshold"].as_f64().unwrap(),
         neg_threshold: p["neg_threshold"].as_f64(),
         min_speech_ms: p["min_speech_duration_ms"].as_f64().unwrap(),
-        max_speech_s: p["max_speech_duration_s"]
-            .as_f64()
-            .unwrap_or(f64::INFINITY),
+        max_speech_s: p["max_speech_duration_s"].as_f64().unwrap_or(f64::INFINITY),
         min_silence_ms: p["min_silence_duration_ms"].as_f64().unwrap(),
         speech_pad_ms: p["speech_pad_ms"].as_f64().unwrap(),
         min_silence_at_max_speech_ms: p["min_silence_at_max_speech"].as_f64().unwrap(),
@@ -85,7 +83,11 @@ fn probabilities_match_onnx_on_every_clip() {
         let meta = json(&vad_dir().join(&clip).join("segments.json"));
         let rate = SampleRate::from_hz(meta["sample_rate"].as_u64().unwrap() as u32).unwrap();
         let samples = clip_samples(&clip);
-        assert_eq!(samples.len() as u64, meta["n_samples"].as_u64().unwrap(), "{clip}: samples");
+        assert_eq!(
+            samples.len() as u64,
+            meta["n_samples"].as_u64().unwrap(),
+            "{clip}: samples"
+        );
         let (_, want) = npy(&vad_dir().join(&clip).join("probs_onnx.npy"));
         let got = vad.probabilities(&samples, rate).unwrap();
         assert_eq!(got.len(), want.len(), "{clip}: windows");
@@ -113,7 +115,10 @@ fn segments_equal_the_package_for_every_parameter_set() {
             let p = params(&set["params"]);
             let eff = set["params"]["neg_threshold_effective"].as_f64().unwrap();
             let ours = p.neg_threshold_effective();
-            assert!((ours - eff).abs() < 1e-12, "{clip}/{name}: neg threshold {ours} vs {eff}");
+            assert!(
+                (ours - eff).abs() < 1e-12,
+                "{clip}/{name}: neg threshold {ours} vs {eff}"
+            );
             let got = speech_segments(&probs, samples.len(), hz, rate.window(), &p);
             assert_eq!(got, segments(&set["segments"]), "{clip}/{name}");
             // The algorithm alone, on the reference probabilities.
@@ -190,7 +195,10 @@ fn lstm_state_after_every_window_matches_onnx() {
         let (mut worst_h, mut worst_c) = (0f64, 0f64);
         for (i, win) in padded.chunks_exact(w).enumerate() {
             vad.process(&mut state, win).unwrap();
-            let (h, c) = (&want[i * 256..i * 256 + 128], &want[i * 256 + 128..i * 256 + 256]);
+            let (h, c) = (
+                &want[i * 256..i * 256 + 128],
+                &want[i * 256 + 128..i * 256 + 256],
+            );
             worst_h = worst_h.max(max_abs_err(state.h(), h));
             let scale = c.iter().fold(1f32, |m, v| m.max(v.abs())) as f64;
             worst_c = worst_c.max(max_abs_err(state.c(), c) / scale);
@@ -230,10 +238,20 @@ fn state_carries_across_calls_and_resets() {
 fn a_corrupt_model_is_a_clear_error() {
     let mut bytes = parakeet::vad::model::BUILTIN_GGUF.to_vec();
     bytes.truncate(bytes.len() / 2);
-    let e = VadModel::from_gguf_bytes(&bytes, "half.gguf").err().unwrap();
-    assert!(format!("{e:#}").contains("half.gguf: not a Silero VAD model"), "{e:#}");
-    let e = VadModel::from_gguf_bytes(b"not a model at all", "x.bin").err().unwrap();
-    assert!(format!("{e:#}").contains("x.bin: not a Silero VAD model"), "{e:#}");
+    let e = VadModel::from_gguf_bytes(&bytes, "half.gguf")
+        .err()
+        .unwrap();
+    assert!(
+        format!("{e:#}").contains("half.gguf: not a Silero VAD model"),
+        "{e:#}"
+    );
+    let e = VadModel::from_gguf_bytes(b"not a model at all", "x.bin")
+        .err()
+        .unwrap();
+    assert!(
+        format!("{e:#}").contains("x.bin: not a Silero VAD model"),
+        "{e:#}"
+    );
 }
 
 #[test]
@@ -241,11 +259,41 @@ fn bad_parameters_are_rejected() {
     let ok = SpeechParams::default();
     assert!(ok.validate().is_ok());
     for (p, what) in [
-        (SpeechParams { threshold: 0.0, ..ok.clone() }, "threshold 0"),
-        (SpeechParams { threshold: 1.0, ..ok.clone() }, "threshold 1"),
-        (SpeechParams { neg_threshold: Some(0.7), ..ok.clone() }, "neg-threshold 0.7"),
-        (SpeechParams { min_speech_ms: -1.0, ..ok.clone() }, "min-speech-ms -1"),
-        (SpeechParams { speech_pad_ms: -5.0, ..ok.clone() }, "speech-pad-ms -5"),
+        (
+            SpeechParams {
+                threshold: 0.0,
+                ..ok.clone()
+            },
+            "threshold 0",
+        ),
+        (
+            SpeechParams {
+                threshold: 1.0,
+                ..ok.clone()
+            },
+            "threshold 1",
+        ),
+        (
+            SpeechParams {
+                neg_threshold: Some(0.7),
+                ..ok.clone()
+            },
+            "neg-threshold 0.7",
+        ),
+        (
+            SpeechParams {
+                min_speech_ms: -1.0,
+                ..ok.clone()
+            },
+            "min-speech-ms -1",
+        ),
+        (
+            SpeechParams {
+                speech_pad_ms: -5.0,
+                ..ok.clone()
+            },
+            "speech-pad-ms -5",
+        ),
     ] {
         let e = p.validate().err().unwrap().to_string();
         assert!(e.contains(what), "{e}");
