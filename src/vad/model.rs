@@ -304,6 +304,11 @@ impl Vad {
         &self.model
     }
 
+    /// The backend (thread count, op timing, compute statistics).
+    pub fn backend_mut(&mut self) -> &mut Backend {
+        &mut self.backend
+    }
+
     /// Speech probabilities of a whole signal at `rate`, from a fresh state: one per window,
     /// the last window zero-padded (as `get_speech_timestamps` runs the model).
     pub fn probabilities(&mut self, samples: &[f32], rate: SampleRate) -> Result<Vec<f32>> {
