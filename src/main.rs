@@ -57,6 +57,9 @@ enum Command {
     /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions, and live
     /// transcription over a WebSocket at /v1/realtime) over one loaded model.
     Serve(parakeet::server::ServeArgs),
+    /// Find speech in audio files (Silero VAD, built in): segments as the silero-vad package's
+    /// get_speech_timestamps gives them, as text, JSON, RTTM or SRT.
+    Vad(parakeet::cli::vad::VadArgs),
     /// Describe a model: architecture, hyperparameters, tensors by type; or, with `--system`,
     /// this machine: CPU features found and the kernels chosen (ours and ggml's).
     Info {
@@ -221,6 +224,10 @@ fn main() -> ExitCode {
         Command::Models => list_models().map(|_| 0),
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
+        Command::Vad(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
+            let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
+            parakeet::cli::vad::run(&args, &jobs)
+        }),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -438,17 +445,17 @@ fn info(model: &Path) -> Result<()> {
             s.drop_extra_pre_encoded
         )?;
     }
-    if hp.model_type.has_transducer() {
+    if let Some(t) = &hp.transducer {
         outln!(
             "decoder:      LSTM {} x {}, joint {}, max symbols {}{}",
-            hp.pred_layers,
-            hp.pred_hidden,
-            hp.joint_hidden,
+            t.pred_layers,
+            t.pred_hidden,
+            t.joint_hidden,
             hp.max_symbols,
-            if hp.durations.is_empty() {
-                String::new()
+            if hp.model_type.is_tdt() {
+                format!(", TDT durations {:?}", t.durations)
             } else {
-                format!(", TDT durations {:?}", hp.durations)
+                String::new()
             }
         )?;
     }

@@ -201,10 +201,10 @@ impl Head {
         }
         Ok(if ctc {
             Head::Ctc
-        } else if model.hparams.durations.is_empty() {
-            Head::Rnnt
-        } else {
+        } else if ty.is_tdt() {
             Head::Tdt
+        } else {
+            Head::Rnnt
         })
     }
 }
