@@ -20,6 +20,7 @@ use crate::hparams::FrameGeometry;
 use crate::session::{DecoderChoice, Session};
 use crate::tokenizer::{Token, Tokenizer, Word};
 use anyhow::{Result, bail};
+use std::sync::{Arc, Mutex};
 
 /// NeMo's default chunk, left and right context (seconds; `buffered_rnnt.yaml`).
 pub const DEFAULT_CHUNK_SECS: f64 = 4.8;
@@ -222,8 +223,9 @@ pub struct BufferedStream {
     width: usize,
     n_mels: usize,
     blank: usize,
-    /// The head's rows of the all-zero buffer, `[T][width]`.
-    zero_rows: Vec<f32>,
+    /// The head's rows of the all-zero buffer, `[T][width]` (shared by every stream of the
+    /// model with these sizes).
+    zero_rows: Arc<Vec<f32>>,
     /// Pieces that start a word.
     word_start: Vec<bool>,
     /// The audio buffer (`S_b` samples, the newest last).
@@ -233,8 +235,16 @@ pub struct BufferedStream {
     /// Steps run since the start of the stream.
     steps: usize,
     decoding: Decoding,
+    /// Tokens of `decoding.tokens` already reported in a cut-off final.
+    reported: usize,
+    /// An utterance this long without an end of utterance is cut at a word start.
+    max_utterance_seconds: Option<f64>,
     records: Vec<StepRecord>,
 }
+
+/// The zero buffer's rows by model file, head and buffer size: computed once per process.
+type ZeroKey = (std::path::PathBuf, bool, usize, usize);
+static ZERO_ROWS: Mutex<Vec<(ZeroKey, Arc<Vec<f32>>)>> = Mutex::new(Vec::new());
 
 /// The models buffered streaming serves, for errors.
 pub const OFFLINE_MODELS: &str = "offline (full-context) FastConformer CTC, RNN-T, TDT and \
@@ -267,16 +277,40 @@ impl BufferedStream {
             head,
             outputs,
             width: 0,
-            zero_rows: Vec::new(),
+            zero_rows: Arc::new(Vec::new()),
             word_start,
             ring: Vec::new(),
             pending: Vec::new(),
             steps: 0,
             decoding: Decoding::default(),
+            reported: 0,
+            max_utterance_seconds: Some(super::DEFAULT_MAX_UTTERANCE_SECONDS),
             records: Vec::new(),
         };
-        // The all-zero buffer, encoded once: it stands for the time before the stream.
-        let zero_rows = stream.encode_buffer(&vec![0.0; sizes.buffer_samples])?;
+        // The all-zero buffer, encoded once per model and size: it stands for the time before
+        // the stream.
+        let key = (
+            model.path.clone(),
+            head == Head::Ctc,
+            sizes.buffer_samples,
+            sizes.feature_frames,
+        );
+        let known = ZERO_ROWS.lock().ok().and_then(|cache| {
+            cache
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, r)| r.clone())
+        });
+        let zero_rows = match known {
+            Some(rows) => rows,
+            None => {
+                let rows = Arc::new(stream.encode_buffer(&vec![0.0; sizes.buffer_samples])?);
+                if let Ok(mut cache) = ZERO_ROWS.lock() {
+                    cache.push((key, rows.clone()));
+                }
+                rows
+            }
+        };
         stream.width = zero_rows.len() / sizes.buffer_frames;
         stream.zero_rows = zero_rows;
         stream.reset();
@@ -386,10 +420,14 @@ impl BufferedStream {
             }
             self.decoding.tokens.clear();
             self.decoding.timesteps.clear();
-        } else if committed > 0
-            && let Some(u) = self.utterance()
-        {
-            events.push(StreamEvent::Partial(u));
+            self.reported = 0;
+        } else if committed > 0 {
+            if let Some(done) = self.cut_long_utterance() {
+                events.push(StreamEvent::Final(done));
+            }
+            if let Some(u) = self.utterance() {
+                events.push(StreamEvent::Partial(u));
+            }
         }
         if self.config.record_steps {
             self.records.push(record);
@@ -568,23 +606,57 @@ impl BufferedStream {
         (n, eou)
     }
 
-    /// The utterance since the last end of utterance, with NeMo's segment times, or `None`
-    /// when it has no token.
-    fn utterance(&self) -> Option<Utterance> {
+    /// Cut utterances that run longer than `seconds` without an end of utterance (`None`:
+    /// never; the default is [`DEFAULT_MAX_UTTERANCE_SECONDS`](super::DEFAULT_MAX_UTTERANCE_SECONDS)).
+    /// Only the reported text is cut, at the start of its last word: the decoding state goes
+    /// on as NeMo's, so the tokens are NeMo's whatever the limit.
+    pub fn set_max_utterance_seconds(&mut self, seconds: Option<f64>) {
+        self.max_utterance_seconds = seconds.filter(|s| *s > 0.0);
+    }
+
+    /// When the utterance spans more than the limit: its words before the last one, as a
+    /// finished utterance (the whole of it once it spans twice the limit without a word
+    /// start to cut at).
+    fn cut_long_utterance(&mut self) -> Option<Utterance> {
+        let limit = self.max_utterance_seconds?;
         let d = &self.decoding;
-        if d.tokens.is_empty() {
+        let (first, last) = (d.timesteps.get(self.reported)?, d.timesteps.last()?);
+        let span = (last - first + 1.0) * self.sizes.frame_seconds;
+        if span <= limit {
             return None;
         }
+        let starts_word = |id: &usize| self.word_start.get(*id).copied().unwrap_or(false);
+        let cut = match d.tokens[self.reported..].iter().rposition(starts_word) {
+            Some(i) if i > 0 => self.reported + i,
+            _ if span > 2.0 * limit => d.tokens.len(),
+            _ => return None,
+        };
+        let done = self.utterance_of(self.reported, cut);
+        self.reported = cut;
+        done
+    }
+
+    /// The utterance since the last end of utterance (less what a cut reported), with NeMo's
+    /// segment times, or `None` when it has no token.
+    fn utterance(&self) -> Option<Utterance> {
+        self.utterance_of(self.reported, self.decoding.tokens.len())
+    }
+
+    fn utterance_of(&self, from: usize, to: usize) -> Option<Utterance> {
+        let d = &self.decoding;
+        if from >= to {
+            return None;
+        }
+        let (ids, times) = (&d.tokens[from..to], &d.timesteps[from..to]);
         let model = self.session.model();
         let fs = self.sizes.frame_seconds;
         let tokenizer = &model.tokenizer;
-        let text = ids_to_text(tokenizer, &d.tokens);
-        let (start, end) = self.refine(&d.tokens, &d.timesteps, None, None);
-        let words = self.words(&d.tokens, &d.timesteps);
-        let tokens = d
-            .tokens
+        let text = ids_to_text(tokenizer, ids);
+        let (start, end) = self.refine(ids, times, None, None);
+        let words = self.words(ids, times);
+        let tokens = ids
             .iter()
-            .zip(&d.timesteps)
+            .zip(times)
             .map(|(&id, &t)| Token {
                 id,
                 frame: t.max(0.0).round() as usize,
@@ -671,6 +743,7 @@ impl BufferedStream {
         self.ring.resize(self.sizes.buffer_samples, 0.0);
         self.pending.clear();
         self.steps = 0;
+        self.reported = 0;
         self.decoding = Decoding {
             global_offset: match self.head {
                 Head::Transducer => -(self.sizes.right_frames as f64),
