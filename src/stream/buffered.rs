@@ -21,6 +21,7 @@ use crate::session::{DecoderChoice, Session};
 use crate::tokenizer::{Token, Tokenizer, Word};
 use anyhow::{Result, bail};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// NeMo's default chunk, left and right context (seconds; `buffered_rnnt.yaml`).
 pub const DEFAULT_CHUNK_SECS: f64 = 4.8;
@@ -185,6 +186,15 @@ pub struct StepRecord {
     pub final_text: Option<String>,
 }
 
+/// Where a step's time went (for benchmarks): the buffer's features, its encoder pass, the
+/// decoding.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTimes {
+    pub features: Duration,
+    pub encoder: Duration,
+    pub decoder: Duration,
+}
+
 /// The decoding state NeMo keeps per stream (`StreamingState` and the decoder's).
 #[derive(Clone, Debug, Default)]
 struct Decoding {
@@ -240,6 +250,7 @@ pub struct BufferedStream {
     /// An utterance this long without an end of utterance is cut at a word start.
     max_utterance_seconds: Option<f64>,
     records: Vec<StepRecord>,
+    times: StepTimes,
 }
 
 /// The zero buffer's rows by model file, head and buffer size: computed once per process.
@@ -257,6 +268,15 @@ impl BufferedStream {
         let model = session.model().clone();
         let hp = &model.hparams;
         let sizes = BufferSizes::new(&config, hp.geometry())?;
+        if session.attention_for(sizes.feature_frames) != hp.encoder.attention {
+            bail!(
+                "a buffer of {} s (--chunk-secs + --left-secs + --right-secs) is longer than \
+                 this model's {} attention is run for ({} s); use a shorter buffer",
+                config.chunk_secs + config.left_secs + config.right_secs,
+                hp.encoder.attention,
+                crate::encoder::AUTO_FULL_MAX_SECONDS
+            );
+        }
         let outputs = session.head(config.decoder)?;
         let head = match outputs {
             Outputs::CtcLogits => Head::Ctc,
@@ -286,6 +306,7 @@ impl BufferedStream {
             reported: 0,
             max_utterance_seconds: Some(super::DEFAULT_MAX_UTTERANCE_SECONDS),
             records: Vec::new(),
+            times: StepTimes::default(),
         };
         // The all-zero buffer, encoded once per model and size: it stands for the time before
         // the stream.
@@ -331,6 +352,11 @@ impl BufferedStream {
         self.head == Head::Transducer
     }
 
+    /// Where the last step's time went.
+    pub fn last_step_times(&self) -> StepTimes {
+        self.times
+    }
+
     /// The steps recorded since the last call ([`BufferedConfig::record_steps`]).
     pub fn take_records(&mut self) -> Vec<StepRecord> {
         std::mem::take(&mut self.records)
@@ -343,6 +369,7 @@ impl BufferedStream {
     /// computed.
     fn encode_buffer(&mut self, samples: &[f32]) -> Result<Vec<f32>> {
         let s = self.sizes;
+        let t0 = Instant::now();
         let mut mel = self.session.mel_config().clone();
         mel.normalize_per_feature = false;
         let model = self.session.model().clone();
@@ -363,10 +390,13 @@ impl BufferedStream {
             }
         }
         let chunk = FeatureImage::from_frames(data, m)?;
+        let t1 = Instant::now();
         let attention = self.session.attention_for(valid);
         let enc =
             self.session
                 .encode_chunk(&mut EncoderState::new(), chunk, attention, self.outputs)?;
+        self.times.features = t1 - t0;
+        self.times.encoder = t1.elapsed();
         let rows = match self.head {
             Head::Transducer => enc.joint_enc,
             Head::Ctc => enc.ctc_logits,
@@ -401,6 +431,7 @@ impl BufferedStream {
         rows.extend_from_slice(&self.zero_rows[..lpad * w]);
         rows.extend_from_slice(&own);
         let encoded_len = rows.len() / w;
+        let t = Instant::now();
         let mut record = StepRecord {
             is_last,
             valid_samples: audio,
@@ -412,6 +443,7 @@ impl BufferedStream {
             Head::Ctc => self.decode_ctc(&rows, is_first, is_last, &mut record),
         };
         self.steps += 1;
+        self.times.decoder = t.elapsed();
         let mut events = Vec::new();
         if eou {
             if let Some(u) = self.utterance() {

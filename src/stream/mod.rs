@@ -61,7 +61,7 @@ mod cache_aware;
 
 pub use buffered::{
     BufferSizes, BufferedConfig, BufferedStream, DEFAULT_CHUNK_SECS, DEFAULT_LEFT_SECS,
-    DEFAULT_RIGHT_SECS, OFFLINE_MODELS, StepRecord,
+    DEFAULT_RIGHT_SECS, OFFLINE_MODELS, StepRecord, StepTimes,
 };
 pub use cache_aware::{
     CacheAwareConfig, CacheAwareStream, ChunkRecord, DEFAULT_MAX_UTTERANCE_SECONDS,

@@ -149,7 +149,7 @@ fn info_says_how_a_model_streams() {
 fn bad_buffer_sizes_and_the_other_kinds_flags_are_one_clear_error() {
     let silence = vec![0u8; 3200];
     let raw = ["-", "--raw", "s16le", "--rate", "16000"];
-    let cases: [(&str, &[&str], &[&str]); 6] = [
+    let cases: [(&str, &[&str], &[&str]); 7] = [
         (
             "tiny_tdt",
             &["--chunk-secs", "1.0"],
@@ -161,6 +161,11 @@ fn bad_buffer_sizes_and_the_other_kinds_flags_are_one_clear_error() {
             "tiny_tdt",
             &["--right-secs", "0.1"],
             &["--right-secs", "2 frames"],
+        ),
+        (
+            "tiny_tdt",
+            &["--chunk-secs", "160"],
+            &["buffer of 163.2 s", "attention"],
         ),
         (
             "tiny_tdt",
