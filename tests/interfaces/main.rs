@@ -11,3 +11,4 @@ mod realtime;
 mod serve;
 mod stream;
 mod stream_buffered;
+mod vad;
