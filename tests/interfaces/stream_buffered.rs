@@ -201,8 +201,10 @@ fn the_websocket_streams_an_offline_model_with_nemos_final() {
     let config = RealtimeConfig {
         model_name: "tiny_tdt".into(),
         idle_timeout: Duration::from_secs(20),
+        write_timeout: Duration::from_secs(20),
         max_seconds: 60.0,
         max_streams: 2,
+        drain: parakeet::server::conn::Drain::new().1,
     };
     let addr = crate::realtime::start(config, factory);
     let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime")).unwrap();
