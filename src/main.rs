@@ -56,6 +56,9 @@ enum Command {
     /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions, and live
     /// transcription over a WebSocket at /v1/realtime) over one loaded model.
     Serve(parakeet::server::ServeArgs),
+    /// Find speech in audio files (Silero VAD, built in): segments as the silero-vad package's
+    /// get_speech_timestamps gives them, as text, JSON, RTTM or SRT.
+    Vad(parakeet::cli::vad::VadArgs),
     /// Describe a model: architecture, hyperparameters, tensors by type; or, with `--system`,
     /// this machine: CPU features found and the kernels chosen (ours and ggml's).
     Info {
@@ -219,6 +222,10 @@ fn main() -> ExitCode {
         Command::Models => list_models().map(|_| 0),
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
+        Command::Vad(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
+            let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
+            parakeet::cli::vad::run(&args, &jobs)
+        }),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -10,3 +10,4 @@ mod live_nemo;
 mod realtime;
 mod serve;
 mod stream;
+mod vad;

@@ -16,3 +16,4 @@ mod model;
 mod output;
 mod streaming;
 mod tokenizer;
+mod vad;

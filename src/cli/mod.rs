@@ -1,0 +1,4 @@
+//! The CLI's subcommands that have code of their own beyond dispatch (`src/main.rs` parses the
+//! command line and calls them).
+
+pub mod vad;
