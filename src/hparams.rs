@@ -9,6 +9,9 @@ use crate::audio::TARGET_RATE;
 use crate::gguf::GgufFile;
 use crate::gguf::GgufWriter;
 
+mod sortformer;
+pub use sortformer::{SortformerParams, SortformerStreaming};
+
 /// `general.architecture` of every parakeet GGUF.
 pub const ARCHITECTURE: &str = "parakeet";
 
@@ -53,6 +56,29 @@ pub mod keys {
     pub const VOCAB_SIZE: &str = "parakeet.vocab_size";
     pub const TDT_DURATIONS: &str = "parakeet.tdt.durations";
     pub const MAX_SYMBOLS: &str = "parakeet.decoding.max_symbols";
+
+    /// Sortformer diarization models only (`SortformerParams`).
+    pub const SF_N_SPKS: &str = "parakeet.sortformer.n_spks";
+    pub const SF_TF_D_MODEL: &str = "parakeet.sortformer.tf_d_model";
+    pub const SF_TF_N_LAYERS: &str = "parakeet.sortformer.tf_n_layers";
+    pub const SF_TF_N_HEADS: &str = "parakeet.sortformer.tf_n_heads";
+    pub const SF_TF_INNER_SIZE: &str = "parakeet.sortformer.tf_inner_size";
+    pub const SF_STREAMING_MODE: &str = "parakeet.sortformer.streaming_mode";
+    pub const SF_EPS: &str = "parakeet.sortformer.eps";
+    pub const SF_SPKCACHE_LEN: &str = "parakeet.sortformer.spkcache_len";
+    pub const SF_FIFO_LEN: &str = "parakeet.sortformer.fifo_len";
+    pub const SF_CHUNK_LEN: &str = "parakeet.sortformer.chunk_len";
+    pub const SF_SPKCACHE_UPDATE_PERIOD: &str = "parakeet.sortformer.spkcache_update_period";
+    pub const SF_CHUNK_LEFT_CONTEXT: &str = "parakeet.sortformer.chunk_left_context";
+    pub const SF_CHUNK_RIGHT_CONTEXT: &str = "parakeet.sortformer.chunk_right_context";
+    pub const SF_SPKCACHE_SIL_FRAMES_PER_SPK: &str =
+        "parakeet.sortformer.spkcache_sil_frames_per_spk";
+    pub const SF_PRED_SCORE_THRESHOLD: &str = "parakeet.sortformer.pred_score_threshold";
+    pub const SF_SCORES_BOOST_LATEST: &str = "parakeet.sortformer.scores_boost_latest";
+    pub const SF_SIL_THRESHOLD: &str = "parakeet.sortformer.sil_threshold";
+    pub const SF_STRONG_BOOST_RATE: &str = "parakeet.sortformer.strong_boost_rate";
+    pub const SF_WEAK_BOOST_RATE: &str = "parakeet.sortformer.weak_boost_rate";
+    pub const SF_MIN_POS_SCORES_RATE: &str = "parakeet.sortformer.min_pos_scores_rate";
 
     /// The tokenizer's keys: llama.cpp's names where llama.cpp has one, then SentencePiece's
     /// settings that llama.cpp has no key for (absent in files converted before the tokenizer
@@ -108,6 +134,26 @@ pub mod keys {
         VOCAB_SIZE,
         TDT_DURATIONS,
         MAX_SYMBOLS,
+        SF_N_SPKS,
+        SF_TF_D_MODEL,
+        SF_TF_N_LAYERS,
+        SF_TF_N_HEADS,
+        SF_TF_INNER_SIZE,
+        SF_STREAMING_MODE,
+        SF_EPS,
+        SF_SPKCACHE_LEN,
+        SF_FIFO_LEN,
+        SF_CHUNK_LEN,
+        SF_SPKCACHE_UPDATE_PERIOD,
+        SF_CHUNK_LEFT_CONTEXT,
+        SF_CHUNK_RIGHT_CONTEXT,
+        SF_SPKCACHE_SIL_FRAMES_PER_SPK,
+        SF_PRED_SCORE_THRESHOLD,
+        SF_SCORES_BOOST_LATEST,
+        SF_SIL_THRESHOLD,
+        SF_STRONG_BOOST_RATE,
+        SF_WEAK_BOOST_RATE,
+        SF_MIN_POS_SCORES_RATE,
         TOKENIZER_MODEL,
         TOKENS,
         SCORES,
@@ -143,6 +189,8 @@ pub enum ModelType {
     Ctc,
     TdtCtc,
     RnntCtc,
+    /// A Sortformer diarization model: speaker activity per frame, no vocabulary.
+    Sortformer,
 }
 
 impl ModelType {
@@ -154,6 +202,7 @@ impl ModelType {
             "ctc" => ModelType::Ctc,
             "tdt_ctc" => ModelType::TdtCtc,
             "rnnt_ctc" => ModelType::RnntCtc,
+            "sortformer" => ModelType::Sortformer,
             _ => return None,
         })
     }
@@ -165,11 +214,17 @@ impl ModelType {
             ModelType::Ctc => "ctc",
             ModelType::TdtCtc => "tdt_ctc",
             ModelType::RnntCtc => "rnnt_ctc",
+            ModelType::Sortformer => "sortformer",
         }
     }
 
     pub fn has_transducer(self) -> bool {
-        self != ModelType::Ctc
+        !matches!(self, ModelType::Ctc | ModelType::Sortformer)
+    }
+
+    /// A speech recognition model (not a diarization model).
+    pub fn is_asr(self) -> bool {
+        self != ModelType::Sortformer
     }
 
     pub fn has_ctc(self) -> bool {
@@ -395,6 +450,8 @@ pub struct Hparams {
     /// TDT durations (empty for RNN-T / CTC).
     pub durations: Vec<usize>,
     pub max_symbols: usize,
+    /// A Sortformer diarization model's Transformer and head (`model_type` sortformer).
+    pub sortformer: Option<SortformerParams>,
 }
 
 /// Bounds on the sizes a GGUF may declare. Real Parakeet models sit far inside them (the
@@ -457,7 +514,7 @@ impl Hparams {
             return Err(refuse(
                 keys::MODEL_TYPE,
                 &type_name,
-                "tdt, rnnt, ctc, tdt_ctc, rnnt_ctc",
+                "tdt, rnnt, ctc, tdt_ctc, rnnt_ctc, sortformer",
             ));
         };
 
@@ -640,7 +697,10 @@ impl Hparams {
             conv_context,
             conv_layer_norm,
         };
-        let vocab_size = u(keys::VOCAB_SIZE, 1, limits::VOCAB)?;
+        let (vocab_size, sortformer) = match model_type {
+            ModelType::Sortformer => (0, Some(SortformerParams::read(f)?)),
+            _ => (u(keys::VOCAB_SIZE, 1, limits::VOCAB)?, None),
+        };
 
         let (mut pred_hidden, mut pred_layers, mut joint_hidden) = (0, 0, 0);
         let mut durations = Vec::new();
@@ -680,6 +740,7 @@ impl Hparams {
             joint_hidden,
             durations,
             max_symbols,
+            sortformer,
         })
     }
 
@@ -759,7 +820,10 @@ impl Hparams {
             set_u32(w, keys::PRED_RNN_LAYERS, self.pred_layers)?;
             set_u32(w, keys::JOINT_HIDDEN, self.joint_hidden)?;
         }
-        set_u32(w, keys::VOCAB_SIZE, self.vocab_size)?;
+        match &self.sortformer {
+            Some(s) => s.write(w)?,
+            None => set_u32(w, keys::VOCAB_SIZE, self.vocab_size)?,
+        }
         if self.model_type.is_tdt() {
             let durations = self
                 .durations
@@ -860,6 +924,7 @@ mod tests {
             ModelType::Ctc,
             ModelType::TdtCtc,
             ModelType::RnntCtc,
+            ModelType::Sortformer,
         ] {
             assert_eq!(ModelType::from_name(t.name()), Some(t));
         }

@@ -13,6 +13,7 @@ pub mod backend;
 pub mod convert;
 pub mod decoder;
 pub mod decoding_flags;
+pub mod diar;
 pub mod encoder;
 pub mod gguf;
 pub mod hparams;

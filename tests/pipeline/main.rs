@@ -9,6 +9,7 @@ mod boosting;
 mod confidence;
 mod convert;
 mod decoder;
+mod diar;
 mod encoder;
 mod hardening;
 mod local_attention;
