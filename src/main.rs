@@ -53,6 +53,9 @@ enum Command {
     /// Transcribe live audio as it arrives (a cache-aware streaming model): the default
     /// microphone when no INPUT is given, `-` for standard input, or a file.
     Stream(StreamArgs),
+    /// Who speaks when: speaker turns with a Sortformer diarization model, as NeMo's lines
+    /// (txt), RTTM or JSON. A streaming model (v2) streams, as NeMo's inference example does.
+    Diarize(parakeet::diarize::DiarizeArgs),
     /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions, and live
     /// transcription over a WebSocket at /v1/realtime) over one loaded model.
     Serve(parakeet::server::ServeArgs),
@@ -219,6 +222,7 @@ fn main() -> ExitCode {
         Command::Models => list_models().map(|_| 0),
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
+        Command::Diarize(args) => parakeet::diarize::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

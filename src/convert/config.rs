@@ -100,7 +100,10 @@ impl ModelConfig {
 /// A Sortformer diarization checkpoint (`SortformerEncLabelModel`): named by the config's
 /// `target`, or recognised by its speaker head.
 fn is_sortformer(cfg: &Cfg, t: &Tensors) -> bool {
-    let target = cfg.get("target").and_then(Value::as_str).unwrap_or_default();
+    let target = cfg
+        .get("target")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     target.ends_with("SortformerEncLabelModel")
         || t.has("sortformer_modules.single_hidden_to_spks.weight")
 }

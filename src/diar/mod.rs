@@ -8,6 +8,7 @@
 //! segments; [`stream`] is NeMo's streaming loop with its speaker cache and FIFO.
 
 pub mod postprocess;
+pub mod stream;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,8 +17,8 @@ use anyhow::{Result, bail};
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, DType, Graph, Tensor};
-use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode};
 use crate::encoder::EncoderState;
+use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode};
 use crate::hparams::{ModelType, SortformerParams};
 use crate::kernels::FusedOps;
 use crate::model::{LayerNorm, Linear, Model};
@@ -64,11 +65,7 @@ impl SortformerWeights {
                 bias: w(&format!("{prefix}.bias"), &[d])?,
             })
         };
-        let (fc, tf, inner) = (
-            model.hparams.encoder.d_model,
-            p.tf_d_model,
-            p.tf_inner_size,
-        );
+        let (fc, tf, inner) = (model.hparams.encoder.d_model, p.tf_d_model, p.tf_inner_size);
         let layers = (0..p.tf_n_layers)
             .map(|i| {
                 // The converter's name (`convert::gguf_name`).
@@ -196,12 +193,22 @@ impl Diarizer {
     /// `1 / (max(x) + eps)`, the signed maximum (`process_signal`); a streaming model does not.
     pub fn features(&self, samples: &[f32]) -> Features {
         if self.params.streaming_mode {
-            return log_mel(samples, &self.model.window, &self.model.filterbank, &self.mel);
+            return log_mel(
+                samples,
+                &self.model.window,
+                &self.model.filterbank,
+                &self.mel,
+            );
         }
         let peak = samples.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let scale = 1.0 / (peak + self.params.eps);
         let scaled: Vec<f32> = samples.iter().map(|&x| scale * x).collect();
-        log_mel(&scaled, &self.model.window, &self.model.filterbank, &self.mel)
+        log_mel(
+            &scaled,
+            &self.model.window,
+            &self.model.filterbank,
+            &self.mel,
+        )
     }
 
     /// The error for audio too short to give one output frame.

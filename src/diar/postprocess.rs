@@ -180,7 +180,11 @@ pub struct Segment {
 
 /// NeMo's segments for `activity` with `params`: speaker by speaker, each speaker's in time
 /// order (the order of NeMo's output lines).
-pub fn segments(activity: &Activity, params: &PostProcessing, units_per_frame: usize) -> Vec<Segment> {
+pub fn segments(
+    activity: &Activity,
+    params: &PostProcessing,
+    units_per_frame: usize,
+) -> Vec<Segment> {
     let mut out = Vec::new();
     for spk in 0..activity.n_spks {
         let raw = speaker_segments(&activity.speaker(spk), params, units_per_frame);
@@ -255,8 +259,12 @@ fn merge_overlap_segment(mut segments: Vec<[f32; 2]>) -> Vec<[f32; 2]> {
     let joins: Vec<bool> = (0..n - 1)
         .map(|k| segments[k][1] >= segments[k + 1][0])
         .collect();
-    let heads = (0..n).filter(|&k| k == 0 || !joins[k - 1]).map(|k| segments[k][0]);
-    let tails = (0..n).filter(|&k| k == n - 1 || !joins[k]).map(|k| segments[k][1]);
+    let heads = (0..n)
+        .filter(|&k| k == 0 || !joins[k - 1])
+        .map(|k| segments[k][0]);
+    let tails = (0..n)
+        .filter(|&k| k == n - 1 || !joins[k])
+        .map(|k| segments[k][1]);
     heads.zip(tails).map(|(a, b)| [a, b]).collect()
 }
 
@@ -418,7 +426,10 @@ fn filtering(segments: Vec<[f32; 2]>, params: &PostProcessing) -> Vec<[f32; 2]> 
     if segments.is_empty() {
         return segments;
     }
-    let (on, off) = (params.min_duration_on as f32, params.min_duration_off as f32);
+    let (on, off) = (
+        params.min_duration_on as f32,
+        params.min_duration_off as f32,
+    );
     let mut segments = segments;
     if params.min_duration_on > 0.0 {
         segments.retain(|s| s[1] - s[0] >= on);

@@ -110,7 +110,9 @@ impl SortformerParams {
             if v.is_finite() && v > 0.0 && v <= 100.0 {
                 Ok(v)
             } else {
-                Err(anyhow!("{shown}: {key} = {v} is not supported (0 < v <= 100)"))
+                Err(anyhow!(
+                    "{shown}: {key} = {v} is not supported (0 < v <= 100)"
+                ))
             }
         };
         let tf_d_model = u(keys::SF_TF_D_MODEL, 1, MAX_WIDTH)?;

@@ -94,10 +94,16 @@ fn offline_forward_matches_nemo_at_every_stage() {
             if err > worst_prob.0 {
                 worst_prob = (err, format!("{model} {clip}"));
             }
-            assert!(err <= PROB_TOL, "{model} {clip} preds: max abs err {err:.3e}");
+            assert!(
+                err <= PROB_TOL,
+                "{model} {clip} preds: max abs err {err:.3e}"
+            );
         }
     }
-    println!("worst probability error {:.2e} ({})", worst_prob.0, worst_prob.1);
+    println!(
+        "worst probability error {:.2e} ({})",
+        worst_prob.0, worst_prob.1
+    );
 }
 
 /// NeMo's post-processing on NeMo's own probabilities: the lines of every parameter set, on
@@ -178,4 +184,126 @@ fn our_probabilities_give_nemo_segments() {
         }
     }
     assert!(compared >= 12, "{compared} parameter sets compared");
+}
+
+/// The arrays of an .npz (NumPy's zip of .npy files), by name without `.npy`.
+fn npz(path: &std::path::Path) -> std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).unwrap();
+    let mut zip = zip::ZipArchive::new(file).unwrap();
+    let mut out = std::collections::HashMap::new();
+    for i in 0..zip.len() {
+        let mut entry = zip.by_index(i).unwrap();
+        let name = entry.name().unwrap().trim_end_matches(".npy").to_string();
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes).unwrap();
+        let arr = npyz::NpyFile::new(&bytes[..]).unwrap();
+        let shape: Vec<usize> = arr.shape().iter().map(|&n| n as usize).collect();
+        out.insert(name, (shape, arr.into_vec::<f32>().unwrap()));
+    }
+    out
+}
+
+/// NeMo's streaming loop with the model's own streaming sizes, chunk by chunk: every step's
+/// probabilities over [speaker cache | FIFO | chunk], and the cache, the FIFO, their
+/// probabilities and the silence profile after it; then the whole output.
+#[test]
+fn streaming_matches_nemo_chunk_by_chunk() {
+    let model = "tiny_sortformer_stream";
+    let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), 2).unwrap();
+    let settings = diarizer.params().streaming;
+    let mut worst = 0f64;
+    let mut compressions = 0;
+    for clip in CLIPS {
+        let dir = reference_dir(model, clip);
+        let result = json(&dir.join("result.json"));
+        let own = &result["streaming"]["params"];
+        for (key, ours) in [
+            ("spkcache_len", settings.spkcache_len),
+            ("fifo_len", settings.fifo_len),
+            ("chunk_len", settings.chunk_len),
+            ("spkcache_update_period", settings.spkcache_update_period),
+            ("chunk_left_context", settings.chunk_left_context),
+            ("chunk_right_context", settings.chunk_right_context),
+        ] {
+            assert_eq!(own[key].as_u64().unwrap() as usize, ours, "{key}");
+        }
+        let mut trace = Vec::new();
+        let activity = diarizer
+            .diarize_streaming_traced(&samples(clip), &settings, &mut trace)
+            .unwrap();
+        let chunks = result["streaming"]["chunks"].as_array().unwrap();
+        assert_eq!(trace.len(), chunks.len(), "{clip}: chunks");
+        let states = npz(&dir.join("stream_states.npz"));
+        for (i, (ours, nemo)) in trace.iter().zip(chunks).enumerate() {
+            assert_eq!(
+                ours.compressed,
+                nemo["compressed"].as_bool().unwrap(),
+                "{clip} chunk {i}: compressed"
+            );
+            compressions += ours.compressed as usize;
+            for (name, got, probabilities) in [
+                ("in_preds", &ours.step_preds, true),
+                ("spkcache", &ours.spkcache, false),
+                ("spkcache_preds", &ours.spkcache_preds, true),
+                ("fifo", &ours.fifo, false),
+                ("fifo_preds", &ours.fifo_preds, true),
+                ("mean_sil_emb", &ours.mean_sil_emb, false),
+            ] {
+                let (shape, want) = &states[&format!("chunk{i:03}_{name}")];
+                assert_eq!(
+                    got.len(),
+                    want.len(),
+                    "{clip} chunk {i} {name}: shape {shape:?}"
+                );
+                if want.is_empty() {
+                    continue;
+                }
+                if probabilities {
+                    let err = max_abs_err(got, want);
+                    worst = worst.max(err);
+                    assert!(
+                        err <= PROB_TOL,
+                        "{clip} chunk {i} {name}: max abs err {err:.3e}"
+                    );
+                } else if want.iter().any(|&v| v != 0.0) {
+                    let err = rel_err(got, want);
+                    assert!(err <= F32_TOL, "{clip} chunk {i} {name}: rel err {err:.3e}");
+                }
+            }
+        }
+        let (_, nemo) = npy(&dir.join("stream_preds.npy"));
+        let err = max_abs_err(&activity.probs, &nemo);
+        println!(
+            "{clip}: {} chunks, streamed preds max abs err {err:.2e}",
+            trace.len()
+        );
+        assert!(
+            err <= PROB_TOL,
+            "{clip}: streamed preds max abs err {err:.3e}"
+        );
+    }
+    println!("worst step probability error {worst:.2e}, {compressions} compressions");
+    assert!(
+        compressions >= 8,
+        "only {compressions} cache compressions exercised"
+    );
+}
+
+/// NeMo's published streaming sizes (188/144/188, chunk 6, context 1/7).
+#[test]
+fn streaming_with_published_sizes_matches_nemo() {
+    let model = "tiny_sortformer_stream";
+    let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), 2).unwrap();
+    let settings = diarizer.params().streaming.inference_defaults();
+    for clip in CLIPS {
+        let dir = reference_dir(model, clip);
+        let activity = diarizer
+            .diarize_streaming(&samples(clip), &settings)
+            .unwrap();
+        let (_, nemo) = npy(&dir.join("stream_published_preds.npy"));
+        let err = max_abs_err(&activity.probs, &nemo);
+        println!("{clip}: published sizes, max abs err {err:.2e}");
+        assert!(err <= PROB_TOL, "{clip}: max abs err {err:.3e}");
+    }
 }
