@@ -649,7 +649,9 @@ fn write_atomic_writes_everything_and_leaves_no_temp() {
 
 #[test]
 fn write_atomic_accepts_a_relative_path() {
-    // Tests run in the package root, so "target/<fresh dir>/x.txt" is relative.
+    // Tests run in the package root, so "target/<fresh dir>/x.txt" is relative. The folder
+    // may be missing when CARGO_TARGET_DIR puts the build elsewhere.
+    fs::create_dir_all("target").unwrap();
     let dir = tempfile::tempdir_in("target").unwrap();
     let rel = Path::new("target")
         .join(dir.path().file_name().unwrap())
