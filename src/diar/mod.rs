@@ -118,12 +118,15 @@ impl Activity {
     }
 }
 
+/// Named intermediate results.
+pub type Taps = Vec<(String, Vec<f32>)>;
+
 /// What an offline pass produced, with its intermediate results when asked for (named like
 /// NeMo's reference dumps: `features` [n_mels][T], then `[T'][width]` matrices).
 #[derive(Debug, Default)]
 pub struct Forward {
     pub activity: Activity,
-    pub taps: Vec<(String, Vec<f32>)>,
+    pub taps: Taps,
 }
 
 /// A Sortformer with its own backend: diarizes recordings one at a time.
@@ -282,12 +285,7 @@ impl Diarizer {
     /// `encoder_proj`, the Transformer and the head over encoder output `x` (`[frames][fc_d]`):
     /// the speaker probabilities `[frames][n_spks]` (and, with `taps`, `encoder_proj` and
     /// `transformer_out`).
-    fn head(
-        &mut self,
-        x: &[f32],
-        frames: usize,
-        taps: bool,
-    ) -> Result<(Vec<f32>, Vec<(String, Vec<f32>)>)> {
+    fn head(&mut self, x: &[f32], frames: usize, taps: bool) -> Result<(Vec<f32>, Taps)> {
         let fc = self.model.hparams.encoder.d_model;
         if frames == 0 || x.len() != frames * fc {
             bail!(

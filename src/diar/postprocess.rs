@@ -406,7 +406,7 @@ fn adjust_heap(v: &mut [[f32; 2]], mut hole: usize, len: usize, x: [f32; 2], les
         v[hole] = v[child];
         hole = child;
     }
-    if len % 2 == 0 && child == (len - 2) / 2 {
+    if len.is_multiple_of(2) && child == (len - 2) / 2 {
         child = 2 * (child + 1);
         v[hole] = v[child - 1];
         hole = child - 1;
@@ -440,7 +440,7 @@ fn filtering(segments: Vec<[f32; 2]>, params: &PostProcessing) -> Vec<[f32; 2]> 
         let short_gaps: Vec<[f32; 2]> = sorted
             .windows(2)
             .map(|w| [w[0][1], w[1][0]])
-            .filter(|g| !(g[1] - g[0] >= off))
+            .filter(|g| g[1] - g[0] < off)
             .collect();
         segments.extend(short_gaps);
         segments = merge_overlap_segment(segments);

@@ -319,7 +319,7 @@ fn compress(st: &mut State, s: &SortformerStreaming) {
     // `_disable_low_scores`.
     for j in 0..k {
         for f in 0..n {
-            if !(preds[f * k + j] > 0.5) {
+            if preds[f * k + j] <= 0.5 {
                 scores[f * k + j] = f32::NEG_INFINITY;
             }
         }
@@ -327,7 +327,7 @@ fn compress(st: &mut State, s: &SortformerStreaming) {
         if positive >= min_pos {
             for f in 0..n {
                 let v = &mut scores[f * k + j];
-                if !(*v > 0.0) && preds[f * k + j] > 0.5 {
+                if *v <= 0.0 && preds[f * k + j] > 0.5 {
                     *v = f32::NEG_INFINITY;
                 }
             }
