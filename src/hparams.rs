@@ -3,7 +3,9 @@
 //! `model_config.yaml` (`convert::config`) and writes it here; the loader reads it here. Both
 //! sides share the key constants, so the file a converter writes is the file a loader reads.
 
-use anyhow::{Result, anyhow, bail};
+use std::ops::RangeInclusive;
+
+use anyhow::{Result, anyhow, bail, ensure};
 
 use crate::audio::TARGET_RATE;
 use crate::gguf::GgufFile;
@@ -15,157 +17,95 @@ pub use sortformer::{SortformerParams, SortformerStreaming};
 /// `general.architecture` of every parakeet GGUF.
 pub const ARCHITECTURE: &str = "parakeet";
 
+/// Declares each metadata key once: its constant and its place in [`keys::ALL`].
+macro_rules! metadata_keys {
+    ($($(#[$doc:meta])* $name:ident = $key:literal,)*) => {
+        $($(#[$doc])* pub const $name: &str = $key;)*
+        /// Every key above, in the order the converter writes them.
+        pub const ALL: &[&str] = &[$($name),*];
+    };
+}
+
 /// Every metadata key of a parakeet GGUF, as docs/GGUF.md lists them (the weight-layout keys
 /// belong to the layouts that define them).
 pub mod keys {
-    pub const ARCHITECTURE: &str = "general.architecture";
-    pub const NAME: &str = "general.name";
-    pub const FILE_TYPE: &str = "general.file_type";
+    metadata_keys! {
+        ARCHITECTURE = "general.architecture",
+        NAME = "general.name",
+        FILE_TYPE = "general.file_type",
 
-    pub const MODEL_TYPE: &str = "parakeet.model_type";
-    pub const SAMPLE_RATE: &str = "parakeet.preprocessor.sample_rate";
-    pub const N_MELS: &str = "parakeet.preprocessor.n_mels";
-    pub const N_FFT: &str = "parakeet.preprocessor.n_fft";
-    pub const WIN_LENGTH: &str = "parakeet.preprocessor.win_length";
-    pub const HOP_LENGTH: &str = "parakeet.preprocessor.hop_length";
-    pub const PREEMPH: &str = "parakeet.preprocessor.preemph";
-    pub const LOG_ZERO_GUARD_VALUE: &str = "parakeet.preprocessor.log_zero_guard_value";
-    pub const NORMALIZE: &str = "parakeet.preprocessor.normalize";
-    pub const FEAT_IN: &str = "parakeet.encoder.feat_in";
-    pub const N_LAYERS: &str = "parakeet.encoder.n_layers";
-    pub const D_MODEL: &str = "parakeet.encoder.d_model";
-    pub const N_HEADS: &str = "parakeet.encoder.n_heads";
-    pub const FF_EXPANSION_FACTOR: &str = "parakeet.encoder.ff_expansion_factor";
-    pub const SUBSAMPLING: &str = "parakeet.encoder.subsampling";
-    pub const SUBSAMPLING_FACTOR: &str = "parakeet.encoder.subsampling_factor";
-    pub const SUBSAMPLING_CONV_CHANNELS: &str = "parakeet.encoder.subsampling_conv_channels";
-    pub const CONV_KERNEL_SIZE: &str = "parakeet.encoder.conv_kernel_size";
-    pub const XSCALING: &str = "parakeet.encoder.xscaling";
-    pub const USE_BIAS: &str = "parakeet.encoder.use_bias";
-    pub const SELF_ATTENTION_MODEL: &str = "parakeet.encoder.self_attention_model";
-    pub const ATT_CONTEXT_SIZE: &str = "parakeet.encoder.att_context_size";
-    /// Cache-aware streaming models only (absent: NeMo's defaults, the offline encoder).
-    pub const ATT_CONTEXT_STYLE: &str = "parakeet.encoder.att_context_style";
-    pub const ATT_CONTEXT_SIZES: &str = "parakeet.encoder.att_context_sizes";
-    pub const CAUSAL_DOWNSAMPLING: &str = "parakeet.encoder.causal_downsampling";
-    pub const CONV_CONTEXT_SIZE: &str = "parakeet.encoder.conv_context_size";
-    pub const CONV_NORM_TYPE: &str = "parakeet.encoder.conv_norm_type";
-    pub const PRED_HIDDEN: &str = "parakeet.decoder.pred_hidden";
-    pub const PRED_RNN_LAYERS: &str = "parakeet.decoder.pred_rnn_layers";
-    pub const JOINT_HIDDEN: &str = "parakeet.joint.joint_hidden";
-    pub const VOCAB_SIZE: &str = "parakeet.vocab_size";
-    pub const TDT_DURATIONS: &str = "parakeet.tdt.durations";
-    pub const MAX_SYMBOLS: &str = "parakeet.decoding.max_symbols";
+        MODEL_TYPE = "parakeet.model_type",
+        SAMPLE_RATE = "parakeet.preprocessor.sample_rate",
+        N_MELS = "parakeet.preprocessor.n_mels",
+        N_FFT = "parakeet.preprocessor.n_fft",
+        WIN_LENGTH = "parakeet.preprocessor.win_length",
+        HOP_LENGTH = "parakeet.preprocessor.hop_length",
+        PREEMPH = "parakeet.preprocessor.preemph",
+        LOG_ZERO_GUARD_VALUE = "parakeet.preprocessor.log_zero_guard_value",
+        NORMALIZE = "parakeet.preprocessor.normalize",
+        FEAT_IN = "parakeet.encoder.feat_in",
+        N_LAYERS = "parakeet.encoder.n_layers",
+        D_MODEL = "parakeet.encoder.d_model",
+        N_HEADS = "parakeet.encoder.n_heads",
+        FF_EXPANSION_FACTOR = "parakeet.encoder.ff_expansion_factor",
+        SUBSAMPLING = "parakeet.encoder.subsampling",
+        SUBSAMPLING_FACTOR = "parakeet.encoder.subsampling_factor",
+        SUBSAMPLING_CONV_CHANNELS = "parakeet.encoder.subsampling_conv_channels",
+        CONV_KERNEL_SIZE = "parakeet.encoder.conv_kernel_size",
+        XSCALING = "parakeet.encoder.xscaling",
+        USE_BIAS = "parakeet.encoder.use_bias",
+        SELF_ATTENTION_MODEL = "parakeet.encoder.self_attention_model",
+        ATT_CONTEXT_SIZE = "parakeet.encoder.att_context_size",
+        /// Cache-aware streaming models only (absent: NeMo's defaults, the offline encoder).
+        ATT_CONTEXT_STYLE = "parakeet.encoder.att_context_style",
+        ATT_CONTEXT_SIZES = "parakeet.encoder.att_context_sizes",
+        CAUSAL_DOWNSAMPLING = "parakeet.encoder.causal_downsampling",
+        CONV_CONTEXT_SIZE = "parakeet.encoder.conv_context_size",
+        CONV_NORM_TYPE = "parakeet.encoder.conv_norm_type",
+        PRED_HIDDEN = "parakeet.decoder.pred_hidden",
+        PRED_RNN_LAYERS = "parakeet.decoder.pred_rnn_layers",
+        JOINT_HIDDEN = "parakeet.joint.joint_hidden",
+        VOCAB_SIZE = "parakeet.vocab_size",
+        TDT_DURATIONS = "parakeet.tdt.durations",
+        MAX_SYMBOLS = "parakeet.decoding.max_symbols",
 
-    /// Sortformer diarization models only (`SortformerParams`).
-    pub const SF_N_SPKS: &str = "parakeet.sortformer.n_spks";
-    pub const SF_TF_D_MODEL: &str = "parakeet.sortformer.tf_d_model";
-    pub const SF_TF_N_LAYERS: &str = "parakeet.sortformer.tf_n_layers";
-    pub const SF_TF_N_HEADS: &str = "parakeet.sortformer.tf_n_heads";
-    pub const SF_TF_INNER_SIZE: &str = "parakeet.sortformer.tf_inner_size";
-    pub const SF_STREAMING_MODE: &str = "parakeet.sortformer.streaming_mode";
-    pub const SF_EPS: &str = "parakeet.sortformer.eps";
-    pub const SF_SPKCACHE_LEN: &str = "parakeet.sortformer.spkcache_len";
-    pub const SF_FIFO_LEN: &str = "parakeet.sortformer.fifo_len";
-    pub const SF_CHUNK_LEN: &str = "parakeet.sortformer.chunk_len";
-    pub const SF_SPKCACHE_UPDATE_PERIOD: &str = "parakeet.sortformer.spkcache_update_period";
-    pub const SF_CHUNK_LEFT_CONTEXT: &str = "parakeet.sortformer.chunk_left_context";
-    pub const SF_CHUNK_RIGHT_CONTEXT: &str = "parakeet.sortformer.chunk_right_context";
-    pub const SF_SPKCACHE_SIL_FRAMES_PER_SPK: &str =
-        "parakeet.sortformer.spkcache_sil_frames_per_spk";
-    pub const SF_PRED_SCORE_THRESHOLD: &str = "parakeet.sortformer.pred_score_threshold";
-    pub const SF_SCORES_BOOST_LATEST: &str = "parakeet.sortformer.scores_boost_latest";
-    pub const SF_SIL_THRESHOLD: &str = "parakeet.sortformer.sil_threshold";
-    pub const SF_STRONG_BOOST_RATE: &str = "parakeet.sortformer.strong_boost_rate";
-    pub const SF_WEAK_BOOST_RATE: &str = "parakeet.sortformer.weak_boost_rate";
-    pub const SF_MIN_POS_SCORES_RATE: &str = "parakeet.sortformer.min_pos_scores_rate";
+        /// Sortformer diarization models only (`SortformerParams`).
+        SF_N_SPKS = "parakeet.sortformer.n_spks",
+        SF_TF_D_MODEL = "parakeet.sortformer.tf_d_model",
+        SF_TF_N_LAYERS = "parakeet.sortformer.tf_n_layers",
+        SF_TF_N_HEADS = "parakeet.sortformer.tf_n_heads",
+        SF_TF_INNER_SIZE = "parakeet.sortformer.tf_inner_size",
+        SF_STREAMING_MODE = "parakeet.sortformer.streaming_mode",
+        SF_EPS = "parakeet.sortformer.eps",
+        SF_SPKCACHE_LEN = "parakeet.sortformer.spkcache_len",
+        SF_FIFO_LEN = "parakeet.sortformer.fifo_len",
+        SF_CHUNK_LEN = "parakeet.sortformer.chunk_len",
+        SF_SPKCACHE_UPDATE_PERIOD = "parakeet.sortformer.spkcache_update_period",
+        SF_CHUNK_LEFT_CONTEXT = "parakeet.sortformer.chunk_left_context",
+        SF_CHUNK_RIGHT_CONTEXT = "parakeet.sortformer.chunk_right_context",
+        SF_SPKCACHE_SIL_FRAMES_PER_SPK = "parakeet.sortformer.spkcache_sil_frames_per_spk",
+        SF_PRED_SCORE_THRESHOLD = "parakeet.sortformer.pred_score_threshold",
+        SF_SCORES_BOOST_LATEST = "parakeet.sortformer.scores_boost_latest",
+        SF_SIL_THRESHOLD = "parakeet.sortformer.sil_threshold",
+        SF_STRONG_BOOST_RATE = "parakeet.sortformer.strong_boost_rate",
+        SF_WEAK_BOOST_RATE = "parakeet.sortformer.weak_boost_rate",
+        SF_MIN_POS_SCORES_RATE = "parakeet.sortformer.min_pos_scores_rate",
 
-    /// The tokenizer's keys: llama.cpp's names where llama.cpp has one, then SentencePiece's
-    /// settings that llama.cpp has no key for (absent in files converted before the tokenizer
-    /// was stored: those can detokenise but not tokenise).
-    pub const TOKENIZER_MODEL: &str = "tokenizer.ggml.model";
-    pub const TOKENS: &str = "tokenizer.ggml.tokens";
-    pub const SCORES: &str = "tokenizer.ggml.scores";
-    pub const TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
-    pub const TOKENIZER_ALGORITHM: &str = "parakeet.tokenizer.algorithm";
-    pub const NORMALIZER_NAME: &str = "parakeet.tokenizer.normalizer.name";
-    pub const PRECOMPILED_CHARSMAP: &str = "parakeet.tokenizer.normalizer.precompiled_charsmap";
-    pub const ADD_DUMMY_PREFIX: &str = "parakeet.tokenizer.normalizer.add_dummy_prefix";
-    pub const REMOVE_EXTRA_WHITESPACES: &str =
-        "parakeet.tokenizer.normalizer.remove_extra_whitespaces";
-    pub const ESCAPE_WHITESPACES: &str = "parakeet.tokenizer.normalizer.escape_whitespaces";
-    pub const BYTE_FALLBACK: &str = "parakeet.tokenizer.byte_fallback";
-
-    /// Every key above, in the order the converter writes them.
-    pub const ALL: &[&str] = &[
-        ARCHITECTURE,
-        NAME,
-        FILE_TYPE,
-        MODEL_TYPE,
-        SAMPLE_RATE,
-        N_MELS,
-        N_FFT,
-        WIN_LENGTH,
-        HOP_LENGTH,
-        PREEMPH,
-        LOG_ZERO_GUARD_VALUE,
-        NORMALIZE,
-        FEAT_IN,
-        N_LAYERS,
-        D_MODEL,
-        N_HEADS,
-        FF_EXPANSION_FACTOR,
-        SUBSAMPLING,
-        SUBSAMPLING_FACTOR,
-        SUBSAMPLING_CONV_CHANNELS,
-        CONV_KERNEL_SIZE,
-        XSCALING,
-        USE_BIAS,
-        SELF_ATTENTION_MODEL,
-        ATT_CONTEXT_SIZE,
-        ATT_CONTEXT_STYLE,
-        ATT_CONTEXT_SIZES,
-        CAUSAL_DOWNSAMPLING,
-        CONV_CONTEXT_SIZE,
-        CONV_NORM_TYPE,
-        PRED_HIDDEN,
-        PRED_RNN_LAYERS,
-        JOINT_HIDDEN,
-        VOCAB_SIZE,
-        TDT_DURATIONS,
-        MAX_SYMBOLS,
-        SF_N_SPKS,
-        SF_TF_D_MODEL,
-        SF_TF_N_LAYERS,
-        SF_TF_N_HEADS,
-        SF_TF_INNER_SIZE,
-        SF_STREAMING_MODE,
-        SF_EPS,
-        SF_SPKCACHE_LEN,
-        SF_FIFO_LEN,
-        SF_CHUNK_LEN,
-        SF_SPKCACHE_UPDATE_PERIOD,
-        SF_CHUNK_LEFT_CONTEXT,
-        SF_CHUNK_RIGHT_CONTEXT,
-        SF_SPKCACHE_SIL_FRAMES_PER_SPK,
-        SF_PRED_SCORE_THRESHOLD,
-        SF_SCORES_BOOST_LATEST,
-        SF_SIL_THRESHOLD,
-        SF_STRONG_BOOST_RATE,
-        SF_WEAK_BOOST_RATE,
-        SF_MIN_POS_SCORES_RATE,
-        TOKENIZER_MODEL,
-        TOKENS,
-        SCORES,
-        TOKEN_TYPE,
-        TOKENIZER_ALGORITHM,
-        NORMALIZER_NAME,
-        PRECOMPILED_CHARSMAP,
-        ADD_DUMMY_PREFIX,
-        REMOVE_EXTRA_WHITESPACES,
-        ESCAPE_WHITESPACES,
-        BYTE_FALLBACK,
-    ];
+        /// The tokenizer's keys: llama.cpp's names where llama.cpp has one, then SentencePiece's
+        /// settings that llama.cpp has no key for (absent in files converted before the tokenizer
+        /// was stored: those can detokenise but not tokenise).
+        TOKENIZER_MODEL = "tokenizer.ggml.model",
+        TOKENS = "tokenizer.ggml.tokens",
+        SCORES = "tokenizer.ggml.scores",
+        TOKEN_TYPE = "tokenizer.ggml.token_type",
+        TOKENIZER_ALGORITHM = "parakeet.tokenizer.algorithm",
+        NORMALIZER_NAME = "parakeet.tokenizer.normalizer.name",
+        PRECOMPILED_CHARSMAP = "parakeet.tokenizer.normalizer.precompiled_charsmap",
+        ADD_DUMMY_PREFIX = "parakeet.tokenizer.normalizer.add_dummy_prefix",
+        REMOVE_EXTRA_WHITESPACES = "parakeet.tokenizer.normalizer.remove_extra_whitespaces",
+        ESCAPE_WHITESPACES = "parakeet.tokenizer.normalizer.escape_whitespaces",
+        BYTE_FALLBACK = "parakeet.tokenizer.byte_fallback",
+    }
 }
 
 /// NeMo's `per_feature` normalisation, and its `NA` (none: raw log-mel, the cache-aware
@@ -194,28 +134,25 @@ pub enum ModelType {
 }
 
 impl ModelType {
+    /// Every type with its name in the GGUF (`parakeet.model_type`).
+    const NAMED: [(&'static str, ModelType); 6] = [
+        ("tdt", ModelType::Tdt),
+        ("rnnt", ModelType::Rnnt),
+        ("ctc", ModelType::Ctc),
+        ("tdt_ctc", ModelType::TdtCtc),
+        ("rnnt_ctc", ModelType::RnntCtc),
+        ("sortformer", ModelType::Sortformer),
+    ];
+
     /// The type named `name` in the GGUF (`parakeet.model_type`).
     pub fn from_name(name: &str) -> Option<ModelType> {
-        Some(match name {
-            "tdt" => ModelType::Tdt,
-            "rnnt" => ModelType::Rnnt,
-            "ctc" => ModelType::Ctc,
-            "tdt_ctc" => ModelType::TdtCtc,
-            "rnnt_ctc" => ModelType::RnntCtc,
-            "sortformer" => ModelType::Sortformer,
-            _ => return None,
-        })
+        let found = Self::NAMED.iter().find(|(n, _)| *n == name);
+        found.map(|&(_, t)| t)
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            ModelType::Tdt => "tdt",
-            ModelType::Rnnt => "rnnt",
-            ModelType::Ctc => "ctc",
-            ModelType::TdtCtc => "tdt_ctc",
-            ModelType::RnntCtc => "rnnt_ctc",
-            ModelType::Sortformer => "sortformer",
-        }
+        let found = Self::NAMED.iter().find(|(_, t)| *t == self);
+        found.map_or("?", |(n, _)| n)
     }
 
     pub fn has_transducer(self) -> bool {
@@ -272,6 +209,16 @@ impl Attention {
                     right: usize::try_from(r).ok()?,
                 })
             }
+            _ => None,
+        }
+    }
+
+    /// The attention three GGUF keys describe (`self_attention_model`, `att_context_size`,
+    /// `att_context_style`), if the runtime implements it.
+    fn from_keys(model: &str, context: [i64; 2], style: &str) -> Option<Attention> {
+        match style {
+            ATT_CONTEXT_REGULAR => Attention::from_nemo(model, context),
+            ATT_CONTEXT_CHUNKED_LIMITED if model == "rel_pos" => Attention::chunked(context),
             _ => None,
         }
     }
@@ -438,20 +385,29 @@ pub struct StreamingParams {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hparams {
+    /// Which heads the checkpoint has: the one source of "is TDT", "has CTC", "has a transducer".
     pub model_type: ModelType,
     pub preprocessor: PreprocessorParams,
     pub encoder: EncoderParams,
     /// SentencePiece pieces; the blank id is `vocab_size`.
     pub vocab_size: usize,
-    /// Prediction network and joint widths (0 for CTC).
+    /// The prediction network and joint: present exactly when `model_type` has a transducer.
+    pub transducer: Option<TransducerParams>,
+    pub max_symbols: usize,
+    /// A Sortformer diarization model's Transformer and head: present exactly when
+    /// `model_type` is sortformer (which has no vocabulary: `vocab_size` 0).
+    pub sortformer: Option<SortformerParams>,
+}
+
+/// The transducer head's widths (NeMo's `decoder.prednet` and `joint.jointnet`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransducerParams {
     pub pred_hidden: usize,
     pub pred_layers: usize,
     pub joint_hidden: usize,
-    /// TDT durations (empty for RNN-T / CTC).
+    /// TDT durations in encoder frames: non-empty exactly when the model type is TDT (the joint
+    /// then emits `durations.len()` more outputs).
     pub durations: Vec<usize>,
-    pub max_symbols: usize,
-    /// A Sortformer diarization model's Transformer and head (`model_type` sortformer).
-    pub sortformer: Option<SortformerParams>,
 }
 
 /// Bounds on the sizes a GGUF may declare. Real Parakeet models sit far inside them (the
@@ -480,6 +436,11 @@ impl Hparams {
         self.vocab_size
     }
 
+    /// TDT durations (empty for RNN-T and CTC models).
+    pub fn durations(&self) -> &[usize] {
+        self.transducer.as_ref().map_or(&[], |t| &t.durations)
+    }
+
     /// The time grid of the features and the encoder, derived from these hyperparameters.
     pub fn geometry(&self) -> FrameGeometry {
         FrameGeometry {
@@ -498,353 +459,501 @@ impl Hparams {
         if arch != ARCHITECTURE {
             bail!("{shown}: architecture '{arch}' is not a parakeet model");
         }
-        let refuse = |key: &str, value: &dyn std::fmt::Display, supported: &str| {
-            anyhow!("{shown}: {key} = {value} is not supported ({supported})")
-        };
-        let u = |key: &str, lo: usize, hi: usize| -> Result<usize> {
-            let v = f.u32(key)? as usize;
-            if (lo..=hi).contains(&v) {
-                Ok(v)
-            } else {
-                Err(refuse(key, &v, &format!("{lo}..={hi}")))
-            }
-        };
-        let type_name = f.str(keys::MODEL_TYPE)?;
-        let Some(model_type) = ModelType::from_name(&type_name) else {
-            return Err(refuse(
-                keys::MODEL_TYPE,
-                &type_name,
-                "tdt, rnnt, ctc, tdt_ctc, rnnt_ctc, sortformer",
-            ));
-        };
-
-        let sample_rate = u(keys::SAMPLE_RATE, 0, usize::MAX)? as u32;
-        if sample_rate != TARGET_RATE {
-            return Err(refuse(
-                keys::SAMPLE_RATE,
-                &sample_rate,
-                &format!("{TARGET_RATE} only"),
-            ));
-        }
-        let n_mels = u(keys::N_MELS, 1, limits::N_MELS)?;
-        let n_fft = u(keys::N_FFT, 2, limits::N_FFT)?;
-        let win_length = u(keys::WIN_LENGTH, 1, n_fft)?;
-        // A hop longer than the window would skip audio between frames.
-        let hop_length = u(keys::HOP_LENGTH, 1, win_length)?;
-        let preemph = f.f32(keys::PREEMPH)?;
-        if !(0.0..1.0).contains(&preemph) {
-            return Err(refuse(keys::PREEMPH, &preemph, "0 <= preemph < 1"));
-        }
-        let log_zero_guard = f.f32(keys::LOG_ZERO_GUARD_VALUE)?;
-        if !(log_zero_guard.is_finite() && log_zero_guard > 0.0) {
-            return Err(refuse(
-                keys::LOG_ZERO_GUARD_VALUE,
-                &log_zero_guard,
-                "a finite value > 0",
-            ));
-        }
-        let mut normalize_per_feature = true;
-        if f.get(keys::NORMALIZE).is_some() {
-            let normalize = f.str(keys::NORMALIZE)?;
-            normalize_per_feature = match normalize.as_str() {
-                NORMALIZE_PER_FEATURE => true,
-                NORMALIZE_NONE => false,
-                _ => {
-                    return Err(refuse(
-                        keys::NORMALIZE,
-                        &normalize,
-                        &format!("{NORMALIZE_PER_FEATURE} or {NORMALIZE_NONE}"),
-                    ));
-                }
-            };
-        }
-        let preprocessor = PreprocessorParams {
-            sample_rate,
-            n_mels,
-            n_fft,
-            win_length,
-            hop_length,
-            preemph,
-            log_zero_guard,
-            normalize_per_feature,
-        };
-
-        let sub = f.str(keys::SUBSAMPLING)?;
-        if sub != SUBSAMPLING_DW_STRIDING {
-            return Err(refuse(
-                keys::SUBSAMPLING,
-                &sub,
-                &format!("{SUBSAMPLING_DW_STRIDING} only"),
-            ));
-        }
-        let att = f.str(keys::SELF_ATTENTION_MODEL)?;
-        let att_context = f.int_array(keys::ATT_CONTEXT_SIZE)?;
-        if att_context.len() != 2 {
-            return Err(refuse(
-                keys::ATT_CONTEXT_SIZE,
-                &format!("{att_context:?}"),
-                "2 values",
-            ));
-        }
-        let style = match f.get(keys::ATT_CONTEXT_STYLE) {
-            Some(_) => f.str(keys::ATT_CONTEXT_STYLE)?,
-            None => ATT_CONTEXT_REGULAR.to_owned(),
-        };
-        let context = [att_context[0], att_context[1]];
-        let attention = match style.as_str() {
-            ATT_CONTEXT_REGULAR => Attention::from_nemo(&att, context),
-            ATT_CONTEXT_CHUNKED_LIMITED if att == "rel_pos" => Attention::chunked(context),
-            _ => None,
-        };
-        let Some(attention) = attention else {
-            bail!(
-                "{shown}: self_attention_model '{att}' with att_context_size {att_context:?} and \
-                 att_context_style '{style}' is not supported (rel_pos with [-1, -1], \
-                 rel_pos_local_attn with a window, or chunked_limited rel_pos with [L, R], L a \
-                 multiple of R + 1)"
-            );
-        };
-        let mut att_context_sizes = Vec::new();
-        if f.get(keys::ATT_CONTEXT_SIZES).is_some() {
-            let all = f.int_array(keys::ATT_CONTEXT_SIZES)?;
-            let pairs: Vec<[i64; 2]> = all.chunks(2).map(|p| [p[0], p[p.len() - 1]]).collect();
-            let ok = all.len().is_multiple_of(2)
-                && !pairs.is_empty()
-                && pairs[0] == context
-                && pairs.iter().all(|&p| Attention::chunked(p).is_some());
-            if !ok || !matches!(attention, Attention::Chunked { .. }) {
-                return Err(refuse(
-                    keys::ATT_CONTEXT_SIZES,
-                    &format!("{all:?}"),
-                    "[L, R] pairs of chunked_limited attention, the first equal to \
-                     att_context_size",
-                ));
-            }
-            att_context_sizes = pairs
-                .iter()
-                .map(|p| [p[0] as usize, p[1] as usize])
-                .collect();
-        }
-        let feat_in = u(keys::FEAT_IN, 1, limits::N_MELS)?;
-        if feat_in != n_mels {
-            return Err(refuse(
-                keys::FEAT_IN,
-                &feat_in,
-                &format!("equal to preprocessor.n_mels {n_mels}"),
-            ));
-        }
-        let d_model = u(keys::D_MODEL, 1, limits::D_MODEL)?;
-        let n_heads = u(keys::N_HEADS, 1, d_model)?;
-        if !d_model.is_multiple_of(n_heads) {
-            return Err(refuse(
-                keys::N_HEADS,
-                &n_heads,
-                &format!("a divisor of d_model {d_model}"),
-            ));
-        }
-        let conv_kernel = u(keys::CONV_KERNEL_SIZE, 1, limits::CONV_KERNEL)?;
-        if conv_kernel % 2 == 0 {
-            return Err(refuse(keys::CONV_KERNEL_SIZE, &conv_kernel, "odd sizes"));
-        }
-        let conv_context = match f.get(keys::CONV_CONTEXT_SIZE) {
-            None => [conv_kernel / 2; 2],
-            Some(_) => {
-                let c = f.int_array(keys::CONV_CONTEXT_SIZE)?;
-                let half = (conv_kernel / 2) as i64;
-                let causal = conv_kernel as i64 - 1;
-                if c != [half, half] && c != [causal, 0] {
-                    return Err(refuse(
-                        keys::CONV_CONTEXT_SIZE,
-                        &format!("{c:?}"),
-                        &format!("[{half}, {half}] or [{causal}, 0]"),
-                    ));
-                }
-                [c[0] as usize, c[1] as usize]
-            }
-        };
-        let conv_layer_norm = match f.get(keys::CONV_NORM_TYPE) {
-            None => false,
-            Some(_) => match f.str(keys::CONV_NORM_TYPE)?.as_str() {
-                CONV_NORM_BATCH_NORM => false,
-                CONV_NORM_LAYER_NORM => true,
-                other => {
-                    return Err(refuse(
-                        keys::CONV_NORM_TYPE,
-                        &other,
-                        "batch_norm or layer_norm",
-                    ));
-                }
-            },
-        };
-        let causal_downsampling = match f.get(keys::CAUSAL_DOWNSAMPLING) {
-            None => false,
-            Some(_) => f.bool(keys::CAUSAL_DOWNSAMPLING)?,
-        };
-        let encoder = EncoderParams {
-            feat_in,
-            n_layers: u(keys::N_LAYERS, 1, limits::N_LAYERS)?,
-            d_model,
-            n_heads,
-            ff_expansion_factor: u(keys::FF_EXPANSION_FACTOR, 1, limits::FF_EXPANSION)?,
-            subsampling_factor: u(keys::SUBSAMPLING_FACTOR, 8, 8)?,
-            subsampling_channels: u(keys::SUBSAMPLING_CONV_CHANNELS, 1, limits::CHANNELS)?,
-            conv_kernel,
-            xscaling: f.bool(keys::XSCALING)?,
-            use_bias: f.bool(keys::USE_BIAS)?,
-            attention,
-            att_context_sizes,
-            causal_downsampling,
-            conv_context,
-            conv_layer_norm,
-        };
-        let (vocab_size, sortformer) = match model_type {
-            ModelType::Sortformer => (0, Some(SortformerParams::read(f)?)),
-            _ => (u(keys::VOCAB_SIZE, 1, limits::VOCAB)?, None),
-        };
-
-        let (mut pred_hidden, mut pred_layers, mut joint_hidden) = (0, 0, 0);
-        let mut durations = Vec::new();
-        if model_type.has_transducer() {
-            pred_hidden = u(keys::PRED_HIDDEN, 1, limits::D_MODEL)?;
-            pred_layers = u(keys::PRED_RNN_LAYERS, 1, limits::PRED_LAYERS)?;
-            joint_hidden = u(keys::JOINT_HIDDEN, 1, limits::D_MODEL)?;
-        }
-        if model_type.is_tdt() {
-            let d = f.int_array(keys::TDT_DURATIONS)?;
-            let ok = (1..=limits::DURATIONS).contains(&d.len())
-                && d.iter().all(|v| (0..=limits::DURATION).contains(v));
-            if !ok {
-                return Err(refuse(
-                    keys::TDT_DURATIONS,
-                    &format!("{d:?}"),
-                    &format!(
-                        "1 to {} durations of 0..={} frames",
-                        limits::DURATIONS,
-                        limits::DURATION
-                    ),
-                ));
-            }
-            durations = d.into_iter().map(|v| v as usize).collect();
-        }
-        let max_symbols = match f.get(keys::MAX_SYMBOLS) {
-            Some(_) => u(keys::MAX_SYMBOLS, 1, limits::MAX_SYMBOLS)?,
-            None => DEFAULT_MAX_SYMBOLS,
-        };
-        Ok(Hparams {
-            model_type,
-            preprocessor,
-            encoder,
-            vocab_size,
-            pred_hidden,
-            pred_layers,
-            joint_hidden,
-            durations,
-            max_symbols,
-            sortformer,
-        })
+        let mut hp = Hparams::unread();
+        schema(&mut Io::Read { f, shown }, &mut hp)?;
+        Ok(hp)
     }
 
     /// Writes every `parakeet.*` hyperparameter key (the `general.*` keys name the file, not
     /// the model, and are the converter's).
     pub fn write(&self, w: &mut GgufWriter) -> Result<()> {
-        let (p, e) = (&self.preprocessor, &self.encoder);
-        let set_u32 = set_usize_as_u32;
-        w.set_str(keys::MODEL_TYPE, self.model_type.name())?;
-        w.set_u32(keys::SAMPLE_RATE, p.sample_rate)?;
-        set_u32(w, keys::N_MELS, p.n_mels)?;
-        set_u32(w, keys::N_FFT, p.n_fft)?;
-        set_u32(w, keys::WIN_LENGTH, p.win_length)?;
-        set_u32(w, keys::HOP_LENGTH, p.hop_length)?;
-        w.set_f32(keys::PREEMPH, p.preemph)?;
-        w.set_f32(keys::LOG_ZERO_GUARD_VALUE, p.log_zero_guard)?;
-        w.set_str(
-            keys::NORMALIZE,
-            if p.normalize_per_feature {
-                NORMALIZE_PER_FEATURE
-            } else {
-                NORMALIZE_NONE
+        let t = self.transducer.as_ref();
+        ensure!(
+            t.is_some() == self.model_type.has_transducer()
+                && t.is_none_or(|t| t.durations.is_empty() != self.model_type.is_tdt()),
+            "internal: {} hyperparameters with transducer {t:?}",
+            self.model_type.name()
+        );
+        schema(&mut Io::Write(w), &mut self.clone())
+    }
+
+    /// What `read` fills in: every field is set by the schema before it is returned.
+    fn unread() -> Hparams {
+        Hparams {
+            model_type: ModelType::Ctc,
+            preprocessor: PreprocessorParams {
+                sample_rate: 0,
+                n_mels: 0,
+                n_fft: 0,
+                win_length: 0,
+                hop_length: 0,
+                preemph: 0.0,
+                log_zero_guard: 0.0,
+                normalize_per_feature: false,
             },
-        )?;
-        set_u32(w, keys::FEAT_IN, e.feat_in)?;
-        set_u32(w, keys::N_LAYERS, e.n_layers)?;
-        set_u32(w, keys::D_MODEL, e.d_model)?;
-        set_u32(w, keys::N_HEADS, e.n_heads)?;
-        set_u32(w, keys::FF_EXPANSION_FACTOR, e.ff_expansion_factor)?;
-        w.set_str(keys::SUBSAMPLING, SUBSAMPLING_DW_STRIDING)?;
-        set_u32(w, keys::SUBSAMPLING_FACTOR, e.subsampling_factor)?;
-        set_u32(w, keys::SUBSAMPLING_CONV_CHANNELS, e.subsampling_channels)?;
-        set_u32(w, keys::CONV_KERNEL_SIZE, e.conv_kernel)?;
-        w.set_bool(keys::XSCALING, e.xscaling)?;
-        w.set_bool(keys::USE_BIAS, e.use_bias)?;
-        w.set_str(keys::SELF_ATTENTION_MODEL, e.attention.nemo_name())?;
-        let [left, right] = e.attention.context();
-        w.set_i32_array(
-            keys::ATT_CONTEXT_SIZE,
-            &[
-                i32_of(keys::ATT_CONTEXT_SIZE, left)?,
-                i32_of(keys::ATT_CONTEXT_SIZE, right)?,
-            ],
-        )?;
-        // The streaming keys only where they differ from NeMo's defaults: every other model's
-        // file stays as it was.
-        if e.attention.style_name() != ATT_CONTEXT_REGULAR {
-            w.set_str(keys::ATT_CONTEXT_STYLE, e.attention.style_name())?;
+            encoder: EncoderParams {
+                feat_in: 0,
+                n_layers: 0,
+                d_model: 0,
+                n_heads: 0,
+                ff_expansion_factor: 0,
+                subsampling_factor: 0,
+                subsampling_channels: 0,
+                conv_kernel: 0,
+                xscaling: false,
+                use_bias: false,
+                attention: Attention::Full,
+                att_context_sizes: Vec::new(),
+                causal_downsampling: false,
+                conv_context: [0, 0],
+                conv_layer_norm: false,
+            },
+            vocab_size: 0,
+            transducer: None,
+            max_symbols: 0,
+            sortformer: None,
         }
-        if !e.att_context_sizes.is_empty() {
-            let all = e
-                .att_context_sizes
-                .iter()
-                .flatten()
-                .map(|&v| i32_of(keys::ATT_CONTEXT_SIZES, v as i64))
-                .collect::<Result<Vec<_>>>()?;
-            w.set_i32_array(keys::ATT_CONTEXT_SIZES, &all)?;
-        }
-        if e.causal_downsampling {
-            w.set_bool(keys::CAUSAL_DOWNSAMPLING, true)?;
-        }
-        if e.conv_context != [e.conv_kernel / 2; 2] {
-            let [l, r] = e.conv_context;
-            w.set_i32_array(
-                keys::CONV_CONTEXT_SIZE,
-                &[
-                    i32_of(keys::CONV_CONTEXT_SIZE, l as i64)?,
-                    i32_of(keys::CONV_CONTEXT_SIZE, r as i64)?,
-                ],
-            )?;
-        }
-        if e.conv_layer_norm {
-            w.set_str(keys::CONV_NORM_TYPE, CONV_NORM_LAYER_NORM)?;
-        }
-        if self.model_type.has_transducer() {
-            set_u32(w, keys::PRED_HIDDEN, self.pred_hidden)?;
-            set_u32(w, keys::PRED_RNN_LAYERS, self.pred_layers)?;
-            set_u32(w, keys::JOINT_HIDDEN, self.joint_hidden)?;
-        }
-        match &self.sortformer {
-            Some(s) => s.write(w)?,
-            None => set_u32(w, keys::VOCAB_SIZE, self.vocab_size)?,
-        }
-        if self.model_type.is_tdt() {
-            let durations = self
-                .durations
-                .iter()
-                .map(|&d| i32_of(keys::TDT_DURATIONS, d as i64))
-                .collect::<Result<Vec<_>>>()?;
-            w.set_i32_array(keys::TDT_DURATIONS, &durations)?;
-        }
-        set_u32(w, keys::MAX_SYMBOLS, self.max_symbols)?;
-        Ok(())
     }
 }
 
-/// A size written as the GGUF's u32.
-fn set_usize_as_u32(w: &mut GgufWriter, key: &str, v: usize) -> Result<()> {
-    let v = u32::try_from(v).map_err(|_| anyhow!("{key} = {v} does not fit a GGUF u32"))?;
-    w.set_u32(key, v)
+/// The schema: every `parakeet.*` hyperparameter key once, in the order the converter writes
+/// them, with its field, its bounds and what its absence means. `Hparams::read` and
+/// `Hparams::write` are this one walk in its two directions, so they cannot drift apart. A key
+/// checked against another (`win_length <= n_fft`) comes after it.
+fn schema(io: &mut Io, hp: &mut Hparams) -> Result<()> {
+    use Absent::{Default, Means, Refused};
+    io.name(
+        keys::MODEL_TYPE,
+        &mut hp.model_type,
+        &ModelType::NAMED,
+        Refused,
+    )?;
+
+    let p = &mut hp.preprocessor;
+    io.field(
+        keys::SAMPLE_RATE,
+        &mut p.sample_rate,
+        Refused,
+        |&v| Ok(v),
+        |&v| {
+            (v == TARGET_RATE)
+                .then_some(v)
+                .ok_or(format!("{TARGET_RATE} only"))
+        },
+    )?;
+    io.size(keys::N_MELS, &mut p.n_mels, 1..=limits::N_MELS)?;
+    io.size(keys::N_FFT, &mut p.n_fft, 2..=limits::N_FFT)?;
+    io.size(keys::WIN_LENGTH, &mut p.win_length, 1..=p.n_fft)?;
+    // A hop longer than the window would skip audio between frames.
+    io.size(keys::HOP_LENGTH, &mut p.hop_length, 1..=p.win_length)?;
+    io.real(keys::PREEMPH, &mut p.preemph, "0 <= preemph < 1", |v| {
+        (0.0..1.0).contains(&v)
+    })?;
+    io.real(
+        keys::LOG_ZERO_GUARD_VALUE,
+        &mut p.log_zero_guard,
+        "a finite value > 0",
+        |v| v.is_finite() && v > 0.0,
+    )?;
+    let normalize = [(NORMALIZE_PER_FEATURE, true), (NORMALIZE_NONE, false)];
+    io.name(
+        keys::NORMALIZE,
+        &mut p.normalize_per_feature,
+        &normalize,
+        Means(true),
+    )?;
+    let n_mels = p.n_mels;
+
+    let e = &mut hp.encoder;
+    io.field(keys::FEAT_IN, &mut e.feat_in, Refused, to_u32, |&v| {
+        let v = within(v, 1..=limits::N_MELS)?;
+        (v == n_mels)
+            .then_some(v)
+            .ok_or(format!("equal to preprocessor.n_mels {n_mels}"))
+    })?;
+    io.size(keys::N_LAYERS, &mut e.n_layers, 1..=limits::N_LAYERS)?;
+    io.size(keys::D_MODEL, &mut e.d_model, 1..=limits::D_MODEL)?;
+    let d_model = e.d_model;
+    io.field(keys::N_HEADS, &mut e.n_heads, Refused, to_u32, |&v| {
+        let v = within(v, 1..=d_model)?;
+        d_model
+            .is_multiple_of(v)
+            .then_some(v)
+            .ok_or(format!("a divisor of d_model {d_model}"))
+    })?;
+    io.size(
+        keys::FF_EXPANSION_FACTOR,
+        &mut e.ff_expansion_factor,
+        1..=limits::FF_EXPANSION,
+    )?;
+    io.name(
+        keys::SUBSAMPLING,
+        &mut (),
+        &[(SUBSAMPLING_DW_STRIDING, ())],
+        Refused,
+    )?;
+    io.size(keys::SUBSAMPLING_FACTOR, &mut e.subsampling_factor, 8..=8)?;
+    io.size(
+        keys::SUBSAMPLING_CONV_CHANNELS,
+        &mut e.subsampling_channels,
+        1..=limits::CHANNELS,
+    )?;
+    io.field(
+        keys::CONV_KERNEL_SIZE,
+        &mut e.conv_kernel,
+        Refused,
+        to_u32,
+        |&v| {
+            let v = within(v, 1..=limits::CONV_KERNEL)?;
+            (v % 2 == 1).then_some(v).ok_or("odd sizes".into())
+        },
+    )?;
+    io.flag(keys::XSCALING, &mut e.xscaling, Refused)?;
+    io.flag(keys::USE_BIAS, &mut e.use_bias, Refused)?;
+    // The attention is three NeMo keys; the last only where it differs from NeMo's default.
+    let mut model = e.attention.nemo_name().to_owned();
+    let mut context = e.attention.context().to_vec();
+    let mut style = e.attention.style_name().to_owned();
+    io.field(
+        keys::SELF_ATTENTION_MODEL,
+        &mut model,
+        Refused,
+        |v| Ok(v.clone()),
+        |v| Ok(v.clone()),
+    )?;
+    io.field(
+        keys::ATT_CONTEXT_SIZE,
+        &mut context,
+        Refused,
+        |v| Ok(v.clone()),
+        |v| (v.len() == 2).then(|| v.clone()).ok_or("2 values".into()),
+    )?;
+    let regular = ATT_CONTEXT_REGULAR.to_owned();
+    io.field(
+        keys::ATT_CONTEXT_STYLE,
+        &mut style,
+        Default(regular),
+        |v| Ok(v.clone()),
+        |v| Ok(v.clone()),
+    )?;
+    if let Io::Read { shown, .. } = io {
+        e.attention =
+            Attention::from_keys(&model, [context[0], context[1]], &style).ok_or_else(|| {
+                anyhow!(
+                    "{shown}: self_attention_model '{model}' with att_context_size {context:?} and \
+                     att_context_style '{style}' is not supported (rel_pos with [-1, -1], \
+                     rel_pos_local_attn with a window, or chunked_limited rel_pos with [L, R], L a \
+                     multiple of R + 1)"
+                )
+            })?;
+    }
+    let attention = e.attention;
+    let to_ints = |pairs: &Vec<[usize; 2]>| Ok(pairs.iter().flatten().map(|&v| v as i64).collect());
+    io.field(
+        keys::ATT_CONTEXT_SIZES,
+        &mut e.att_context_sizes,
+        Default(Vec::new()),
+        to_ints,
+        |all: &Vec<i64>| {
+            let pairs: Vec<[i64; 2]> = all.chunks(2).map(|p| [p[0], p[p.len() - 1]]).collect();
+            let ok = all.len().is_multiple_of(2)
+                && !pairs.is_empty()
+                && pairs[0] == attention.context()
+                && pairs.iter().all(|&p| Attention::chunked(p).is_some())
+                && matches!(attention, Attention::Chunked { .. });
+            ok.then(|| {
+                pairs
+                    .iter()
+                    .map(|p| [p[0] as usize, p[1] as usize])
+                    .collect()
+            })
+            .ok_or(
+                "[L, R] pairs of chunked_limited attention, the first equal to att_context_size"
+                    .into(),
+            )
+        },
+    )?;
+    io.flag(
+        keys::CAUSAL_DOWNSAMPLING,
+        &mut e.causal_downsampling,
+        Default(false),
+    )?;
+    let k = e.conv_kernel;
+    let (half, causal) = ([k / 2; 2], [k - 1, 0]);
+    let to_pair = |v: &[usize; 2]| Ok(vec![v[0] as i64, v[1] as i64]);
+    io.field(
+        keys::CONV_CONTEXT_SIZE,
+        &mut e.conv_context,
+        Default(half),
+        to_pair,
+        |c: &Vec<i64>| {
+            [half, causal]
+                .into_iter()
+                .find(|p| *c == [p[0] as i64, p[1] as i64])
+                .ok_or(format!("[{}, {}] or [{}, 0]", half[0], half[1], causal[0]))
+        },
+    )?;
+    let norms = [(CONV_NORM_BATCH_NORM, false), (CONV_NORM_LAYER_NORM, true)];
+    io.name(
+        keys::CONV_NORM_TYPE,
+        &mut e.conv_layer_norm,
+        &norms,
+        Default(false),
+    )?;
+
+    // Transducer widths only where a transducer exists; TDT durations only for TDT.
+    let (transducer, tdt) = (hp.model_type.has_transducer(), hp.model_type.is_tdt());
+    if !transducer {
+        hp.transducer = None;
+    }
+    if transducer {
+        let t = hp.transducer.get_or_insert_with(|| TransducerParams {
+            pred_hidden: 0,
+            pred_layers: 0,
+            joint_hidden: 0,
+            durations: Vec::new(),
+        });
+        io.size(keys::PRED_HIDDEN, &mut t.pred_hidden, 1..=limits::D_MODEL)?;
+        io.size(
+            keys::PRED_RNN_LAYERS,
+            &mut t.pred_layers,
+            1..=limits::PRED_LAYERS,
+        )?;
+        io.size(keys::JOINT_HIDDEN, &mut t.joint_hidden, 1..=limits::D_MODEL)?;
+    }
+    if hp.model_type.is_asr() {
+        io.size(keys::VOCAB_SIZE, &mut hp.vocab_size, 1..=limits::VOCAB)?;
+    }
+    if let Some(t) = hp.transducer.as_mut().filter(|_| tdt) {
+        let to_ints = |d: &Vec<usize>| Ok(d.iter().map(|&v| v as i64).collect());
+        io.field(
+            keys::TDT_DURATIONS,
+            &mut t.durations,
+            Refused,
+            to_ints,
+            |d: &Vec<i64>| {
+                let ok = (1..=limits::DURATIONS).contains(&d.len())
+                    && d.iter().all(|v| (0..=limits::DURATION).contains(v));
+                ok.then(|| d.iter().map(|&v| v as usize).collect())
+                    .ok_or(format!(
+                        "1 to {} durations of 0..={} frames",
+                        limits::DURATIONS,
+                        limits::DURATION
+                    ))
+            },
+        )?;
+    }
+    io.field(
+        keys::MAX_SYMBOLS,
+        &mut hp.max_symbols,
+        Means(DEFAULT_MAX_SYMBOLS),
+        to_u32,
+        |&v| within(v, 1..=limits::MAX_SYMBOLS),
+    )?;
+    // A Sortformer's Transformer, head and streaming settings (its own module's keys).
+    match (io, hp.model_type) {
+        (Io::Read { f, .. }, ModelType::Sortformer) => {
+            hp.sortformer = Some(SortformerParams::read(f)?);
+            hp.vocab_size = 0;
+        }
+        (Io::Write(w), ModelType::Sortformer) => match &hp.sortformer {
+            Some(s) => s.write(w)?,
+            None => bail!("internal: sortformer hyperparameters without their parameters"),
+        },
+        _ => hp.sortformer = None,
+    }
+    Ok(())
 }
 
-fn i32_of(key: &str, v: i64) -> Result<i32> {
-    i32::try_from(v).map_err(|_| anyhow!("{key}: {v} does not fit a GGUF i32"))
+/// One direction through [`schema`]: a file's keys into `Hparams`, or `Hparams` into a writer.
+enum Io<'a> {
+    Read { f: &'a GgufFile, shown: String },
+    Write(&'a mut GgufWriter),
+}
+
+/// What a key's absence from a file means.
+enum Absent<T> {
+    /// Every file has the key.
+    Refused,
+    /// Files written before the key existed lack it and mean this value; always written.
+    Means(T),
+    /// NeMo's default: written only where the value differs, so the files of models that keep
+    /// the default carry no key for it.
+    Default(T),
+}
+
+/// The GGUF value types the schema stores.
+trait Stored: Sized {
+    fn get(f: &GgufFile, key: &str) -> Result<Self>;
+    fn set(&self, w: &mut GgufWriter, key: &str) -> Result<()>;
+    /// The value as an error message shows it.
+    fn shown(&self) -> String;
+}
+
+impl Stored for u32 {
+    fn get(f: &GgufFile, key: &str) -> Result<Self> {
+        f.u32(key)
+    }
+    fn set(&self, w: &mut GgufWriter, key: &str) -> Result<()> {
+        w.set_u32(key, *self)
+    }
+    fn shown(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Stored for f32 {
+    fn get(f: &GgufFile, key: &str) -> Result<Self> {
+        f.f32(key)
+    }
+    fn set(&self, w: &mut GgufWriter, key: &str) -> Result<()> {
+        w.set_f32(key, *self)
+    }
+    fn shown(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Stored for bool {
+    fn get(f: &GgufFile, key: &str) -> Result<Self> {
+        f.bool(key)
+    }
+    fn set(&self, w: &mut GgufWriter, key: &str) -> Result<()> {
+        w.set_bool(key, *self)
+    }
+    fn shown(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Stored for String {
+    fn get(f: &GgufFile, key: &str) -> Result<Self> {
+        f.str(key)
+    }
+    fn set(&self, w: &mut GgufWriter, key: &str) -> Result<()> {
+        w.set_str(key, self)
+    }
+    fn shown(&self) -> String {
+        self.clone()
+    }
+}
+
+/// Integer arrays, stored as i32.
+impl Stored for Vec<i64> {
+    fn get(f: &GgufFile, key: &str) -> Result<Self> {
+        f.int_array(key)
+    }
+    fn set(&self, w: &mut GgufWriter, key: &str) -> Result<()> {
+        let values = self
+            .iter()
+            .map(|&v| i32::try_from(v).map_err(|_| anyhow!("{key}: {v} does not fit a GGUF i32")))
+            .collect::<Result<Vec<_>>>()?;
+        w.set_i32_array(key, &values)
+    }
+    fn shown(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl Io<'_> {
+    /// One key and its field `v`: `to` gives the stored value of a field (writing), `from` checks
+    /// a stored value and gives the field, or says what is supported (reading).
+    fn field<T: PartialEq, S: Stored>(
+        &mut self,
+        key: &str,
+        v: &mut T,
+        absent: Absent<T>,
+        to: impl FnOnce(&T) -> Result<S>,
+        from: impl FnOnce(&S) -> Result<T, String>,
+    ) -> Result<()> {
+        match self {
+            Io::Read { f, shown } => {
+                match absent {
+                    Absent::Means(d) | Absent::Default(d) if f.get(key).is_none() => *v = d,
+                    _ => {
+                        let stored = S::get(f, key)?;
+                        *v = from(&stored).map_err(|supported| {
+                            anyhow!(
+                                "{shown}: {key} = {} is not supported ({supported})",
+                                stored.shown()
+                            )
+                        })?;
+                    }
+                }
+                Ok(())
+            }
+            Io::Write(w) => match absent {
+                Absent::Default(d) if *v == d => Ok(()),
+                _ => to(v).map_err(|e| anyhow!("{key}: {e}"))?.set(w, key),
+            },
+        }
+    }
+
+    /// A required size stored as u32, within `range`.
+    fn size(&mut self, key: &str, v: &mut usize, range: RangeInclusive<usize>) -> Result<()> {
+        self.field(key, v, Absent::Refused, to_u32, |&s| within(s, range))
+    }
+
+    /// A required f32 that `ok` accepts (`supported` says which).
+    fn real(&mut self, key: &str, v: &mut f32, supported: &str, ok: fn(f32) -> bool) -> Result<()> {
+        self.field(
+            key,
+            v,
+            Absent::Refused,
+            |&v| Ok(v),
+            |&s| ok(s).then_some(s).ok_or(supported.to_owned()),
+        )
+    }
+
+    fn flag(&mut self, key: &str, v: &mut bool, absent: Absent<bool>) -> Result<()> {
+        self.field(key, v, absent, |&v| Ok(v), |&s| Ok(s))
+    }
+
+    /// A string naming one of `named`'s values.
+    fn name<T: Copy + PartialEq>(
+        &mut self,
+        key: &str,
+        v: &mut T,
+        named: &[(&str, T)],
+        absent: Absent<T>,
+    ) -> Result<()> {
+        let to = |v: &T| {
+            let found = named.iter().find(|(_, t)| t == v);
+            found
+                .map(|(n, _)| n.to_string())
+                .ok_or_else(|| anyhow!("internal: {key} has no name for its value"))
+        };
+        let from = |s: &String| {
+            let found = named.iter().find(|(n, _)| n == s);
+            found
+                .map(|&(_, t)| t)
+                .ok_or_else(|| one_of(named.iter().map(|(n, _)| *n)))
+        };
+        self.field(key, v, absent, to, from)
+    }
+}
+
+/// "a, b or c" (or "a only").
+fn one_of<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    match names.split_last() {
+        Some((only, [])) => format!("{only} only"),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+fn to_u32(v: &usize) -> Result<u32> {
+    u32::try_from(*v).map_err(|_| anyhow!("{v} does not fit a GGUF u32"))
+}
+
+fn within(v: u32, range: RangeInclusive<usize>) -> Result<usize, String> {
+    let v = v as usize;
+    if range.contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{}..={}", range.start(), range.end()))
+    }
 }
 
 /// Where feature and encoder frames fall in time: one feature frame per `hop_length` samples,
@@ -929,6 +1038,191 @@ mod tests {
             assert_eq!(ModelType::from_name(t.name()), Some(t));
         }
         assert_eq!(ModelType::from_name("tdt_rnnt"), None);
+    }
+
+    /// Every schema key set away from its default: a TDT + CTC streaming model.
+    fn everything() -> Hparams {
+        Hparams {
+            model_type: ModelType::TdtCtc,
+            preprocessor: PreprocessorParams {
+                sample_rate: TARGET_RATE,
+                n_mels: 80,
+                n_fft: 512,
+                win_length: 400,
+                hop_length: 160,
+                preemph: 0.97,
+                log_zero_guard: 5.960_464_5e-8,
+                normalize_per_feature: false,
+            },
+            encoder: EncoderParams {
+                feat_in: 80,
+                n_layers: 17,
+                d_model: 512,
+                n_heads: 8,
+                ff_expansion_factor: 4,
+                subsampling_factor: 8,
+                subsampling_channels: 256,
+                conv_kernel: 9,
+                xscaling: false,
+                use_bias: true,
+                attention: Attention::Chunked {
+                    left: 70,
+                    right: 13,
+                },
+                att_context_sizes: vec![[70, 13], [70, 6], [70, 1], [70, 0]],
+                causal_downsampling: true,
+                conv_context: [8, 0],
+                conv_layer_norm: true,
+            },
+            vocab_size: 1024,
+            transducer: Some(TransducerParams {
+                pred_hidden: 640,
+                pred_layers: 1,
+                joint_hidden: 640,
+                durations: vec![0, 1, 2, 3, 4],
+            }),
+            max_symbols: 7,
+            sortformer: None,
+        }
+    }
+
+    /// Writes `hp` (and the architecture) to a GGUF with one tensor, and opens it.
+    fn written(hp: &Hparams, tag: &str) -> GgufFile {
+        let dir =
+            std::env::temp_dir().join(format!("parakeet-hparams-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("h.gguf");
+        let mut w = GgufWriter::new();
+        w.set_str(keys::ARCHITECTURE, ARCHITECTURE).unwrap();
+        hp.write(&mut w).unwrap();
+        w.add_tensor("t", &[1], crate::backend::DType::F32).unwrap();
+        w.write(&path, |_| Ok(vec![0.0])).unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        f
+    }
+
+    /// `read` gives back what `write` wrote, for a model that sets every key and for the
+    /// defaults of each head (where the optional keys are left out).
+    #[test]
+    fn read_mirrors_write() {
+        let full = everything();
+        let mut plain = everything();
+        plain.preprocessor.normalize_per_feature = true;
+        plain.encoder.attention = Attention::Full;
+        plain.encoder.att_context_sizes.clear();
+        plain.encoder.causal_downsampling = false;
+        plain.encoder.conv_context = [4, 4];
+        plain.encoder.conv_layer_norm = false;
+        for (tag, ty) in [
+            ("tdt", ModelType::Tdt),
+            ("rnnt", ModelType::Rnnt),
+            ("ctc", ModelType::Ctc),
+            ("rnnt_ctc", ModelType::RnntCtc),
+        ] {
+            let mut hp = plain.clone();
+            hp.model_type = ty;
+            if !ty.has_transducer() {
+                hp.transducer = None;
+            } else if !ty.is_tdt() {
+                hp.transducer.as_mut().unwrap().durations.clear();
+            }
+            assert_eq!(Hparams::read(&written(&hp, tag)).unwrap(), hp, "{tag}");
+        }
+        assert_eq!(Hparams::read(&written(&full, "full")).unwrap(), full);
+        let mut sortformer = plain.clone();
+        sortformer.model_type = ModelType::Sortformer;
+        sortformer.transducer = None;
+        sortformer.vocab_size = 0;
+        sortformer.sortformer = Some(SortformerParams {
+            n_spks: 4,
+            tf_d_model: 192,
+            tf_n_layers: 18,
+            tf_n_heads: 8,
+            tf_inner_size: 768,
+            streaming_mode: true,
+            eps: 1e-3,
+            streaming: SortformerStreaming::NEMO_DEFAULTS.inference_defaults(),
+        });
+        let f = written(&sortformer, "sortformer");
+        assert!(f.get(keys::VOCAB_SIZE).is_none());
+        assert_eq!(Hparams::read(&f).unwrap(), sortformer);
+    }
+
+    /// Each `parakeet.*` key the schema knows is written by a model that sets everything, and
+    /// nothing else is; the optional keys of a model at NeMo's defaults are left out, and a CTC
+    /// model carries no transducer key.
+    #[test]
+    fn write_covers_every_key_once() {
+        let tokenizer = [
+            keys::TOKENIZER_ALGORITHM,
+            keys::NORMALIZER_NAME,
+            keys::PRECOMPILED_CHARSMAP,
+            keys::ADD_DUMMY_PREFIX,
+            keys::REMOVE_EXTRA_WHITESPACES,
+            keys::ESCAPE_WHITESPACES,
+            keys::BYTE_FALLBACK,
+        ];
+        let schema: Vec<&str> = keys::ALL
+            .iter()
+            .copied()
+            .filter(|k| k.starts_with("parakeet.") && !tokenizer.contains(k))
+            .filter(|k| !k.starts_with("parakeet.sortformer."))
+            .collect();
+        let written_keys = |hp: &Hparams, tag| {
+            let f = written(hp, tag);
+            let mut ks: Vec<String> = f
+                .metadata()
+                .keys()
+                .filter(|k| k.starts_with("parakeet."))
+                .cloned()
+                .collect();
+            ks.sort();
+            ks
+        };
+        let mut want: Vec<String> = schema.iter().map(|k| k.to_string()).collect();
+        want.sort();
+        assert_eq!(written_keys(&everything(), "all"), want);
+
+        let mut ctc = everything();
+        ctc.model_type = ModelType::Ctc;
+        ctc.transducer = None;
+        ctc.encoder.attention = Attention::Full;
+        ctc.encoder.att_context_sizes.clear();
+        ctc.encoder.causal_downsampling = false;
+        ctc.encoder.conv_context = [4, 4];
+        ctc.encoder.conv_layer_norm = false;
+        let optional_or_transducer = [
+            keys::ATT_CONTEXT_STYLE,
+            keys::ATT_CONTEXT_SIZES,
+            keys::CAUSAL_DOWNSAMPLING,
+            keys::CONV_CONTEXT_SIZE,
+            keys::CONV_NORM_TYPE,
+            keys::PRED_HIDDEN,
+            keys::PRED_RNN_LAYERS,
+            keys::JOINT_HIDDEN,
+            keys::TDT_DURATIONS,
+        ];
+        want.retain(|k| !optional_or_transducer.contains(&k.as_str()));
+        assert_eq!(written_keys(&ctc, "ctc-keys"), want);
+    }
+
+    /// The model type and the transducer's parameters must agree before anything is written.
+    #[test]
+    fn write_refuses_heads_that_disagree_with_the_type() {
+        let mut w = GgufWriter::new();
+        let mut hp = everything();
+        hp.model_type = ModelType::Ctc;
+        assert!(hp.write(&mut w).is_err(), "CTC with a transducer");
+        let mut hp = everything();
+        hp.transducer = None;
+        assert!(hp.write(&mut w).is_err(), "TDT without a transducer");
+        let mut hp = everything();
+        hp.model_type = ModelType::RnntCtc;
+        assert!(hp.write(&mut w).is_err(), "RNN-T with durations");
+        let mut hp = everything();
+        hp.transducer.as_mut().unwrap().durations.clear();
+        assert!(hp.write(&mut w).is_err(), "TDT without durations");
     }
 
     /// docs/GGUF.md's metadata table lists exactly the keys of this schema (plus the

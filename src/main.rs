@@ -430,17 +430,17 @@ fn info(model: &Path) -> Result<()> {
             s.drop_extra_pre_encoded
         )?;
     }
-    if hp.model_type.has_transducer() {
+    if let Some(t) = &hp.transducer {
         outln!(
             "decoder:      LSTM {} x {}, joint {}, max symbols {}{}",
-            hp.pred_layers,
-            hp.pred_hidden,
-            hp.joint_hidden,
+            t.pred_layers,
+            t.pred_hidden,
+            t.joint_hidden,
             hp.max_symbols,
-            if hp.durations.is_empty() {
-                String::new()
+            if hp.model_type.is_tdt() {
+                format!(", TDT durations {:?}", t.durations)
             } else {
-                format!(", TDT durations {:?}", hp.durations)
+                String::new()
             }
         )?;
     }

@@ -5,7 +5,7 @@
 
 use crate::backend::{DType, HostWeights, Weight};
 use crate::gguf::GgufFile;
-use crate::hparams::{EncoderParams, Hparams, keys};
+use crate::hparams::{EncoderParams, Hparams, TransducerParams, keys};
 use crate::layout::{self, Elem, Layout, Role};
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result, bail};
@@ -224,13 +224,12 @@ impl Model {
             .map(|i| loader.conformer_layer(&hparams.encoder, i, &mut derived))
             .collect::<Result<Vec<_>>>()?;
 
-        let (prediction, joint) = if hparams.model_type.has_transducer() {
-            (
-                Some(loader.prediction(&hparams)?),
-                Some(loader.joint(&hparams)?),
-            )
-        } else {
-            (None, None)
+        let (prediction, joint) = match &hparams.transducer {
+            Some(t) => (
+                Some(loader.prediction(&hparams, t)?),
+                Some(loader.joint(&hparams, t)?),
+            ),
+            None => (None, None),
         };
         let ctc = if hparams.model_type.has_ctc() {
             Some(loader.ctc(&hparams)?)
@@ -525,10 +524,10 @@ impl Loader<'_> {
         })
     }
 
-    fn prediction(&self, hp: &Hparams) -> Result<PredictionNetwork> {
-        let h = hp.pred_hidden;
+    fn prediction(&self, hp: &Hparams, t: &TransducerParams) -> Result<PredictionNetwork> {
+        let h = t.pred_hidden;
         let p = "decoder.prediction";
-        let lstm = (0..hp.pred_layers)
+        let lstm = (0..t.pred_layers)
             .map(|l| {
                 let r = format!("{p}.dec_rnn.lstm");
                 Ok(LstmLayer {
@@ -554,12 +553,12 @@ impl Loader<'_> {
         })
     }
 
-    fn joint(&self, hp: &Hparams) -> Result<Joint> {
-        let j = hp.joint_hidden;
-        let out = hp.vocab_size + 1 + hp.durations.len();
+    fn joint(&self, hp: &Hparams, t: &TransducerParams) -> Result<Joint> {
+        let j = t.joint_hidden;
+        let out = hp.vocab_size + 1 + t.durations.len();
         Ok(Joint {
             enc: self.linear("joint.enc", hp.encoder.d_model, j)?,
-            pred: self.linear("joint.pred", hp.pred_hidden, j)?,
+            pred: self.linear("joint.pred", t.pred_hidden, j)?,
             joint_net: on_int8_gemm(
                 "joint.joint_net.2",
                 self.linear("joint.joint_net.2", j, out)?,

@@ -425,10 +425,10 @@ impl Session {
         DecodingSummary {
             head: if ctc {
                 "ctc"
-            } else if hp.durations.is_empty() {
-                "rnnt"
-            } else {
+            } else if hp.model_type.is_tdt() {
                 "tdt"
+            } else {
+                "rnnt"
             },
             strategy: self
                 .beam
@@ -507,7 +507,7 @@ impl Session {
             let counts = search.counts();
             times.decoder_steps = counts.joint_steps;
             times.predictor_steps = counts.predictor_steps;
-            let tdt = !self.model.hparams.durations.is_empty();
+            let tdt = self.model.hparams.model_type.is_tdt();
             let steps = search.take_steps();
             let confidence = self
                 .confidence

@@ -11,7 +11,7 @@ use serde_yaml::Value;
 
 use crate::hparams::{
     Attention, EncoderParams, Hparams, ModelType, PreprocessorParams, SortformerParams,
-    SortformerStreaming,
+    SortformerStreaming, TransducerParams,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -45,13 +45,16 @@ impl ModelConfig {
         let model_type = model_type(&cfg, &t)?;
         let preprocessor = preprocessor(&cfg, &t)?;
         let encoder = encoder(&cfg, &t, preprocessor.n_mels)?;
-        let transducer = if model_type.has_transducer() {
-            transducer(&cfg, &t)?
-        } else {
-            Transducer::default()
+        let mut transducer = match model_type.has_transducer() {
+            true => Some(transducer(&cfg, &t)?),
+            false => None,
         };
         let vocab = vocabulary(&cfg, tokenizer_vocab)?;
         let durations = durations(&cfg)?;
+        if let Some(tr) = transducer.as_mut().filter(|_| model_type.is_tdt()) {
+            // Checked non-negative by `durations`.
+            tr.durations = durations.iter().map(|&d| d as usize).collect();
+        }
         check_heads(&cfg, &t, model_type, vocab.len(), &durations)?;
         let max_symbols = match cfg.get("decoding.greedy.max_symbols") {
             Some(_) => cfg.u32("decoding.greedy.max_symbols")?,
@@ -66,15 +69,7 @@ impl ModelConfig {
             preprocessor,
             encoder,
             vocab_size: vocab.len(),
-            pred_hidden: transducer.pred_hidden,
-            pred_layers: transducer.pred_rnn_layers,
-            joint_hidden: transducer.joint_hidden,
-            durations: if model_type.is_tdt() {
-                // Checked non-negative by `durations`.
-                durations.iter().map(|&d| d as usize).collect()
-            } else {
-                Vec::new()
-            },
+            transducer,
             max_symbols: max_symbols as usize,
             sortformer: None,
         };
@@ -230,10 +225,7 @@ fn sortformer(cfg: &Cfg, t: &Tensors) -> Result<ModelConfig> {
         preprocessor,
         encoder,
         vocab_size: 0,
-        pred_hidden: 0,
-        pred_layers: 0,
-        joint_hidden: 0,
-        durations: Vec::new(),
+        transducer: None,
         max_symbols: 10,
         sortformer: Some(SortformerParams {
             n_spks: n_spks as usize,
@@ -250,14 +242,6 @@ fn sortformer(cfg: &Cfg, t: &Tensors) -> Result<ModelConfig> {
         hparams,
         tokenizer: Tokenizer::new(Vec::new()),
     })
-}
-
-/// Prediction network and joint sizes (transducer models; zero for CTC, as in [`Hparams`]).
-#[derive(Default)]
-struct Transducer {
-    pred_hidden: usize,
-    pred_rnn_layers: usize,
-    joint_hidden: usize,
 }
 
 /// Which heads the checkpoint carries decides the type; the config only says TDT vs RNN-T.
@@ -652,7 +636,8 @@ fn att_context_sizes(cfg: &Cfg) -> Result<Vec<[i32; 2]>> {
     }
 }
 
-fn transducer(cfg: &Cfg, t: &Tensors) -> Result<Transducer> {
+/// The prediction network and joint widths (durations: none yet, `durations` gives them).
+fn transducer(cfg: &Cfg, t: &Tensors) -> Result<TransducerParams> {
     let target = cfg.str_or("decoder._target_", "RNNTDecoder")?;
     ensure!(
         target.ends_with("RNNTDecoder"),
@@ -704,10 +689,11 @@ fn transducer(cfg: &Cfg, t: &Tensors) -> Result<Transducer> {
         "model_config.yaml: decoder.prednet.pred_rnn_layers is {pred_rnn_layers} but the checkpoint \
          has {layers} LSTM layers"
     );
-    Ok(Transducer {
+    Ok(TransducerParams {
         pred_hidden: pred_hidden as usize,
-        pred_rnn_layers: pred_rnn_layers as usize,
+        pred_layers: pred_rnn_layers as usize,
         joint_hidden: joint_hidden as usize,
+        durations: Vec::new(),
     })
 }
 

@@ -67,19 +67,20 @@ pub struct Nets<'m> {
 
 impl<'m> Nets<'m> {
     pub fn new(model: &'m Model) -> Result<Nets<'m>> {
-        let (Some(pred), Some(joint)) = (&model.prediction, &model.joint) else {
+        let hp = &model.hparams;
+        let (Some(pred), Some(joint), Some(t)) = (&model.prediction, &model.joint, &hp.transducer)
+        else {
             bail!(
                 "{}: the model has no transducer decoder",
                 model.path.display()
             );
         };
-        let hp = &model.hparams;
         Ok(Nets {
             pred,
             joint,
             blank: hp.blank_id(),
-            hidden: hp.pred_hidden,
-            durations: &hp.durations,
+            hidden: t.pred_hidden,
+            durations: &t.durations,
             counts: NetCounts::default(),
         })
     }

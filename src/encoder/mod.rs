@@ -7,14 +7,19 @@
 //! Layout: ggml tensors here are `[d, T]` (`ne0` = channels, fastest), i.e. torch's `[T, d]`.
 
 use crate::audio::mel::Features;
-use crate::backend::{Backend, CaptureId, Graph, StateTensors, Tensor};
-use crate::hparams::{Attention, EncoderParams, StreamingParams};
+use crate::backend::graph::RowStack;
+use crate::backend::{Backend, CaptureId, Graph, Tensor};
+use crate::hparams::{Attention, EncoderParams};
 use crate::kernels::{Chunking, FusedOps, KeyWindow};
 use crate::layout::Layout;
 use crate::model::{
     ConformerLayer, ConvModule, FeedForward, LayerNorm, Model, PreEncode, RelPositionAttention,
 };
 use anyhow::{Result, bail};
+
+mod state;
+pub use state::{EncoderState, StreamCaches};
+use state::{LayerCache, ResidentCaches};
 
 /// NeMo's LayerNorm epsilon throughout the conformer.
 const LN_EPS: f32 = 1e-5;
@@ -159,249 +164,6 @@ impl From<&Features> for FeatureImage {
     }
 }
 
-/// What the encoder carries from one chunk of a stream to the next (NeMo's
-/// `cache_last_channel`, `cache_last_channel_len` and `cache_last_time`).
-///
-/// A whole file is one chunk from a fresh [`EncoderState::new`], which keeps no caches. A
-/// stream of a cache-aware model starts from [`EncoderState::streaming`]: every chunk then
-/// attends to the last `last_channel_cache_size` frames of each layer before it and continues
-/// each layer's causal depthwise conv from its last `kernel - 1` inputs.
-///
-/// The caches stay in backend buffers between chunks ([`ResidentCaches`]). NeMo caches the
-/// LayerNorm'd attention input; since `linear_k` and `linear_v` act on each frame alone, the
-/// keys and values of those frames are cached instead (the same numbers, each frame projected
-/// once instead of once per chunk it stays in the cache), and the positional table's
-/// projection (`linear_pos`, fixed for a lookahead) is computed once per stream.
-#[derive(Debug, Default)]
-pub struct EncoderState {
-    /// A chunk has been encoded from this state.
-    started: bool,
-    stream: Option<StreamCaches>,
-    resident: Option<ResidentCaches>,
-    /// Keep NeMo's caches on the host too ([`EncoderState::record_caches`]).
-    record: bool,
-    /// Chunks the cache rings hold past their live rows ([`EncoderState::set_cache_room`]).
-    cache_room: Option<usize>,
-    /// Frames per time slice of a whole file's layers ([`EncoderState::set_layer_slice`]).
-    layer_slice: Option<usize>,
-}
-
-/// A stream's progress and, when recorded ([`EncoderState::record_caches`]), NeMo's caches.
-#[derive(Clone, Debug)]
-pub struct StreamCaches {
-    pub params: StreamingParams,
-    /// Recorded only: per layer, `[last_channel_cache_size][d_model]` row-major: the last
-    /// frames of the LayerNorm'd attention input (`norm_self_att`'s output), oldest first; the
-    /// first `cache_size - channel_len` rows are not filled yet (zeros, masked).
-    pub channel: Vec<Vec<f32>>,
-    pub channel_len: usize,
-    /// Recorded only: per layer, `[kernel - 1][d_model]` row-major: the last inputs of the
-    /// depthwise conv (zeros at the start: the causal conv's padding).
-    pub time: Vec<Vec<f32>>,
-    /// Chunks encoded so far.
-    pub chunks: usize,
-}
-
-/// A stream's caches in backend buffers, read and written in place by each chunk's graph.
-///
-/// Per layer: the keys and the values (`linear_k` / `linear_v` of the attention input) and the
-/// depthwise conv's inputs, each a ring of rows where the live cache is the `keep` rows from
-/// `start`: a chunk writes its T new rows right after them and reads the `keep + T` rows as
-/// one contiguous view, then `start` moves on by T. When the next chunk would not fit, the
-/// live rows move to the front (every ~`keep / T` chunks, through the host). And the layer's
-/// projected positional table, once computed.
-#[derive(Debug)]
-struct ResidentCaches {
-    tensors: StateTensors,
-    /// Rows of each key / value ring and its live start; the same for the conv rings.
-    kv: Ring,
-    time: Ring,
-    /// Rows of the positional table, and whether the tensors hold its projection.
-    positions: usize,
-    positions_ready: bool,
-}
-
-/// Where the live rows of a set of ring tensors are.
-#[derive(Clone, Copy, Debug)]
-struct Ring {
-    rows: usize,
-    keep: usize,
-    start: usize,
-}
-
-/// The state tensors of layer `i` are `PER_LAYER * i +` these: keys, values, conv inputs,
-/// projected positions.
-const PER_LAYER: usize = 4;
-const KEYS: usize = 0;
-const VALUES: usize = 1;
-const CONV: usize = 2;
-const POSITIONS: usize = 3;
-fn keys_of(i: usize) -> usize {
-    PER_LAYER * i + KEYS
-}
-fn values_of(i: usize) -> usize {
-    PER_LAYER * i + VALUES
-}
-fn conv_of(i: usize) -> usize {
-    PER_LAYER * i + CONV
-}
-fn positions_of(i: usize) -> usize {
-    PER_LAYER * i + POSITIONS
-}
-
-impl ResidentCaches {
-    /// Zeroed caches for `layers` layers of width `d`, for chunks of at most `most` frames.
-    fn new(
-        backend: &Backend,
-        layers: usize,
-        d: usize,
-        params: &StreamingParams,
-        positions: usize,
-        most: usize,
-        room: Option<usize>,
-    ) -> Result<ResidentCaches> {
-        let kv = Ring::new(params.last_channel_cache_size, most, room);
-        let time = Ring::new(params.last_time_cache_size, most, room);
-        let shapes: Vec<[usize; 2]> = (0..layers)
-            .flat_map(|_| [[d, kv.rows], [d, kv.rows], [d, time.rows], [d, positions]])
-            .collect();
-        Ok(ResidentCaches {
-            tensors: backend.state_tensors(&shapes)?,
-            kv,
-            time,
-            positions,
-            positions_ready: false,
-        })
-    }
-
-    /// Every ring empty and zeroed, as at the start of a stream (the positions stay).
-    fn clear(&mut self) {
-        let layers = self.tensors.len() / PER_LAYER;
-        for (ring, of) in [
-            (&mut self.kv, &[KEYS, VALUES][..]),
-            (&mut self.time, &[CONV][..]),
-        ] {
-            ring.start = 0;
-            for i in 0..layers {
-                for &of in of {
-                    let t = PER_LAYER * i + of;
-                    let zeros = vec![0f32; ring.keep * self.tensors.shape(t)[0]];
-                    self.tensors.write_rows(t, 0, &zeros);
-                }
-            }
-        }
-    }
-
-    /// Room after the live rows of every ring for a chunk of `frames` frames.
-    fn make_room(&mut self, layers: usize, frames: usize) -> Result<()> {
-        for (ring, of) in [
-            (&mut self.kv, &[KEYS, VALUES][..]),
-            (&mut self.time, &[CONV][..]),
-        ] {
-            if ring.keep + frames > ring.rows {
-                bail!(
-                    "internal: a chunk of {frames} frames does not fit a stream cache of {} rows",
-                    ring.rows
-                );
-            }
-            if ring.start + ring.keep + frames <= ring.rows {
-                continue;
-            }
-            for i in 0..layers {
-                for &of in of {
-                    let t = PER_LAYER * i + of;
-                    let live = self.tensors.read_rows(t, ring.start, ring.keep);
-                    self.tensors.write_rows(t, 0, &live);
-                }
-            }
-            ring.start = 0;
-        }
-        Ok(())
-    }
-}
-
-impl Ring {
-    /// A ring keeping `keep` rows for chunks of up to `most` rows, with room for `room`
-    /// chunks after the live rows (by default about `keep / most`: the live rows then move
-    /// back to the front once per cache length, a copy as large as one chunk's writes).
-    fn new(keep: usize, most: usize, room: Option<usize>) -> Ring {
-        let rows = match room {
-            Some(chunks) => keep + most * chunks.max(1),
-            None => 2 * (keep + most),
-        };
-        Ring {
-            rows,
-            keep,
-            start: 0,
-        }
-    }
-}
-
-impl EncoderState {
-    /// The state at the start of a stream (or of a whole file).
-    pub fn new() -> EncoderState {
-        EncoderState::default()
-    }
-
-    /// The state at the start of a cache-aware stream with `params` (one of the model's
-    /// lookaheads, [`EncoderParams::streaming`]): NeMo's `get_initial_cache_state` (zeros;
-    /// the backend caches are made by the first chunk).
-    pub fn streaming(params: StreamingParams) -> EncoderState {
-        EncoderState {
-            stream: Some(StreamCaches {
-                params,
-                channel: Vec::new(),
-                channel_len: 0,
-                time: Vec::new(),
-                chunks: 0,
-            }),
-            ..EncoderState::default()
-        }
-    }
-
-    /// Back to the start of the stream (an utterance ended): empty caches in the same
-    /// buffers. The projected positional tables stay: they depend on the weights and the
-    /// lookahead only.
-    pub fn restart(&mut self) {
-        if let Some(c) = self.stream.as_mut() {
-            c.channel.clear();
-            c.time.clear();
-            c.channel_len = 0;
-            c.chunks = 0;
-        }
-        if let Some(r) = self.resident.as_mut() {
-            r.clear();
-        }
-    }
-
-    /// Keep NeMo's caches (`cache_last_channel`, `cache_last_time`) on the host after every
-    /// chunk, in [`EncoderState::caches`] (tests and diagnostics; the stream itself does not
-    /// need them).
-    pub fn record_caches(&mut self) {
-        self.record = true;
-    }
-
-    /// Test hook: room for only `chunks` chunks in the cache rings, so that their live rows
-    /// move to the front that often (set before the first chunk).
-    #[doc(hidden)]
-    pub fn set_cache_room(&mut self, chunks: usize) {
-        self.cache_room = Some(chunks);
-    }
-
-    /// Test hook: whole-file layers under local attention run in time slices of `frames`
-    /// frames (a multiple of 32) from this many frames on, instead of [`LAYER_SLICE`], so
-    /// that a short clip takes the sliced path.
-    #[doc(hidden)]
-    pub fn set_layer_slice(&mut self, frames: usize) {
-        self.layer_slice = Some(frames);
-    }
-
-    /// The stream's progress and, when recorded, its caches (None for a whole-file state).
-    pub fn caches(&self) -> Option<&StreamCaches> {
-        self.stream.as_ref()
-    }
-}
-
 /// Run the encoder over the next `chunk` of a stream (valid frames only) from `state`, with the
 /// given self-attention, returning only `outputs`. A whole file is one chunk from a fresh
 /// state; a chunk of a cache-aware stream (its feature frames as NeMo's buffer gives them: the
@@ -499,34 +261,22 @@ pub fn encode(
             let pos = pos.map(|p| g.input_f32_owned(p, &[hp.d_model, pos_rows]));
             for (i, layer) in model.encoder.layers.iter().enumerate() {
                 let taps = capture_layers && i == 0;
-                let layer_cache = resident.map(|r| LayerCache {
-                    keys: g.state(&r.tensors, keys_of(i)),
-                    values: g.state(&r.tensors, values_of(i)),
-                    kv: r.kv,
-                    conv: g.state(&r.tensors, conv_of(i)),
-                    time: r.time,
-                    store_positions: (!stored_positions)
-                        .then(|| g.state(&r.tensors, positions_of(i))),
-                });
+                let layer_cache = resident.map(|r| r.layer(g, i, !stored_positions));
                 let positions = match (pos, resident) {
                     (Some(table), _) => LayerPositions::Table(table),
-                    (None, Some(r)) => {
-                        LayerPositions::Projected(g.state(&r.tensors, positions_of(i)))
-                    }
+                    (None, Some(r)) => LayerPositions::Projected(r.positions(g, i)),
                     (None, None) => unreachable!("a table is built unless the stream holds one"),
                 };
-                let sliced = match positions {
-                    LayerPositions::Table(table) if layer_cache.is_none() && !taps => {
-                        sliced_layer(g, hp, layer, x, (table, window), layer_slice)
-                    }
-                    _ => None,
-                };
-                let (y, next) = match sliced {
-                    Some(y) => (y, None),
-                    None => {
-                        conformer_layer(g, hp, layer, x, (positions, window), taps, layer_cache)
-                    }
-                };
+                let (y, next) = conformer_layer(
+                    g,
+                    hp,
+                    layer,
+                    x,
+                    (positions, window),
+                    taps,
+                    layer_cache,
+                    layer_slice,
+                );
                 x = y;
                 if let (true, Some(next)) = (record, next) {
                     cache_ids.push((
@@ -961,19 +711,6 @@ fn feed_forward<'g>(
     })
 }
 
-/// A layer's streaming caches in the graph: the rings of its keys, values and conv inputs
-/// (state tensors, [`ResidentCaches`]) and, until the stream holds it, where its projected
-/// positional table goes.
-#[derive(Clone, Copy)]
-struct LayerCache<'g> {
-    keys: Tensor<'g>,
-    values: Tensor<'g>,
-    kv: Ring,
-    conv: Tensor<'g>,
-    time: Ring,
-    store_positions: Option<Tensor<'g>>,
-}
-
 /// What a chunk leaves for NeMo's caches (recorded streams): the chunk's attention input
 /// (`norm_self_att`'s output) and the next `cache_last_time`.
 #[derive(Clone, Copy)]
@@ -990,36 +727,73 @@ enum LayerPositions<'g> {
     Projected(Tensor<'g>),
 }
 
-/// One conformer layer (macaron FF, rel-pos MHSA, conv module, FF, LayerNorm); with `cache`,
-/// one chunk of a stream, which updates the caches in place (and returns what NeMo's caches
-/// would hold, for recording).
+/// Frames per time slice of a whole file's layers under local attention; a multiple of the
+/// attention's query block (32), so that slicing changes no bit.
+const LAYER_SLICE: usize = 512;
+
+/// One conformer layer: macaron FF, rel-pos MHSA, conv module, FF, LayerNorm. With `cache`, one
+/// chunk of a stream, which updates the caches in place (and returns what NeMo's caches would
+/// hold, for recording).
+///
+/// A whole file's layer under local attention runs in time slices of `slice` frames, so that a
+/// long file's intermediates stay in cache instead of streaming `[d, T]` tensors through memory
+/// between every two ops (the per-second cost of an hour grew 1.3x over a minute's). The blocks
+/// are the same in the same order either way, in three passes where a block needs frames of
+/// other slices: (1) the first feed-forward and the keys and values; (2) the attention (each
+/// slice's queries over the keys of its window) and its residual; (3) the conv module (each
+/// slice with the conv's half-kernel of neighbouring frames), the second feed-forward and the
+/// output norm. Each stage's results are stacked to full length ([`Rows`]); unsliced, the one
+/// slice is the whole tensor. Every frame's values are the same bit for bit either way. Full
+/// attention, a chunked mask, a causal conv, a stream, taps or a short input run unsliced.
+#[allow(clippy::too_many_arguments)]
 fn conformer_layer<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     l: &ConformerLayer,
     x: Tensor<'g>,
-    pos: (LayerPositions<'g>, KeyWindow),
+    (pos, window): (LayerPositions<'g>, KeyWindow),
     taps: bool,
     cache: Option<LayerCache<'g>>,
+    slice: usize,
 ) -> (Tensor<'g>, Option<NextCache<'g>>) {
-    let attention_input = std::cell::Cell::new(None);
-    let next_time = std::cell::Cell::new(None);
+    let (d, t, a) = (hp.d_model, x.ne(1), &l.self_attn);
+    let local = window.past == 0 && window.chunk.is_none() && window.left + window.right < t;
+    let sliced = local
+        && !hp.causal_conv()
+        && !taps
+        && cache.is_none()
+        && matches!(pos, LayerPositions::Table(_))
+        && slice > 0
+        && t > slice;
+    let slices: Vec<(usize, usize)> = match sliced {
+        true => (0..t)
+            .step_by(slice)
+            .map(|s| (s, slice.min(t - s)))
+            .collect(),
+        false => vec![(0, t)],
+    };
+    let rows = |g: &mut Graph<'g>, x: Tensor<'g>, start: usize, len: usize| match sliced {
+        true => g.rows(x, start, len),
+        false => x,
+    };
     let tap = |g: &mut Graph<'g>, name: &str, t: Tensor<'g>| {
         if taps {
             g.capture(&format!("enc_layer_00_{name}"), t);
         }
     };
-    // `x + scale * block(norm(x))`, with the norm and block outputs tapped by NeMo's names.
-    // Untapped, the block's last linear adds the residual in its own node.
+    let norm = |g: &mut Graph<'g>, x: Tensor<'g>, (norm, name): (&LayerNorm, &str)| {
+        let n = layer_norm(g, x, norm);
+        tap(g, name, n);
+        n
+    };
+    // `x + scale * block(n)`, the block's output tapped by NeMo's name. Untapped, the block's
+    // last linear adds the residual in its own node.
     let residual =
         |g: &mut Graph<'g>,
-         x: Tensor<'g>,
-         (norm, norm_name): (&LayerNorm, &str),
+         (x, n): (Tensor<'g>, Tensor<'g>),
          block_name: &str,
          scale: f32,
          block: &dyn Fn(&mut Graph<'g>, Tensor<'g>, Residual<'g>) -> Tensor<'g>| {
-            let n = layer_norm(g, x, norm);
-            tap(g, norm_name, n);
             if !taps {
                 return block(g, n, Some((x, scale)));
             }
@@ -1028,175 +802,28 @@ fn conformer_layer<'g>(
             let y = if scale == 1.0 { y } else { g.scale(y, scale) };
             g.add(x, y)
         };
-    let x = residual(
-        g,
-        x,
-        (&l.norm_feed_forward1, "norm_feed_forward1"),
-        "feed_forward1",
-        0.5,
-        &|g, n, r| feed_forward(g, n, &l.feed_forward1, r),
-    );
-    let x = residual(
-        g,
-        x,
-        (&l.norm_self_att, "norm_self_att"),
-        "self_attn",
-        1.0,
-        &|g, n, r| {
-            attention_input.set(Some(n));
-            self_attention(g, hp, &l.self_attn, n, cache, pos, r)
-        },
-    );
-    let x = residual(
-        g,
-        x,
-        (&l.norm_conv, "norm_conv"),
-        "conv",
-        1.0,
-        &|g, n, r| {
-            let (y, next) = conv_module(g, hp, &l.conv, n, r, cache);
-            next_time.set(next);
-            y
-        },
-    );
-    let x = residual(
-        g,
-        x,
-        (&l.norm_feed_forward2, "norm_feed_forward2"),
-        "feed_forward2",
-        0.5,
-        &|g, n, r| feed_forward(g, n, &l.feed_forward2, r),
-    );
-
-    let out = layer_norm(g, x, &l.norm_out);
-    tap(g, "norm_out", out);
-    let next = match (attention_input.get(), next_time.get()) {
-        (Some(attention_input), Some(time)) => Some(NextCache {
-            attention_input,
-            time,
-        }),
-        _ => None,
-    };
-    (out, next)
-}
-
-/// Frames per time slice of a whole file's layers under local attention ([`sliced_layer`]);
-/// a multiple of the attention's query block (32), so that slicing changes no bit.
-const LAYER_SLICE: usize = 512;
-
-/// One conformer layer of a whole file under local attention, in time slices of `slice`
-/// frames, so that a long file's intermediates stay in cache instead of streaming `[d, T]`
-/// tensors through memory between every two ops (the per-second cost of an hour grew 1.3x
-/// over a minute's). Three passes, each per slice, with only their results stacked to full
-/// length: (1) the first feed-forward and the keys and values; (2) the attention (each slice's
-/// queries over the keys of its window) and its residual; (3) the conv module (each slice with
-/// the conv's half-kernel of neighbouring frames), the second feed-forward and the output norm.
-/// Every frame's values are those of [`conformer_layer`] bit for bit. `None` (the caller runs
-/// the layer whole) for full attention, a chunked mask, a causal conv or a short input.
-fn sliced_layer<'g>(
-    g: &mut Graph<'g>,
-    hp: &EncoderParams,
-    l: &ConformerLayer,
-    x: Tensor<'g>,
-    (table, window): (Tensor<'g>, KeyWindow),
-    slice: usize,
-) -> Option<Tensor<'g>> {
-    let t = x.ne(1);
-    let local = window.past == 0 && window.chunk.is_none() && window.left + window.right < t;
-    if !local || hp.causal_conv() || t <= slice || slice == 0 {
-        return None;
-    }
-    let d = hp.d_model;
-    let a = &l.self_attn;
-    let slices: Vec<(usize, usize)> = (0..t)
-        .step_by(slice)
-        .map(|s| (s, slice.min(t - s)))
-        .collect();
 
     // (1) x1 = x + FF1(x) / 2; the keys and values of every frame. Each slice's results are
     // written into the stacks as soon as they are made, so that its intermediates die then.
-    let [mut x1, mut k, mut v] = [(); 3].map(|_| g.row_stack(d, t, x));
+    let [mut x1, mut k, mut v] = [(); 3].map(|_| Rows::new(g, d, t, x, sliced));
+    let mut attention_input = None;
     for &(start, len) in &slices {
-        let xs = g.rows(x, start, len);
-        let n = layer_norm(g, xs, &l.norm_feed_forward1);
-        let x1s = feed_forward(g, n, &l.feed_forward1, Some((xs, 0.5)));
-        let n = layer_norm(g, x1s, &l.norm_self_att);
+        let xs = rows(g, x, start, len);
+        let n = norm(g, xs, (&l.norm_feed_forward1, "norm_feed_forward1"));
+        let x1s = residual(g, (xs, n), "feed_forward1", 0.5, &|g, n, r| {
+            feed_forward(g, n, &l.feed_forward1, r)
+        });
+        let n = norm(g, x1s, (&l.norm_self_att, "norm_self_att"));
         let ks = g.linear(n, &a.linear_k.weight, a.linear_k.bias.as_ref());
         let vs = g.linear(n, &a.linear_v.weight, a.linear_v.bias.as_ref());
-        g.push_rows(&mut x1, x1s);
-        g.push_rows(&mut k, ks);
-        g.push_rows(&mut v, vs);
+        x1.push(g, x1s);
+        k.push(g, ks);
+        v.push(g, vs);
+        attention_input = Some(n);
     }
-    let (x1, k, v) = (g.finish_rows(x1), g.finish_rows(k), g.finish_rows(v));
-
-    // (2) x2 = x1 + attention(x1), each slice's queries over its window's keys. The slice's
-    // norm_self_att is made again rather than kept from (1): a pass over 512 frames against one
-    // more full-length stack (184 MB for the 0.6b at 60 min).
-    let p = g.linear(table, &a.linear_pos, None);
-    let mut x2 = g.row_stack(d, t, x1);
-    for &(start, len) in &slices {
-        let x1s = g.rows(x1, start, len);
-        let n = layer_norm(g, x1s, &l.norm_self_att);
-        let first = start.saturating_sub(window.left);
-        let keys = (start + len + window.right).min(t) - first;
-        let (kw, vw) = (g.rows(k, first, keys), g.rows(v, first, keys));
-        let slice_window = KeyWindow {
-            past: start - first,
-            ..window
-        };
-        let x2s = attend(
-            g,
-            hp,
-            a,
-            n,
-            (kw, vw, p),
-            slice_window,
-            &[],
-            Some((x1s, 1.0)),
-        );
-        g.push_rows(&mut x2, x2s);
-    }
-    let x2 = g.finish_rows(x2);
-
-    // (3) the conv module (with its half-kernel of neighbours), FF2, the output norm.
-    let halo = hp.conv_kernel / 2;
-    let mut out = g.row_stack(d, t, x2);
-    for &(start, len) in &slices {
-        let first = start.saturating_sub(halo);
-        let reach = (start + len + halo).min(t) - first;
-        let around = g.rows(x2, first, reach);
-        let n = layer_norm(g, around, &l.norm_conv);
-        let (y, _) = conv_module_inner(g, hp, &l.conv, n, None);
-        let y = g.rows(y, start - first, len);
-        let x2s = g.rows(x2, start, len);
-        let x3 = last_linear(g, y, &l.conv.pointwise_conv2, Some((x2s, 1.0)));
-        let n = layer_norm(g, x3, &l.norm_feed_forward2);
-        let x4 = feed_forward(g, n, &l.feed_forward2, Some((x3, 0.5)));
-        let outs = layer_norm(g, x4, &l.norm_out);
-        g.push_rows(&mut out, outs);
-    }
-    Some(g.finish_rows(out))
-}
-
-/// Multi-head self-attention with relative positions (Transformer-XL style, untied biases):
-/// `softmax(((q + u) k^T + rel_shift((q + v) p^T)) / sqrt(d_k)) v` over each query's window,
-/// as one fused op (`FusedOps::rel_pos_attention`).
-/// `x` are the queries' frames. Without a cache they are the keys' and values' frames too;
-/// with one, their keys and values are written after the cached ones and the op reads the
-/// cache's and theirs as one view.
-#[allow(clippy::too_many_arguments)]
-fn self_attention<'g>(
-    g: &mut Graph<'g>,
-    hp: &EncoderParams,
-    a: &RelPositionAttention,
-    x: Tensor<'g>,
-    cache: Option<LayerCache<'g>>,
-    (pos, window): (LayerPositions<'g>, KeyWindow),
-    residual: Residual<'g>,
-) -> Tensor<'g> {
-    let t = x.ne(1);
-    let k = g.linear(x, &a.linear_k.weight, a.linear_k.bias.as_ref());
-    let v = g.linear(x, &a.linear_v.weight, a.linear_v.bias.as_ref());
+    let (x1, k, v) = (x1.finish(g), k.finish(g), v.finish(g));
+    // A stream's chunk writes its keys and values after the cached ones and reads the cache's
+    // and its own as one view.
     let mut after = Vec::new();
     let (k, v) = match cache {
         None => (k, v),
@@ -1220,7 +847,96 @@ fn self_attention<'g>(
             p
         }
     };
-    attend(g, hp, a, x, (k, v, p), window, &after, residual)
+
+    // (2) x2 = x1 + attention(x1). A slice's norm_self_att is made again rather than kept from
+    // (1): a pass over 512 frames against one more full-length stack (184 MB for the 0.6b at
+    // 60 min).
+    let mut x2 = Rows::new(g, d, t, x1, sliced);
+    for &(start, len) in &slices {
+        let (x1s, n, kv, w) = match sliced {
+            false => (x1, attention_input.expect("one slice"), (k, v), window),
+            true => {
+                let x1s = g.rows(x1, start, len);
+                let n = layer_norm(g, x1s, &l.norm_self_att);
+                let first = start.saturating_sub(window.left);
+                let keys = (start + len + window.right).min(t) - first;
+                let kv = (g.rows(k, first, keys), g.rows(v, first, keys));
+                let w = KeyWindow {
+                    past: start - first,
+                    ..window
+                };
+                (x1s, n, kv, w)
+            }
+        };
+        let x2s = residual(g, (x1s, n), "self_attn", 1.0, &|g, n, r| {
+            attend(g, hp, a, n, (kv.0, kv.1, p), w, &after, r)
+        });
+        x2.push(g, x2s);
+    }
+    let x2 = x2.finish(g);
+
+    // (3) the conv module (with its half-kernel of neighbours), FF2, the output norm.
+    let halo = hp.conv_kernel / 2;
+    let next_time = std::cell::Cell::new(None);
+    let mut out = Rows::new(g, d, t, x2, sliced);
+    for &(start, len) in &slices {
+        let first = start.saturating_sub(halo);
+        let reach = (start + len + halo).min(t) - first;
+        let around = rows(g, x2, first, reach);
+        let n = norm(g, around, (&l.norm_conv, "norm_conv"));
+        let x2s = rows(g, x2, start, len);
+        let x3 = residual(g, (x2s, n), "conv", 1.0, &|g, n, r| {
+            let (y, next) = conv_module(g, hp, &l.conv, n, cache);
+            next_time.set(next);
+            let y = rows(g, y, start - first, len);
+            last_linear(g, y, &l.conv.pointwise_conv2, r)
+        });
+        let n = norm(g, x3, (&l.norm_feed_forward2, "norm_feed_forward2"));
+        let x4 = residual(g, (x3, n), "feed_forward2", 0.5, &|g, n, r| {
+            feed_forward(g, n, &l.feed_forward2, r)
+        });
+        let outs = norm(g, x4, (&l.norm_out, "norm_out"));
+        out.push(g, outs);
+    }
+    let next = match (attention_input, next_time.get()) {
+        (Some(attention_input), Some(time)) => Some(NextCache {
+            attention_input,
+            time,
+        }),
+        _ => None,
+    };
+    (out.finish(g), next)
+}
+
+/// A layer's result over all frames: stacked slice by slice ([`Graph::row_stack`]), or, with
+/// one slice, that slice itself.
+enum Rows<'g> {
+    Stacked(RowStack<'g>),
+    Whole(Option<Tensor<'g>>),
+}
+
+impl<'g> Rows<'g> {
+    /// `[d, t]` rows allocated after `after` when sliced.
+    fn new(g: &mut Graph<'g>, d: usize, t: usize, after: Tensor<'g>, sliced: bool) -> Rows<'g> {
+        match sliced {
+            true => Rows::Stacked(g.row_stack(d, t, after)),
+            false => Rows::Whole(None),
+        }
+    }
+
+    fn push(&mut self, g: &mut Graph<'g>, part: Tensor<'g>) {
+        match self {
+            Rows::Stacked(stack) => g.push_rows(stack, part),
+            Rows::Whole(whole) => *whole = Some(part),
+        }
+    }
+
+    fn finish(self, g: &mut Graph<'g>) -> Tensor<'g> {
+        match self {
+            Rows::Stacked(stack) => g.finish_rows(stack),
+            Rows::Whole(whole) => whole.expect("one slice"),
+        }
+    }
 }
 
 /// The attention proper and its output projection: the queries of `x` (`[d, T]`, the
@@ -1251,25 +967,12 @@ fn attend<'g>(
     last_linear(g, o, &a.linear_out, residual)
 }
 
-/// pointwise_conv1 -> GLU -> depthwise conv (BatchNorm folded) -> Swish -> pointwise_conv2;
+/// pointwise_conv1 -> GLU -> depthwise conv (BatchNorm folded) -> Swish, up to pointwise_conv2 (the caller's last linear);
 /// with `conv_norm_type: layer_norm`, the LayerNorm between the depthwise conv and the Swish.
 /// A causal depthwise conv continues from a stream's last `kernel - 1` conv inputs (zeros
 /// otherwise), and with a cache appends this chunk's inputs to it and returns the next
 /// `cache_last_time` (for recording).
 fn conv_module<'g>(
-    g: &mut Graph<'g>,
-    hp: &EncoderParams,
-    c: &ConvModule,
-    x: Tensor<'g>,
-    residual: Residual<'g>,
-    cache: Option<LayerCache<'g>>,
-) -> (Tensor<'g>, Option<Tensor<'g>>) {
-    let (y, next) = conv_module_inner(g, hp, c, x, cache);
-    (last_linear(g, y, &c.pointwise_conv2, residual), next)
-}
-
-/// [`conv_module`] up to `pointwise_conv2`'s input.
-fn conv_module_inner<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     c: &ConvModule,
@@ -1385,7 +1088,7 @@ pub fn encode_embeddings(
         let table = g.input_f32_owned(table, &[hp.d_model, pos_rows]);
         for layer in &model.encoder.layers {
             let positions = (LayerPositions::Table(table), window);
-            x = conformer_layer(g, hp, layer, x, positions, false, None).0;
+            x = conformer_layer(g, hp, layer, x, positions, false, None, LAYER_SLICE).0;
         }
         Ok(x)
     })?;

@@ -89,9 +89,11 @@ fn loads_every_reference_model_with_its_hyperparameters() {
             let hp = &m.hparams;
             assert_eq!(hp.model_type, ty, "{name}");
             assert_eq!(hp.preprocessor.n_mels, mels, "{name}");
-            assert_eq!(hp.pred_layers, lstm, "{name}");
+            let pred_layers = hp.transducer.as_ref().map_or(0, |t| t.pred_layers);
+            assert_eq!(pred_layers, lstm, "{name}");
+            assert_eq!(hp.transducer.is_some(), ty.has_transducer(), "{name}");
             assert_eq!(hp.encoder.xscaling, xscaling, "{name}");
-            assert_eq!(hp.durations.len(), durations, "{name}");
+            assert_eq!(hp.durations().len(), durations, "{name}");
             assert_eq!(
                 (hp.encoder.d_model, hp.encoder.n_layers, hp.vocab_size),
                 (64, 2, 48)
