@@ -4,8 +4,8 @@
 Walks `cargo metadata`'s resolved graph from parakeet over normal (not build or dev)
 dependencies for the target, and for each crate writes its name, version, SPDX licence
 expression and repository, then the licence files it ships (LICENSE*, COPYING*, NOTICE*,
-UNLICENSE*). ggml's MIT licence (llama.cpp, built from source by llama-cpp-sys-2) and the GCC
-runtime's exception come first. A crate that ships no licence file is listed with its SPDX
+UNLICENSE*). ggml's MIT licence (llama.cpp, built from source by llama-cpp-sys-2), the GCC
+runtime's exception and the built-in Silero VAD weights' MIT licence come first. A crate that ships no licence file is listed with its SPDX
 expression only. Usage: scripts/third_party_licenses.py TARGET [FEATURE FLAGS...] > FILE, the
 feature flags as cargo takes them (`--no-default-features --features static-runtime`).
 """
@@ -53,6 +53,12 @@ print(RULE)
 print("The GCC runtime libraries linked into release archives (libgomp, libstdc++) are under")
 print("the GPL-3.0 with the GCC Runtime Library Exception 3.1, which allows distributing them")
 print("inside a program under any licence.")
+print()
+print(RULE)
+print("Silero VAD v6.2 (MIT), its weights built into the binary (assets/silero_vad_v6.2.gguf, made")
+print("from the silero-vad package's model by scripts/silero_vad_gguf.py):")
+print()
+print((Path(__file__).resolve().parent.parent / "assets" / "silero_vad.LICENSE").read_text().strip())
 print()
 print(RULE)
 crates = sorted((packages[i] for i in linked), key=lambda p: (p["name"], p["version"]))

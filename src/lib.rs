@@ -5,16 +5,16 @@
 //! as NeMo's SentencePiece tokenizer gives them), run by a [`session`] over a shared [`model`].
 //! [`backend`] is the ggml runtime, [`kernels`] our fused CPU ops on it, [`gguf`] the file format
 //! and [`layout`] the weight layouts below them all; [`hparams`] is the metadata schema that
-//! [`model`] reads and [`convert`] writes. docs/ARCHITECTURE.md draws the rooms and what may use
+//! [`model`] reads and [`convert`] writes; [`vad`] is voice activity detection (Silero VAD). docs/ARCHITECTURE.md draws the rooms and what may use
 //! what.
 
 pub mod audio;
 pub mod backend;
+pub mod cli;
 pub mod convert;
 pub mod decoder;
 pub mod decoding_flags;
 pub mod diar;
-pub mod diarize;
 pub mod encoder;
 pub mod gguf;
 pub mod hparams;
@@ -28,3 +28,4 @@ pub mod session;
 pub mod stream;
 pub mod tokenizer;
 pub mod transcript;
+pub mod vad;

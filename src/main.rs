@@ -55,10 +55,13 @@ enum Command {
     Stream(StreamArgs),
     /// Who speaks when: speaker turns with a Sortformer diarization model, as NeMo's lines
     /// (txt), RTTM or JSON. A streaming model (v2) streams, as NeMo's inference example does.
-    Diarize(parakeet::diarize::DiarizeArgs),
+    Diarize(parakeet::cli::diarize::DiarizeArgs),
     /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions, and live
     /// transcription over a WebSocket at /v1/realtime) over one loaded model.
     Serve(parakeet::server::ServeArgs),
+    /// Find speech in audio files (Silero VAD, built in): segments as the silero-vad package's
+    /// get_speech_timestamps gives them, as text, JSON, RTTM or SRT.
+    Vad(parakeet::cli::vad::VadArgs),
     /// Describe a model: architecture, hyperparameters, tensors by type; or, with `--system`,
     /// this machine: CPU features found and the kernels chosen (ours and ggml's).
     Info {
@@ -222,7 +225,14 @@ fn main() -> ExitCode {
         Command::Models => list_models().map(|_| 0),
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
-        Command::Diarize(args) => parakeet::diarize::run(args),
+        Command::Diarize(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
+            let jobs: Vec<_> = jobs.into_iter().map(|j| j.path).collect();
+            parakeet::cli::diarize::run(args, &jobs)
+        }),
+        Command::Vad(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
+            let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
+            parakeet::cli::vad::run(&args, &jobs)
+        }),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -387,6 +387,10 @@ impl<'g> Graph<'g> {
         self.unary(a, "tanh", sys::ggml_tanh)
     }
 
+    pub fn sqrt(&mut self, a: Tensor<'g>) -> Tensor<'g> {
+        self.unary(a, "sqrt", sys::ggml_sqrt)
+    }
+
     /// LayerNorm over `ne0` without affine parameters.
     pub fn norm(&mut self, a: Tensor<'g>, eps: f32) -> Tensor<'g> {
         // SAFETY: any f32 tensor.

@@ -26,6 +26,21 @@ pub struct HeaderSummary {
     pub data_offset: u64,
     /// End of the last tensor's data.
     pub data_end: u64,
+    /// Every tensor, in file order (for readers of a GGUF held in memory).
+    pub tensors: Vec<TensorSpan>,
+}
+
+/// Where one tensor's data lies in the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpan {
+    pub name: String,
+    /// Elements per dimension, ggml order (`ne[0]` fastest), 1 past the tensor's rank.
+    pub ne: [u64; 4],
+    /// The ggml type number (0 is f32).
+    pub ggml_type: u32,
+    /// Byte range of the data in the file.
+    pub start: u64,
+    pub end: u64,
 }
 
 /// A structural defect: the field, where it starts, and what is wrong with it.
@@ -177,7 +192,7 @@ pub fn check_header(bytes: &[u8]) -> Result<HeaderSummary, HeaderError> {
         expected_offset = offset
             .checked_add(size.next_multiple_of(alignment))
             .ok_or_else(|| r.fail_at(offset_at, "data offset overflows"))?;
-        sizes.push((i, name, offset, size));
+        sizes.push((i, name, offset, size, ne, ty));
     }
 
     let data_offset = if n_tensors > 0 {
@@ -198,7 +213,8 @@ pub fn check_header(bytes: &[u8]) -> Result<HeaderSummary, HeaderError> {
         });
     }
     let mut data_end = data_offset;
-    for (i, name, offset, size) in sizes {
+    let mut tensors = Vec::with_capacity(sizes.len());
+    for (i, name, offset, size, ne, ggml_type) in sizes {
         let start = data_offset + offset;
         let end = start + size;
         if end > bytes.len() as u64 {
@@ -212,6 +228,13 @@ pub fn check_header(bytes: &[u8]) -> Result<HeaderSummary, HeaderError> {
             });
         }
         data_end = end;
+        tensors.push(TensorSpan {
+            name,
+            ne,
+            ggml_type,
+            start,
+            end,
+        });
     }
     Ok(HeaderSummary {
         version,
@@ -219,6 +242,7 @@ pub fn check_header(bytes: &[u8]) -> Result<HeaderSummary, HeaderError> {
         n_tensors,
         data_offset,
         data_end,
+        tensors,
     })
 }
 

@@ -11,6 +11,7 @@ mod depthwise;
 mod glu;
 mod linear;
 mod lstm;
+mod lstm_sequence;
 mod matvec;
 mod norm;
 mod pad;
@@ -85,6 +86,15 @@ pub trait FusedOps<'g> {
         gh: Tensor<'g>,
         biases: (&Weight, &Weight),
         c: Tensor<'g>,
+    ) -> Tensor<'g>;
+
+    /// A PyTorch LSTM cell over a whole sequence of precomputed input products: `h` after
+    /// every step, then the last `c` (see [`lstm_sequence::lstm_sequence`]).
+    fn lstm_sequence(
+        &mut self,
+        gx: Tensor<'g>,
+        w_hh_t: Tensor<'g>,
+        state: Tensor<'g>,
     ) -> Tensor<'g>;
 
     /// Depthwise 1-D convolution over time ('same' padding, odd kernel) plus an optional
@@ -212,6 +222,15 @@ impl<'g> FusedOps<'g> for Graph<'g> {
         c: Tensor<'g>,
     ) -> Tensor<'g> {
         lstm::lstm_pointwise(self, gx, gh, biases, c)
+    }
+
+    fn lstm_sequence(
+        &mut self,
+        gx: Tensor<'g>,
+        w_hh_t: Tensor<'g>,
+        state: Tensor<'g>,
+    ) -> Tensor<'g> {
+        lstm_sequence::lstm_sequence(self, gx, w_hh_t, state)
     }
 
     fn conv1d_depthwise_same(

@@ -11,3 +11,4 @@ mod live_nemo;
 mod realtime;
 mod serve;
 mod stream;
+mod vad;

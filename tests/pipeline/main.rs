@@ -17,3 +17,4 @@ mod model;
 mod output;
 mod streaming;
 mod tokenizer;
+mod vad;

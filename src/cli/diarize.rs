@@ -122,14 +122,14 @@ impl DiarizeArgs {
 const EXIT_SOME_FAILED: u8 = 1;
 const EXIT_ALL_FAILED: u8 = 2;
 
-pub fn run(args: DiarizeArgs) -> Result<u8> {
+/// Diarizes `jobs` (files, `-` for standard input; directories already walked by the caller).
+pub fn run(args: DiarizeArgs, jobs: &[PathBuf]) -> Result<u8> {
     // Flags that need no model are checked before it is loaded.
     if let Some(name) = &args.diar_params {
         PostProcessing::published(name, Generation::V1)?;
     }
     args.postprocessing(Generation::V1)?;
     args.stream.check()?;
-    let jobs = collect_inputs(&args.inputs)?;
     if jobs.is_empty() {
         bail!("no audio files found in the given inputs");
     }
@@ -147,7 +147,7 @@ pub fn run(args: DiarizeArgs) -> Result<u8> {
     let units = diarizer.model().hparams.encoder.subsampling_factor;
     let to_stdout = args.output_dir.is_none() && args.formats == [DiarFormat::Txt];
     let (mut failed, single) = (0, jobs.len() == 1);
-    for job in &jobs {
+    for job in jobs {
         let result = (|| -> Result<()> {
             let samples = read_samples(job)?;
             let activity = match streaming {
@@ -203,27 +203,6 @@ fn read_samples(job: &Path) -> Result<Vec<f32>> {
         audio::load_audio(job)?
     };
     audio::resample_to_16k(decoded).with_context(|| format!("{}: resampling", job.display()))
-}
-
-/// Files as given, directories walked (audio files only, sorted), `-` as it is.
-fn collect_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut jobs = Vec::new();
-    for input in inputs {
-        if input.as_os_str() == "-" || !input.is_dir() {
-            jobs.push(input.clone());
-            continue;
-        }
-        let mut found = Vec::new();
-        for entry in walkdir::WalkDir::new(input).follow_links(true) {
-            let entry = entry.with_context(|| format!("{}: cannot read", input.display()))?;
-            if entry.file_type().is_file() && audio::is_audio_path(entry.path()) {
-                found.push(entry.into_path());
-            }
-        }
-        found.sort();
-        jobs.extend(found);
-    }
-    Ok(jobs)
 }
 
 /// `<dir>/<stem>.<ext>`: the output directory, or the input's own.

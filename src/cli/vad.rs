@@ -1,0 +1,351 @@
+//! `parakeet vad`: speech segments of audio files as the `silero-vad` package's
+//! `get_speech_timestamps` makes them, as text, JSON, RTTM or SRT.
+
+use crate::audio;
+use crate::output::write_atomic;
+use crate::vad::{SampleRate, SpeechParams, SpeechSegment, Vad, VadModel, speech_segments};
+use anyhow::{Context, Result, bail};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The parameters of `get_speech_timestamps`, with the package's defaults.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpeechArgs {
+    /// A window at or above this speech probability is speech.
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
+    pub threshold: f64,
+    /// Speech ends below this probability [default: threshold - 0.15, at least 0.01].
+    #[arg(long, allow_negative_numbers = true)]
+    pub neg_threshold: Option<f64>,
+    /// Speech shorter than this is dropped.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 250.0
+    )]
+    pub min_speech_ms: f64,
+    /// Speech longer than this is cut, at the longest silence in it where there is one
+    /// [default: no limit].
+    #[arg(long, allow_negative_numbers = true, value_name = "S")]
+    pub max_speech_s: Option<f64>,
+    /// Silence shorter than this does not end speech.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 100.0
+    )]
+    pub min_silence_ms: f64,
+    /// Added to both ends of every segment (a gap shorter than twice this is split in the middle).
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 30.0
+    )]
+    pub speech_pad_ms: f64,
+    /// A silence at least this long is a place where --max-speech-s may cut.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 98.0
+    )]
+    pub min_silence_at_max_speech_ms: f64,
+    /// At --max-speech-s, cut at the last long silence instead of the longest (the package's
+    /// use_max_poss_sil_at_max_speech=False).
+    #[arg(long)]
+    pub legacy_max_speech_split: bool,
+}
+
+impl SpeechArgs {
+    /// The checked parameters.
+    pub fn params(&self) -> Result<SpeechParams> {
+        let p = SpeechParams {
+            threshold: self.threshold,
+            neg_threshold: self.neg_threshold,
+            min_speech_ms: self.min_speech_ms,
+            max_speech_s: self.max_speech_s.unwrap_or(f64::INFINITY),
+            min_silence_ms: self.min_silence_ms,
+            speech_pad_ms: self.speech_pad_ms,
+            min_silence_at_max_speech_ms: self.min_silence_at_max_speech_ms,
+            use_max_poss_sil_at_max_speech: !self.legacy_max_speech_split,
+        };
+        p.validate().map_err(|e| anyhow::anyhow!("--{e:#}"))?;
+        Ok(p)
+    }
+}
+
+/// How `parakeet vad` writes segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VadFormat {
+    /// `start end` in seconds, a segment a line.
+    Text,
+    /// `{"segments": [{start, end, start_sample, end_sample}], "sample_rate", "duration"}`.
+    Json,
+    /// NIST RTTM, a SPEAKER line per segment (speaker `speech`).
+    Rttm,
+    /// SubRip cues, one per segment.
+    Srt,
+}
+
+impl VadFormat {
+    fn extension(self) -> &'static str {
+        match self {
+            VadFormat::Text => "txt",
+            VadFormat::Json => "json",
+            VadFormat::Rttm => "rttm",
+            VadFormat::Srt => "srt",
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct VadArgs {
+    /// Audio files or directories (walked recursively); `-` reads WAV/FLAC from standard input.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    #[command(flatten)]
+    pub speech: SpeechArgs,
+    /// Output format.
+    #[arg(short = 'f', long = "format", value_enum, default_value = "text")]
+    pub format: VadFormat,
+    /// With `-f json`: every window's speech probability too (one per 32 ms).
+    #[arg(long)]
+    pub probabilities: bool,
+    /// Write `<input>.<ext>` files under this directory (mirroring directory arguments)
+    /// instead of printing to standard output.
+    #[arg(short, long)]
+    pub output_dir: Option<PathBuf>,
+    /// A Silero VAD GGUF to use instead of the built-in model (v6.2).
+    #[arg(long, value_name = "FILE")]
+    pub vad_model: Option<PathBuf>,
+    /// Threads for the compute backend.
+    #[arg(short, long, default_value_t = 1)]
+    pub threads: usize,
+    /// Say on stderr when audio is resampled for the model.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+/// One file's result.
+struct Detection {
+    segments: Vec<SpeechSegment>,
+    probabilities: Vec<f32>,
+    /// The rate the model ran at (segment samples count at it).
+    rate: u32,
+    n_samples: usize,
+}
+
+/// Runs `parakeet vad` over `inputs` (each file with the directory argument it was found
+/// under). Returns the exit code: 0, or 1 when some inputs failed.
+pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> {
+    let params = args.speech.params()?;
+    if args.probabilities && args.format != VadFormat::Json {
+        bail!("--probabilities needs -f json");
+    }
+    if args.threads == 0 {
+        bail!("--threads 0: needs at least 1");
+    }
+    let model = VadModel::load(args.vad_model.as_deref())?;
+    let mut vad = Vad::new(model, args.threads)?;
+    let several = inputs.len() > 1;
+    let mut failed = 0;
+    let stdout = std::io::stdout();
+    for (path, root) in inputs {
+        let shown = if path.as_os_str() == "-" {
+            "<stdin>".to_string()
+        } else {
+            path.display().to_string()
+        };
+        let result = detect(&mut vad, path, &params, args.verbose).and_then(|d| {
+            let text = render(args, &d, path, several && args.output_dir.is_none());
+            match &args.output_dir {
+                Some(dir) => write_atomic(
+                    &destination(path, root.as_deref(), dir, args.format),
+                    text.as_bytes(),
+                ),
+                None => {
+                    let mut out = stdout.lock();
+                    out.write_all(text.as_bytes())
+                        .and_then(|()| out.flush())
+                        .context("standard output")
+                }
+            }
+        });
+        if let Err(e) = result {
+            if is_broken_pipe(&e) {
+                return Err(e);
+            }
+            eprintln!("error: {shown}: {e:#}");
+            failed += 1;
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// `input`'s path below its directory argument (or its file name) under `dir`, with the
+/// format's extension.
+fn destination(input: &Path, root: Option<&Path>, dir: &Path, format: VadFormat) -> PathBuf {
+    let relative = root
+        .and_then(|r| input.strip_prefix(r).ok())
+        .filter(|r| !r.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| {
+            if input.as_os_str() == "-" {
+                PathBuf::from("stdin")
+            } else {
+                PathBuf::from(input.file_name().unwrap_or("audio".as_ref()))
+            }
+        });
+    let out = dir.join(relative).with_extension(format.extension());
+    if let Some(parent) = out.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    out
+}
+
+/// Decodes `path` and finds its speech: at 16 or 8 kHz as recorded, any other rate resampled
+/// to 16 kHz first.
+fn detect(vad: &mut Vad, path: &Path, params: &SpeechParams, verbose: bool) -> Result<Detection> {
+    let decoded = if path.as_os_str() == "-" {
+        audio::read_stdin()?
+    } else {
+        audio::load_audio(path)?
+    };
+    let (samples, rate) = match SampleRate::from_hz(decoded.sample_rate) {
+        Some(rate) => (decoded.samples, rate),
+        None => {
+            if verbose {
+                eprintln!(
+                    "{}: resampling {} Hz to 16000 Hz for the VAD model (it takes 8000 or 16000 Hz)",
+                    path.display(),
+                    decoded.sample_rate
+                );
+            }
+            (audio::resample_to_16k(decoded)?, SampleRate::Hz16000)
+        }
+    };
+    let probabilities = vad.probabilities(&samples, rate)?;
+    let segments = speech_segments(
+        &probabilities,
+        samples.len(),
+        rate.hz(),
+        rate.window(),
+        params,
+    );
+    Ok(Detection {
+        segments,
+        probabilities,
+        rate: rate.hz(),
+        n_samples: samples.len(),
+    })
+}
+
+fn seconds(samples: usize, rate: u32) -> f64 {
+    samples as f64 / rate as f64
+}
+
+/// `h:mm:ss,mmm` for SRT.
+fn srt_time(s: f64) -> String {
+    let ms = (s * 1000.0).round() as u64;
+    format!(
+        "{:02}:{:02}:{:02},{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
+}
+
+/// The file's rendering; `named` puts the input's name in (several inputs on one stream).
+fn render(args: &VadArgs, d: &Detection, path: &Path, named: bool) -> String {
+    let shown = if path.as_os_str() == "-" {
+        "-".to_string()
+    } else {
+        path.display().to_string()
+    };
+    let mut out = String::new();
+    match args.format {
+        VadFormat::Text => {
+            if named {
+                let _ = writeln!(out, "# {shown}");
+            }
+            for s in &d.segments {
+                let _ = writeln!(
+                    out,
+                    "{:.3} {:.3}",
+                    seconds(s.start, d.rate),
+                    seconds(s.end, d.rate)
+                );
+            }
+        }
+        VadFormat::Json => {
+            let segments: Vec<serde_json::Value> = d
+                .segments
+                .iter()
+                .map(|s| {
+                    serde_json::json!({
+                        "start": seconds(s.start, d.rate),
+                        "end": seconds(s.end, d.rate),
+                        "start_sample": s.start,
+                        "end_sample": s.end,
+                    })
+                })
+                .collect();
+            let mut v = serde_json::json!({
+                "segments": segments,
+                "sample_rate": d.rate,
+                "duration": seconds(d.n_samples, d.rate),
+            });
+            if args.probabilities {
+                v["probabilities"] = serde_json::json!(d.probabilities);
+            }
+            if named {
+                v["file"] = serde_json::json!(shown);
+            }
+            let _ = writeln!(out, "{v}");
+        }
+        VadFormat::Rttm => {
+            let id: String = if path.as_os_str() == "-" {
+                "stdin".into()
+            } else {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().replace(char::is_whitespace, "_"))
+                    .unwrap_or_else(|| "audio".into())
+            };
+            for s in &d.segments {
+                let start = seconds(s.start, d.rate);
+                let dur = seconds(s.end - s.start, d.rate);
+                let _ = writeln!(
+                    out,
+                    "SPEAKER {id} 1 {start:.3} {dur:.3} <NA> <NA> speech <NA> <NA>"
+                );
+            }
+        }
+        VadFormat::Srt => {
+            if named {
+                let _ = writeln!(out, "# {shown}");
+            }
+            for (i, s) in d.segments.iter().enumerate() {
+                let _ = write!(
+                    out,
+                    "{}\n{} --> {}\nspeech\n\n",
+                    i + 1,
+                    srt_time(seconds(s.start, d.rate)),
+                    srt_time(seconds(s.end, d.rate))
+                );
+            }
+        }
+    }
+    out
+}
