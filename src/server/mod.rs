@@ -7,6 +7,7 @@
 //! (nothing is written to disk). Live transcription is a WebSocket at `/v1/realtime`
 //! ([`realtime`]): each connection gets its own transcriber over the same model.
 
+pub mod conn;
 mod openai;
 pub mod pool;
 pub mod realtime;
@@ -59,12 +60,23 @@ pub struct ServeArgs {
     /// Requests that may wait for a free worker; beyond that the answer is 503 + Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
-    /// Largest request body accepted, in MiB (413 beyond).
-    #[arg(long, value_name = "MIB", default_value_t = 100)]
+    /// Largest request body accepted, in MiB (413 beyond; at most 1048576, a TiB).
+    #[arg(long, value_name = "MIB", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub max_upload_mb: u64,
     /// Longest audio accepted, in seconds (400 beyond).
-    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0, value_parser = positive_seconds)]
     pub max_audio_seconds: f64,
+    /// A client that sends nothing of its request (head or body), or reads nothing of a live
+    /// stream's events, for this long is disconnected (a body gets 408 first).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = positive_seconds)]
+    pub io_timeout_seconds: f64,
+    /// Connections open at once (live streams included); more are answered 503 and closed.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_connections: u64,
+    /// On SIGTERM or SIGINT, the most time given to requests and live streams in flight; work
+    /// still running after it is abandoned and the process exits.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = positive_seconds)]
+    pub shutdown_seconds: f64,
     /// A worker whose compute buffer grew past this many MiB (a very long request) gets a
     /// fresh backend afterwards, releasing that memory.
     #[arg(long, value_name = "MIB", default_value_t = 256)]
@@ -72,11 +84,12 @@ pub struct ServeArgs {
     /// Live streams (WebSocket connections at /v1/realtime) at once; more are refused.
     #[arg(long, default_value_t = 8)]
     pub max_streams: usize,
-    /// A live stream that sends no event for this long is closed.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    /// A live stream that sends no audio for this long is closed (other events and pings do
+    /// not count).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = positive_seconds)]
     pub stream_idle_seconds: f64,
     /// Longest audio one live stream may send, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0, value_parser = positive_seconds)]
     pub max_stream_seconds: f64,
     /// Confidence for verbose_json's words (`probability`); `--confidence none` turns it off.
     #[command(flatten)]
@@ -85,6 +98,27 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub boost: BoostArgs,
 }
+
+/// A duration flag: a finite number of seconds above zero, and at most a year (a `Duration`
+/// and the deadlines made of it cannot overflow).
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if v.is_finite() && v > 0.0 && v <= 365.0 * 86400.0 {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{s:?} is not a number of seconds above 0 (and at most a year)"
+        ))
+    }
+}
+
+/// Phrases one request may add with `boost` fields, and their bytes in all: a phrase costs
+/// the boosting tree about 260 bytes of memory per byte while it is built.
+const MAX_REQUEST_PHRASES: usize = 1000;
+const MAX_REQUEST_PHRASE_BYTES: usize = 64 << 10;
 
 /// Workers and threads per worker: what was asked, the rest filled in so that workers x
 /// threads does not exceed `cores`. A worker uses its threads well up to about 4 (the decoder
@@ -120,18 +154,23 @@ struct AppState {
     /// The boosting settings, the server-wide phrases and their tree (a request with phrases
     /// of its own gets a tree of both).
     boost: BoostArgs,
-    boost_phrases: Vec<String>,
+    boost_phrases: Arc<Vec<String>>,
     boost_tree: Option<Arc<BoostingTree>>,
     /// Each worker's compute buffer after its last request (0 after a release).
     buffers: Arc<Vec<AtomicUsize>>,
     next_id: AtomicU64,
+    /// A request body must make progress within this.
+    io_timeout: std::time::Duration,
+    /// Set on shutdown: a body still uploading is refused at once.
+    stop: conn::StopSignal,
 }
 
 /// Set on a transcription response, for the request log line.
 #[derive(Clone, Copy)]
 struct AudioSeconds(f64);
 
-/// Runs the server until SIGTERM or SIGINT, then finishes the requests in flight and returns.
+/// Runs the server until SIGTERM or SIGINT, then finishes the requests and live streams in
+/// flight (at most `--shutdown-seconds`) and returns.
 pub fn serve(args: ServeArgs) -> Result<()> {
     let confidence = args.confidence.resolve(true)?;
     let boost_phrases = args.boost.phrases()?;
@@ -168,14 +207,21 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
+    // The flags' parsers keep them finite, positive and within a year.
+    let seconds = std::time::Duration::from_secs_f64;
+    let limits = conn::Limits {
+        io_timeout: seconds(args.io_timeout_seconds),
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        shutdown_deadline: seconds(args.shutdown_seconds),
+    };
+    let (drain_control, drain) = conn::Drain::new();
     let live_config = realtime::RealtimeConfig {
         model_name: model.name.clone(),
-        idle_timeout: std::time::Duration::try_from_secs_f64(args.stream_idle_seconds)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .context("--stream-idle-seconds must be a positive number of seconds")?,
+        idle_timeout: seconds(args.stream_idle_seconds),
+        write_timeout: limits.io_timeout,
         max_seconds: args.max_stream_seconds,
         max_streams: args.max_streams,
+        drain: drain.clone(),
     };
     let live_factory: realtime::TranscriberFactory = {
         let model = model.clone();
@@ -192,10 +238,12 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         workers,
         threads,
         max_upload: usize::try_from(args.max_upload_mb << 20).unwrap_or(usize::MAX),
+        io_timeout: limits.io_timeout,
+        stop: drain.signal(),
         max_audio_seconds: args.max_audio_seconds,
         confidence,
         boost: args.boost.clone(),
-        boost_phrases,
+        boost_phrases: Arc::new(boost_phrases),
         boost_tree,
         buffers,
         next_id: AtomicU64::new(0),
@@ -206,7 +254,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(async {
+    let finished = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
@@ -217,16 +265,31 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             path.display(),
             args.queue
         );
-        let app = router(state).merge(realtime::router(live_config, live_factory));
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("server error")
-    })?;
-    // Every connection is closed, so every handler is done; the pool (dropped with the last
-    // state reference) joins its idle workers.
-    drop(rt);
-    eprintln!("parakeet serve: stopped");
+        let app = router(state.clone()).merge(realtime::router(live_config, live_factory));
+        let finished =
+            conn::serve(listener, app, limits, drain_control, drain, shutdown_signal()).await;
+        anyhow::Ok(finished)
+    });
+    match finished {
+        Ok(true) => {
+            // Every connection and stream is closed, so every handler is done; the pool
+            // (dropped with the last state reference) joins its idle workers.
+            drop(state);
+            drop(rt);
+            eprintln!("parakeet serve: stopped");
+        }
+        Ok(false) => {
+            // Work still runs past the deadline: neither wait for the workers (the pool joins
+            // them on drop, so it is never dropped) nor for the runtime's tasks.
+            std::mem::forget(state);
+            rt.shutdown_background();
+            eprintln!(
+                "parakeet serve: stopped after {} s (--shutdown-seconds) with work still in flight, abandoned",
+                args.shutdown_seconds
+            );
+        }
+        Err(e) => return Err(e),
+    }
     Ok(())
 }
 
@@ -267,7 +330,7 @@ async fn shutdown_signal() {
         () = interrupt => {}
         () = terminate => {}
     }
-    eprintln!("parakeet serve: shutting down, finishing the requests in flight");
+    eprintln!("parakeet serve: shutting down, finishing the requests and streams in flight");
 }
 
 /// One line per request: id, method and path, status, audio seconds, time. The id is also
@@ -364,7 +427,18 @@ async fn health(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
 async fn transcriptions(State(st): State<Arc<AppState>>, req: Request) -> Response {
     match transcribe_request(&st, req).await {
         Ok(resp) => resp,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            let mut resp = e.into_response();
+            // The rest of a stalled body will not be read: the connection cannot carry
+            // another request.
+            if resp.status() == StatusCode::REQUEST_TIMEOUT {
+                resp.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    HeaderValue::from_static("close"),
+                );
+            }
+            resp
+        }
     }
 }
 
@@ -378,24 +452,50 @@ struct Fields {
     boost: Vec<String>,
 }
 
-/// The boosting tree for a request: the server's, or one of the server's phrases and the
-/// request's together.
-fn request_tree(
-    st: &AppState,
-    phrases: Vec<String>,
-) -> Result<Option<Arc<BoostingTree>>, ApiError> {
-    if phrases.is_empty() {
-        return Ok(st.boost_tree.clone());
+/// What a request boosts: the server's tree, or the server's phrases and the request's
+/// together, whose tree is built on the worker (never on the async threads, which must stay
+/// free to answer everyone else).
+enum RequestBoost {
+    Ready(Option<Arc<BoostingTree>>),
+    Build {
+        args: BoostArgs,
+        server: Arc<Vec<String>>,
+        request: Vec<String>,
+    },
+}
+
+impl RequestBoost {
+    fn new(st: &AppState, request: Vec<String>) -> RequestBoost {
+        if request.is_empty() {
+            return RequestBoost::Ready(st.boost_tree.clone());
+        }
+        RequestBoost::Build {
+            args: st.boost.clone(),
+            server: st.boost_phrases.clone(),
+            request,
+        }
     }
-    let all = st.boost_phrases.iter().cloned().chain(phrases).collect();
-    st.boost
-        .tree(&st.model.tokenizer, all)
-        .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("boost"), Some("invalid_value")))
+
+    fn tree(self, model: &Model) -> Result<Option<Arc<BoostingTree>>, ApiError> {
+        match self {
+            RequestBoost::Ready(tree) => Ok(tree),
+            RequestBoost::Build {
+                args,
+                server,
+                request,
+            } => {
+                let all = server.iter().cloned().chain(request).collect();
+                args.tree(&model.tokenizer, all).map_err(|e| {
+                    ApiError::bad_request(format!("{e:#}"), Some("boost"), Some("invalid_value"))
+                })
+            }
+        }
+    }
 }
 
 async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
-    let body = read_body(body, st.max_upload).await?;
+    let body = read_body(body, st).await?;
     let req = Request::from_parts(parts, Body::from(body));
     let multipart = Multipart::from_request(req, &()).await.map_err(|e| {
         ApiError::bad_request(
@@ -413,7 +513,7 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         granularities,
         boost,
     } = fields;
-    let boost = request_tree(st, boost)?;
+    let boost = RequestBoost::new(st, boost);
     // Only verbose_json's words show a confidence: nothing else pays for it.
     let confidence = st
         .confidence
@@ -422,6 +522,7 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         .pool
         .submit(move |session: &mut Session| {
             let start = Instant::now();
+            let boost = boost.tree(session.model())?;
             run_job(session, file, &file_name, max_seconds, confidence, boost)
                 .map(|t| (t, start.elapsed()))
         })
@@ -469,11 +570,39 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
 /// bytes, so that the client, still sending, reads the 413 instead of a connection reset.
 const DRAIN_LIMIT: usize = 256 << 20;
 
-/// The whole request body, at most `limit` bytes.
-async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ApiError> {
+/// The whole request body, at most `max_upload` bytes; each part must come within the I/O
+/// timeout, and a shutdown cuts the upload.
+async fn read_body(mut body: Body, st: &AppState) -> Result<Bytes, ApiError> {
+    let limit = st.max_upload;
+    let mut stop = st.stop.clone();
     let mut buf = Vec::new();
     let mut total = 0usize;
-    while let Some(frame) = body.frame().await {
+    loop {
+        let frame = tokio::select! {
+            frame = tokio::time::timeout(st.io_timeout, body.frame()) => match frame {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(ApiError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!(
+                            "the request body stalled: nothing arrived for {} s (--io-timeout-seconds)",
+                            st.io_timeout.as_secs_f64()
+                        ),
+                        None,
+                        Some("request_timeout"),
+                    ));
+                }
+            },
+            () = stop.stopped() => {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the server is shutting down",
+                    None,
+                    Some("server_busy"),
+                ));
+            }
+        };
         let frame = frame.map_err(|e| {
             ApiError::bad_request(
                 format!("cannot read the request body: {e}"),
@@ -528,7 +657,20 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
                 file = Some((field.bytes().await.map_err(bad)?, file_name));
             }
             "response_format" => format = ResponseFormat::parse(&field.text().await.map_err(bad)?)?,
-            "boost" | "boost[]" => boost.push(field.text().await.map_err(bad)?),
+            "boost" | "boost[]" => {
+                boost.push(field.text().await.map_err(bad)?);
+                let bytes: usize = boost.iter().map(String::len).sum();
+                if boost.len() > MAX_REQUEST_PHRASES || bytes > MAX_REQUEST_PHRASE_BYTES {
+                    return Err(ApiError::bad_request(
+                        format!(
+                            "too many phrases to boost: a request may add at most {MAX_REQUEST_PHRASES} `boost` fields of {} KiB in all (phrases for every request belong in --boost-file)",
+                            MAX_REQUEST_PHRASE_BYTES >> 10
+                        ),
+                        Some("boost"),
+                        Some("invalid_value"),
+                    ));
+                }
+            }
             "timestamp_granularities[]" | "timestamp_granularities" => granularities
                 .get_or_insert_with(Granularities::default)
                 .add(&field.text().await.map_err(bad)?)?,

@@ -14,11 +14,15 @@
 //! An utterance ends, and its item is committed and completed, when the client commits or when
 //! the model ends it itself (an end-of-utterance token). Each connection has its own
 //! transcriber (made by the [`TranscriberFactory`]); the model behind it is shared. A connection
-//! idle longer than the idle timeout, or whose audio passes the length limit, gets an `error`
-//! event and is closed; one that disconnects has its state dropped at once.
+//! that sends no audio for longer than the idle timeout, whose audio passes the length limit, or
+//! that sends a message over the size limit gets an `error` event and is closed; one that does
+//! not read its events within the write timeout, or disconnects, has its state dropped at once.
+//! On server shutdown each stream's audio so far is finished into a last `completed` item, and
+//! the connection is closed with a close frame.
 
 use crate::audio::decode::{MAX_SAMPLE_RATE, MIN_SAMPLE_RATE};
 use crate::audio::resample::StreamResampler;
+use crate::server::conn::Drain;
 use crate::stream::{LiveTranscriber, StreamEvent};
 use anyhow::Result;
 use axum::Router;
@@ -31,6 +35,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Makes the transcriber of one connection (a new stream with its own state over the shared
 /// model), or says why the loaded model cannot stream.
@@ -42,19 +47,32 @@ pub type TranscriberFactory =
 pub struct RealtimeConfig {
     /// The model's name, shown in the session object.
     pub model_name: String,
-    /// A connection that sends nothing for this long is closed.
+    /// A connection that sends no audio for this long is closed.
     pub idle_timeout: Duration,
+    /// A connection whose client reads nothing of an event for this long is dropped.
+    pub write_timeout: Duration,
     /// Seconds of audio one connection may send in all.
     pub max_seconds: f64,
     /// Connections streaming at once; more are refused with an `error` event.
     pub max_streams: usize,
+    /// The server's shutdown signal; each connection holds a clone while it lives.
+    pub drain: Drain,
 }
 
 /// OpenAI's rate for `pcm16`.
 pub const OPENAI_PCM16_RATE: u32 = 24_000;
 
-/// Largest WebSocket message accepted (an append of 16 MiB is about 5.8 min of 24 kHz audio).
+/// Largest event accepted (an append of 16 MiB is about 5.8 min of 24 kHz audio); a larger one
+/// is answered with an `error` event and the connection is closed.
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Largest WebSocket message read at all: up to it, an oversized event is read (and dropped)
+/// so that the client, still sending, gets the `error` event instead of a reset.
+const MAX_FRAME_BYTES: usize = 4 * MAX_MESSAGE_BYTES;
+
+/// Events waiting to be written to a client that does not read them (bytes); beyond it the
+/// connection fails instead of buffering.
+const MAX_WRITE_BUFFER: usize = 1 << 20;
 
 struct Live {
     config: RealtimeConfig,
@@ -77,7 +95,9 @@ pub fn router(config: RealtimeConfig, factory: TranscriberFactory) -> Router {
 }
 
 async fn upgrade(State(live): State<Arc<Live>>, ws: WebSocketUpgrade) -> Response {
-    ws.max_message_size(MAX_MESSAGE_BYTES)
+    ws.max_message_size(MAX_FRAME_BYTES)
+        .max_frame_size(MAX_FRAME_BYTES)
+        .max_write_buffer_size(MAX_WRITE_BUFFER)
         .on_upgrade(move |socket| async move {
             let id = live.next_session.fetch_add(1, Ordering::Relaxed) + 1;
             let mut conn = Connection::new(live.clone(), socket, id);
@@ -107,6 +127,8 @@ struct Item {
 struct Connection {
     live: Arc<Live>,
     socket: WebSocket,
+    /// The server's shutdown signal (and, held, the server waits for this connection).
+    drain: Drain,
     session_id: String,
     /// `None` while it computes on a blocking thread (or after it failed).
     transcriber: Option<Box<dyn LiveTranscriber + Send>>,
@@ -129,6 +151,7 @@ type Closed = &'static str;
 impl Connection {
     fn new(live: Arc<Live>, socket: WebSocket, id: u64) -> Self {
         Self {
+            drain: live.config.drain.clone(),
             live,
             socket,
             session_id: format!("sess_{id}"),
@@ -158,6 +181,11 @@ impl Connection {
             return self.refuse("server_busy", &msg).await;
         }
         let _slot = Slot(live.clone());
+        if self.drain.is_stopped() {
+            return self
+                .refuse("server_shutting_down", "the server is shutting down")
+                .await;
+        }
         let factory = live.factory.clone();
         match tokio::task::spawn_blocking(move || factory()).await {
             Ok(Ok(t)) => self.transcriber = Some(t),
@@ -171,20 +199,37 @@ impl Connection {
         if self.send(created).await.is_err() {
             return "client gone";
         }
+        // Idle is measured on audio: pings and other events do not keep a stream alive.
+        let mut idle_since = Instant::now();
         loop {
-            let message =
-                match tokio::time::timeout(live.config.idle_timeout, self.socket.recv()).await {
-                    Err(_) => {
-                        let msg = format!(
-                            "no event for {} s: the connection is closed",
-                            live.config.idle_timeout.as_secs_f64()
-                        );
-                        return self.refuse("idle_timeout", &msg).await;
+            let received = self.received;
+            let message = tokio::select! {
+                m = self.socket.recv() => m,
+                () = tokio::time::sleep_until(idle_since + live.config.idle_timeout) => {
+                    let msg = format!(
+                        "no audio for {} s: the connection is closed (--stream-idle-seconds)",
+                        live.config.idle_timeout.as_secs_f64()
+                    );
+                    return self.refuse("idle_timeout", &msg).await;
+                }
+                () = self.drain.stopped() => return self.shut_down().await,
+            };
+            let message = match message {
+                None => return "client gone",
+                Some(Err(e)) => {
+                    // A message over even the read limit: say so if the client still listens.
+                    let e = e.to_string();
+                    if e.contains("too long") || e.contains("too big") {
+                        return self.too_large(None).await;
                     }
-                    Ok(None) | Ok(Some(Err(_))) => return "client gone",
-                    Ok(Some(Ok(m))) => m,
-                };
+                    return "client gone";
+                }
+                Some(Ok(m)) => m,
+            };
             let outcome = match message {
+                Message::Text(text) if text.len() > MAX_MESSAGE_BYTES => {
+                    return self.too_large(Some(text.len())).await;
+                }
                 Message::Text(text) => self.handle(text.as_str()).await,
                 Message::Binary(_) => {
                     self.error(
@@ -200,19 +245,67 @@ impl Connection {
             if let Err(closed) = outcome {
                 return closed;
             }
+            if self.received != received {
+                idle_since = Instant::now();
+            }
         }
+    }
+
+    /// Refuses a message over the size limit (`bytes`, if it was read at all) and closes.
+    async fn too_large(&mut self, bytes: Option<usize>) -> Closed {
+        let size = bytes.map_or_else(
+            || format!("over {} MiB", MAX_FRAME_BYTES >> 20),
+            |b| format!("{b} bytes"),
+        );
+        let msg = format!(
+            "the message ({size}) is larger than this server's limit of {} MiB per event: send audio in smaller appends",
+            MAX_MESSAGE_BYTES >> 20
+        );
+        self.refuse("message_too_large", &msg).await
+    }
+
+    /// The server is shutting down: the audio received so far is finished into a last
+    /// completed item, then the connection is closed as going away.
+    async fn shut_down(&mut self) -> Closed {
+        if self.buffered > 0 && self.transcriber.is_some() {
+            let events = match self.end_stream().await {
+                Ok(events) => events,
+                Err(closed) => return closed,
+            };
+            match self.forward(events).await {
+                Ok(0) => {
+                    let text = self
+                        .item
+                        .as_ref()
+                        .map_or_else(String::new, |i| i.sent.clone());
+                    if let Err(closed) = self.complete(text).await {
+                        return closed;
+                    }
+                }
+                Ok(_) => {}
+                Err(closed) => return closed,
+            }
+        }
+        self.close(axum::extract::ws::close_code::AWAY, "server shutting down")
+            .await;
+        "server shutting down"
+    }
+
+    /// Sends a close frame (within the write timeout).
+    async fn close(&mut self, code: u16, reason: &str) {
+        let frame = Message::Close(Some(CloseFrame {
+            code,
+            reason: reason.into(),
+        }));
+        let _ = tokio::time::timeout(self.live.config.write_timeout, self.socket.send(frame)).await;
     }
 
     /// Sends an `error` event and closes the connection.
     async fn refuse(&mut self, code: &str, message: &str) -> Closed {
-        let _ = self.error(code, message, None).await;
-        let _ = self
-            .socket
-            .send(Message::Close(Some(CloseFrame {
-                code: axum::extract::ws::close_code::POLICY,
-                reason: code.into(),
-            })))
-            .await;
+        if self.error(code, message, None).await.is_ok() {
+            self.close(axum::extract::ws::close_code::POLICY, code)
+                .await;
+        }
         "refused"
     }
 
@@ -242,6 +335,7 @@ impl Connection {
                     .await
             }
             other => {
+                let other: String = other.chars().take(64).collect();
                 let msg = format!(
                     "unsupported event type {other:?}: this server takes transcription_session.update, session.update and input_audio_buffer.append / commit / clear"
                 );
@@ -260,6 +354,18 @@ impl Connection {
         // The beta shape names the format, the GA shape nests it with its rate.
         let beta = session.get("input_audio_format");
         let ga = session.pointer("/audio/input/format");
+        if let (Some(b), Some(g)) = (beta, ga) {
+            let ga_rate = g.get("rate").and_then(Value::as_u64);
+            let agree = b == "pcm16"
+                && g.get("type").and_then(Value::as_str) == Some("audio/pcm")
+                && ga_rate.is_none_or(|r| r == u64::from(OPENAI_PCM16_RATE));
+            if !agree {
+                let msg = format!(
+                    "conflicting audio formats: input_audio_format {b} and audio.input.format {g}; send one of them"
+                );
+                return self.error("invalid_session_update", &msg, client_id).await;
+            }
+        }
         let rate = match (beta, ga) {
             (Some(Value::String(f)), _) if f == "pcm16" => Some(OPENAI_PCM16_RATE),
             (_, Some(format))
@@ -542,9 +648,13 @@ impl Connection {
     async fn send(&mut self, mut event: Value) -> Result<(), Closed> {
         self.next_event += 1;
         event["event_id"] = Value::String(format!("event_{}", self.next_event));
-        self.socket
-            .send(Message::Text(event.to_string().into()))
-            .await
-            .map_err(|_| "client gone")
+        // A client that reads nothing would hold this send (and the stream's slot) forever.
+        let message = Message::Text(event.to_string().into());
+        match tokio::time::timeout(self.live.config.write_timeout, self.socket.send(message)).await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err("client gone"),
+            Err(_) => Err("client not reading"),
+        }
     }
 }

@@ -17,11 +17,11 @@ use std::time::Duration;
 use tungstenite::Message;
 use tungstenite::stream::MaybeTlsStream;
 
-const MODEL: &str = "tiny_stream_tdt_ctc";
+pub(crate) const MODEL: &str = "tiny_stream_tdt_ctc";
 
 /// NeMo's streaming texts for `head` ("rnnt" or "ctc"): the partial text after every chunk
 /// that emitted tokens, and the final text.
-fn nemo_texts(head: &str) -> (Vec<String>, String) {
+pub(crate) fn nemo_texts(head: &str) -> (Vec<String>, String) {
     let result = read_json(&reference("tiny_stream_tdt_ctc_stream").join("result.json"));
     let streaming = &result["lookaheads"]["att_70_13"][head]["streaming"];
     let partials = streaming["chunks"]
@@ -88,7 +88,7 @@ fn run_stream(args: &[&str], stdin: Option<&[u8]>) -> (Vec<String>, Vec<String>)
     texts_of(&String::from_utf8(out.stdout).unwrap())
 }
 
-fn clip_s16le() -> Vec<u8> {
+pub(crate) fn clip_s16le() -> Vec<u8> {
     let mut reader = hound::WavReader::open(fixtures().join("audio/speech_10s.wav")).unwrap();
     reader
         .samples::<i16>()
@@ -167,8 +167,10 @@ fn the_websocket_gives_nemos_streaming_text() {
     let config = RealtimeConfig {
         model_name: MODEL.into(),
         idle_timeout: Duration::from_secs(20),
+        write_timeout: Duration::from_secs(20),
         max_seconds: 60.0,
         max_streams: 2,
+        drain: parakeet::server::conn::Drain::new().1,
     };
     let addr = crate::realtime::start(config, factory);
     let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime")).unwrap();

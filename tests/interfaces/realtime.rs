@@ -3,6 +3,7 @@
 
 use crate::live_double::CountingTranscriber;
 use base64::Engine;
+use parakeet::server::conn::Drain;
 use parakeet::server::realtime::{RealtimeConfig, TranscriberFactory, router};
 use serde_json::{Value, json};
 use std::net::{SocketAddr, TcpStream};
@@ -18,8 +19,10 @@ fn config() -> RealtimeConfig {
     RealtimeConfig {
         model_name: "counting-double".into(),
         idle_timeout: Duration::from_secs(20),
+        write_timeout: Duration::from_secs(20),
         max_seconds: 60.0,
         max_streams: 8,
+        drain: Drain::new().1,
     }
 }
 
@@ -360,4 +363,157 @@ fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_wi
             .contains("cannot stream")
     );
     assert!(next(&mut ws).is_none());
+}
+
+/// Reads events until one of type `kind`, the server's close, or `limit`; the event if seen.
+fn wait_for(ws: &mut Client, kind: &str, limit: Duration) -> Option<Value> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        match ws.read() {
+            Ok(Message::Text(t)) => {
+                let e: Value = serde_json::from_str(t.as_str()).unwrap();
+                if e["type"] == kind {
+                    return Some(e);
+                }
+            }
+            Ok(Message::Close(_)) => return None,
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+#[test]
+fn pings_do_not_keep_a_stream_alive_and_a_client_that_never_reads_is_dropped() {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let limits = RealtimeConfig {
+        idle_timeout: Duration::from_secs(1),
+        ..config()
+    };
+    let addr = start(limits, doubles(None, &alive));
+    let mut ws = connect(addr);
+    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+    }
+    until(&mut ws, "transcription_session.created");
+    // Pings every 100 ms (and a session.update): no audio, so the stream is idle.
+    let began = Instant::now();
+    let mut idle = None;
+    while idle.is_none() && began.elapsed() < Duration::from_secs(4) {
+        ws.send(Message::Ping(vec![1].into())).unwrap();
+        send(&mut ws, json!({"type": "session.update", "session": {}}));
+        idle = wait_for(&mut ws, "error", Duration::from_millis(100));
+    }
+    let idle = idle.expect("pings kept an idle stream open for 4 s (idle timeout 1 s)");
+    assert_eq!(idle["error"]["code"], "idle_timeout", "{idle}");
+    drop(ws);
+    wait_until_alive(&alive, 0, "the idle stream was never freed");
+
+    // A client that sends events but never reads their answers: once its buffers are full
+    // the server's writes stall, and the write timeout drops it.
+    let limits = RealtimeConfig {
+        idle_timeout: Duration::from_secs(120),
+        write_timeout: Duration::from_millis(500),
+        ..config()
+    };
+    let addr = start(limits, doubles(None, &alive));
+    let mut ws = connect(addr);
+    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+    wait_until_alive(&alive, 1, "the stream never started");
+    // Each `{}` is answered by an error event of about 200 bytes: 40 MB unread in all.
+    for _ in 0..200_000 {
+        if ws.send(Message::Text("{}".into())).is_err() {
+            break;
+        }
+    }
+    wait_until_alive(&alive, 0, "a client that never reads held its stream");
+}
+
+#[test]
+fn an_oversized_append_and_conflicting_formats_get_error_events() {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let addr = start(config(), doubles(None, &alive));
+    let mut ws = connect(addr);
+    until(&mut ws, "transcription_session.created");
+    // pcm16 is 24 kHz, the GA format says 8 kHz: neither is guessed.
+    send(
+        &mut ws,
+        json!({"type": "session.update", "session": {"input_audio_format": "pcm16", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}}),
+    );
+    let (code, e) = error_code(&mut ws);
+    assert_eq!(code, "invalid_session_update", "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("8000"),
+        "{e}"
+    );
+    // Agreeing fields are fine.
+    send(
+        &mut ws,
+        json!({"type": "session.update", "session": {"input_audio_format": "pcm16", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}}}}),
+    );
+    let updated = until(&mut ws, "session.updated");
+    assert_eq!(
+        updated[0]["session"]["audio"]["input"]["format"]["rate"],
+        24_000
+    );
+
+    // 50 MB in one append: an error event says why, then the server closes.
+    let audio = "A".repeat(50 << 20);
+    let event = format!(r#"{{"type": "input_audio_buffer.append", "audio": "{audio}"}}"#);
+    drop(audio);
+    ws.send(Message::Text(event.into())).unwrap();
+    let (code, e) = error_code(&mut ws);
+    assert_eq!(code, "message_too_large", "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("52428"),
+        "{e}"
+    );
+    assert!(next(&mut ws).is_none());
+    wait_until_alive(&alive, 0, "the refused stream was never freed");
+}
+
+#[test]
+fn a_shutdown_completes_each_stream_s_audio_and_closes_it() {
+    let alive = Arc::new(AtomicUsize::new(0));
+    let (control, drain) = Drain::new();
+    let addr = start(RealtimeConfig { drain, ..config() }, doubles(None, &alive));
+    let mut ws = connect(addr);
+    at_16k(&mut ws);
+    append(&mut ws, 2000);
+    until(&mut ws, "conversation.item.input_audio_transcription.delta");
+    control.stop();
+    assert_eq!(
+        until(
+            &mut ws,
+            "conversation.item.input_audio_transcription.completed"
+        ),
+        [
+            delta("item_1", " s2000"),
+            committed("item_1", None),
+            completed("item_1", "s1600 s2000"),
+        ]
+    );
+    // A close frame says why: going away.
+    let frame = loop {
+        match ws.read() {
+            Ok(Message::Close(frame)) => break frame.expect("a close frame with a code"),
+            Ok(Message::Text(t)) => panic!("after the last item: {t}"),
+            Ok(_) => {}
+            Err(e) => panic!("no close frame: {e}"),
+        }
+    };
+    assert_eq!(u16::from(frame.code), 1001, "{frame:?}");
+    wait_until_alive(&alive, 0, "the stream was never freed");
+    // New streams are refused.
+    let mut late = connect(addr);
+    assert_eq!(error_code(&mut late).0, "server_shutting_down");
 }

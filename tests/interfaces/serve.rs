@@ -37,7 +37,10 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let model = model();
+        Server::start_with(&model(), extra)
+    }
+
+    fn start_with(model: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
             .args(["serve", "-m", model.to_str().unwrap(), "--port", "0"])
             .args(extra)
@@ -651,4 +654,283 @@ fn boost_fields_boost_like_the_cli() {
     assert_eq!(text(&[("boost", "the cat")]), both);
     assert_eq!(text(&[]), cli(&["--boost", "data"]));
     assert_ne!(text(&[]), both);
+}
+
+/// Waits at most `limit` for the server to exit; its exit code.
+fn exits_within(server: &mut Server, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return status.code();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server did not exit within {limit:?} of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(unix)]
+fn sigterm(server: &Server) {
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// Reads what the server sends until it closes (or `limit` passes): the bytes and whether it
+/// closed.
+fn read_until_closed(tcp: &mut std::net::TcpStream, limit: Duration) -> (String, bool) {
+    use std::io::Read;
+    tcp.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tcp.read(&mut buf) {
+            Ok(0) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (String::from_utf8_lossy(&got).into_owned(), true);
+            }
+            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), false),
+        }
+    }
+}
+
+/// The head and the first bytes of a multipart upload that promises 100,000 bytes.
+const HALF_A_BODY: &str = "POST /v1/audio/transcriptions HTTP/1.1\r\nhost: x\r\ncontent-type: multipart/form-data; boundary=b\r\ncontent-length: 100000\r\n\r\n--b\r\ncontent-disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF";
+
+#[test]
+fn silent_and_stalled_clients_are_cut_and_connections_are_capped() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let server = Server::start(&["--io-timeout-seconds", "1", "--max-connections", "6"]);
+    let addr = server.addr.clone();
+    // A connection that never sends its request head is closed.
+    let began = Instant::now();
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    let (said, closed) = read_until_closed(&mut silent, Duration::from_secs(5));
+    assert!(
+        closed && began.elapsed() < Duration::from_secs(4),
+        "{said:?} after {:?}",
+        began.elapsed()
+    );
+    // Half a request head: the same.
+    let mut half = TcpStream::connect(&addr).unwrap();
+    half.write_all(b"POST /v1/audio/transcriptions HTTP/1.1\r\nhost:")
+        .unwrap();
+    let (_, closed) = read_until_closed(&mut half, Duration::from_secs(5));
+    assert!(closed, "half a request head held the connection");
+    // A body that stalls is answered 408, and the connection closed.
+    let mut stalled = TcpStream::connect(&addr).unwrap();
+    stalled.write_all(HALF_A_BODY.as_bytes()).unwrap();
+    let (said, closed) = read_until_closed(&mut stalled, Duration::from_secs(5));
+    assert!(closed && said.starts_with("HTTP/1.1 408"), "{said:?}");
+    assert!(said.contains("request_timeout"), "{said}");
+
+    drop(server);
+
+    // Six silent connections fill the cap (a timeout long enough that a loaded machine cannot
+    // cut them first): the seventh is answered 503 at once.
+    let server = Server::start(&["--io-timeout-seconds", "60", "--max-connections", "6"]);
+    let addr = server.addr.clone();
+    let held: Vec<TcpStream> = (0..6).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut over = TcpStream::connect(&addr).unwrap();
+    let (said, closed) = read_until_closed(&mut over, Duration::from_secs(5));
+    assert!(closed && said.starts_with("HTTP/1.1 503"), "{said:?}");
+    assert!(said.contains("--max-connections"), "{said}");
+    // Once they go, their slots are free again.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ureq::get(&server.url("/health")).call().is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the closed connections kept their slots"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_with_a_client_holding_half_a_body_exits_at_once() {
+    use std::io::Write;
+    let mut server = Server::start(&["--io-timeout-seconds", "60", "--shutdown-seconds", "5"]);
+    let mut tcp = std::net::TcpStream::connect(&server.addr).unwrap();
+    tcp.write_all(HALF_A_BODY.as_bytes()).unwrap();
+    // The server is reading the body when the signal comes.
+    std::thread::sleep(Duration::from_millis(1000));
+    sigterm(&server);
+    // The upload is cut with a 503 (not after the 60 s read timeout), and the server is done.
+    let (said, _) = read_until_closed(&mut tcp, Duration::from_secs(4));
+    assert!(said.starts_with("HTTP/1.1 503"), "{said:?}");
+    assert!(said.contains("shutting down"), "{said}");
+    assert_eq!(exits_within(&mut server, Duration::from_secs(4)), Some(0));
+}
+
+#[cfg(unix)]
+#[test]
+fn work_past_the_shutdown_deadline_is_abandoned_and_the_server_exits() {
+    let dir = scratch("deadline");
+    let long = dir.join("long.wav");
+    // 40 min of audio: several seconds of work for the tiny model.
+    let bytes = repeated_wav(&clip("speech_10s.wav"), 240, &long);
+    let mut server = Server::start(&[
+        "--workers",
+        "1",
+        "--threads",
+        "1",
+        "--shutdown-seconds",
+        "0.2",
+        "--max-upload-mb",
+        "200",
+    ]);
+    let url = server.url("/v1/audio/transcriptions");
+    let (content_type, body) =
+        multipart(&[("response_format", "text")], Some(("long.wav", &bytes)));
+    let in_flight = std::thread::spawn(move || {
+        ureq::post(&url)
+            .set("Content-Type", &content_type)
+            .send_bytes(&body)
+            .map(|r| r.status())
+            .map_err(|e| e.to_string())
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.health()["busy"] != 1 {
+        assert!(Instant::now() < deadline, "the request never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let began = Instant::now();
+    sigterm(&server);
+    assert_eq!(exits_within(&mut server, Duration::from_secs(3)), Some(0));
+    let took = began.elapsed();
+    let log: Vec<String> = server.log.get_mut().unwrap().iter().collect();
+    assert!(
+        log.iter().any(|l| l.contains("abandoned")),
+        "{log:?} after {took:?}"
+    );
+    // The client gets no transcript: its connection is gone.
+    let r = in_flight.join().unwrap();
+    assert!(r.is_err(), "{r:?}");
+}
+
+/// Start-up flags that would turn a limit off or refuse everything are refused, exit 2.
+#[test]
+fn serve_limits_are_checked_at_start_up() {
+    for (flag, value) in [
+        ("--max-audio-seconds", "NaN"),
+        ("--max-audio-seconds", "-1"),
+        ("--max-audio-seconds", "0"),
+        ("--max-audio-seconds", "inf"),
+        ("--max-upload-mb", "17592186044416"),
+        ("--max-upload-mb", "0"),
+        ("--max-stream-seconds", "NaN"),
+        ("--max-stream-seconds", "-5"),
+        ("--max-stream-seconds", "0"),
+        ("--stream-idle-seconds", "0"),
+        ("--io-timeout-seconds", "-1"),
+        ("--shutdown-seconds", "NaN"),
+        ("--max-connections", "0"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+            .args(["serve", "-m", "no-such-model.gguf", "--port", "0"])
+            .arg(format!("{flag}={value}"))
+            .env_remove("PARAKEET_MODEL")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value),
+            "{flag} {value}: {err}"
+        );
+        assert!(
+            !err.contains("no-such-model"),
+            "{flag} {value}: checked too late: {err}"
+        );
+    }
+}
+
+/// A request's `boost` fields are limited in number and size (each phrase costs the
+/// boosting tree memory while it is built).
+#[test]
+fn too_many_boost_phrases_are_refused() {
+    let server = Server::start(&["--workers", "1", "--threads", "1"]);
+    let wav = std::fs::read(clip("speech_10s.wav")).unwrap();
+    let phrases: Vec<String> = (0..1001).map(|i| format!("phrase {i}")).collect();
+    let mut fields: Vec<(&str, &str)> = phrases.iter().map(|p| ("boost", p.as_str())).collect();
+    fields.push(("response_format", "text"));
+    let r = server.transcribe(&fields, Some(("a.wav", &wav)));
+    r.assert_error(400, Some("boost"), "invalid_value");
+    let big = "word ".repeat(20_000);
+    let r = server.transcribe(&[("boost", &big)], Some(("a.wav", &wav)));
+    r.assert_error(400, Some("boost"), "invalid_value");
+    // Within the limits the request goes through.
+    let r = server.transcribe(
+        &[("boost", "the cat"), ("response_format", "text")],
+        Some(("a.wav", &wav)),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+/// SIGTERM finishes a live stream: the audio received becomes a last completed item (NeMo's
+/// streaming text of the clip), a close frame says the server is going away, and the server
+/// exits 0 within its deadline.
+#[cfg(unix)]
+#[test]
+fn sigterm_completes_live_streams_and_closes_them() {
+    use base64::Engine;
+    use serde_json::json;
+    use tungstenite::Message;
+    let model = gguf(crate::live_nemo::MODEL, OutType::F32);
+    let mut server = Server::start_with(&model, &["--threads", "1", "--shutdown-seconds", "20"]);
+    let (mut ws, _) = tungstenite::connect(format!("ws://{}/v1/realtime", server.addr)).unwrap();
+    if let tungstenite::stream::MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    }
+    let mut send = |v: Value| ws.send(Message::Text(v.to_string().into())).unwrap();
+    send(
+        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
+    );
+    for piece in crate::live_nemo::clip_s16le().chunks(6400) {
+        let audio = base64::engine::general_purpose::STANDARD.encode(piece);
+        send(json!({"type": "input_audio_buffer.append", "audio": audio}));
+    }
+    // Events are handled in order: once this is answered, every append was heard.
+    send(json!({"type": "session.update", "session": {}}));
+    let events = |ws: &mut tungstenite::WebSocket<_>| loop {
+        match ws.read() {
+            Ok(Message::Text(t)) => return Ok(serde_json::from_str::<Value>(t.as_str()).unwrap()),
+            Ok(Message::Close(frame)) => return Err(frame),
+            Ok(_) => {}
+            Err(e) => panic!("the server closed without a close frame: {e}"),
+        }
+    };
+    let mut updates = 0;
+    while updates < 2 {
+        let e = events(&mut ws).expect("closed early");
+        assert_ne!(e["type"], "error", "{e}");
+        updates += usize::from(e["type"] == "session.updated");
+    }
+    sigterm(&server);
+    let completed = loop {
+        let e = events(&mut ws).expect("closed before the last item");
+        if e["type"] == "conversation.item.input_audio_transcription.completed" {
+            break e;
+        }
+        assert_ne!(e["type"], "error", "{e}");
+    };
+    let (_, nemo_final) = crate::live_nemo::nemo_texts("rnnt");
+    assert_eq!(completed["transcript"], nemo_final.as_str());
+    let frame = events(&mut ws)
+        .expect_err("an event after the last item")
+        .expect("a close frame with a code");
+    assert_eq!(u16::from(frame.code), 1001, "{frame:?}");
+    assert_eq!(exits_within(&mut server, Duration::from_secs(20)), Some(0));
 }
