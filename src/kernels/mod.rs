@@ -6,6 +6,7 @@
 //! dispatched in [`linear`]; [`cpu`] is the one place that asks what this CPU can run.
 
 mod attention;
+mod columns;
 pub mod cpu;
 mod depthwise;
 mod glu;
@@ -87,6 +88,10 @@ pub trait FusedOps<'g> {
         biases: (&Weight, &Weight),
         c: Tensor<'g>,
     ) -> Tensor<'g>;
+
+    /// The GEMM columns of a kernel-3, padding-1 Conv1d over N sequences: `x` [C, T, N] ->
+    /// [3C, T', N] (see [`columns::conv1d_columns`]).
+    fn conv1d_columns(&mut self, x: Tensor<'g>, stride: usize) -> Tensor<'g>;
 
     /// A PyTorch LSTM cell over a whole sequence of precomputed input products: `h` after
     /// every step, then the last `c` (see [`lstm_sequence::lstm_sequence`]).
@@ -222,6 +227,10 @@ impl<'g> FusedOps<'g> for Graph<'g> {
         c: Tensor<'g>,
     ) -> Tensor<'g> {
         lstm::lstm_pointwise(self, gx, gh, biases, c)
+    }
+
+    fn conv1d_columns(&mut self, x: Tensor<'g>, stride: usize) -> Tensor<'g> {
+        columns::conv1d_columns(self, x, stride)
     }
 
     fn lstm_sequence(

@@ -90,6 +90,12 @@ pub struct VadModel {
     nets: Vec<Net>,
 }
 
+/// Rows of the STFT basis as stored for the GEMM: the `2 * bins` rows (cos, then sin) and zero
+/// rows up to the panel height of 16.
+fn basis_rows(bins: usize) -> usize {
+    (2 * bins).next_multiple_of(16)
+}
+
 /// Conv strides of the four encoder blocks.
 const STRIDES: [usize; 4] = [1, 2, 2, 1];
 /// Output channels of the four encoder blocks.
@@ -163,11 +169,12 @@ impl VadModel {
             let p = rate.prefix();
             let frame = rate.frame();
             let bins = frame / 2 + 1;
-            let basis = read(
+            let mut basis = read(
                 &format!("{p}.stft.forward_basis_buffer"),
                 &[2 * bins, 1, frame],
             )?;
-            host.push(&format!("{p}.basis"), &[frame, 2 * bins], basis);
+            basis.resize(basis_rows(bins) * frame, 0.0);
+            host.push_panel16(&format!("{p}.basis"), basis_rows(bins), frame, &basis);
             let mut cin = bins;
             for (i, &cout) in CHANNELS.iter().enumerate() {
                 let w = read(
@@ -183,7 +190,7 @@ impl VadModel {
                         }
                     }
                 }
-                host.push(&format!("{p}.conv{i}.weight"), &[3 * cin, cout], taps);
+                host.push_panel16(&format!("{p}.conv{i}.weight"), cout, 3 * cin, &taps);
                 host.push(&format!("{p}.conv{i}.bias"), &[cout], b);
                 cin = cout;
             }
@@ -192,7 +199,7 @@ impl VadModel {
             let w_hh = read(&format!("{p}.decoder.rnn.weight_hh"), &[gates, HIDDEN])?;
             let b_ih = read(&format!("{p}.decoder.rnn.bias_ih"), &[gates])?;
             let b_hh = read(&format!("{p}.decoder.rnn.bias_hh"), &[gates])?;
-            host.push(&format!("{p}.w_ih"), &[HIDDEN, gates], w_ih);
+            host.push_panel16(&format!("{p}.w_ih"), gates, HIDDEN, &w_ih);
             let bias = b_ih.iter().zip(&b_hh).map(|(a, b)| a + b).collect();
             host.push(&format!("{p}.bias"), &[gates], bias);
             let mut w_hh_t = vec![0f32; gates * HIDDEN];
@@ -374,9 +381,8 @@ impl Vad {
         let mut lstm = None;
         let mut out = self.backend.compute(|g| {
             let frames = g.input_f32_owned(frames, &[frame, 4 * n]);
-            let basis = g.weight(&net.basis);
-            let spec = g.matmul(basis, frames);
-            let row = 2 * bins * 4;
+            let spec = g.linear(frames, &net.basis, None);
+            let row = basis_rows(bins) * 4;
             let re = g.view(spec, &[bins, 4 * n], &[row], 0);
             let im = g.view(spec, &[bins, 4 * n], &[row], bins * 4);
             let re2 = g.mul(re, re);
@@ -388,10 +394,7 @@ impl Vad {
                 x = conv3(g, x, (wt, b), STRIDES[i]);
             }
             let feat = g.reshape(x, &[HIDDEN, n]);
-            let w_ih = g.weight(&net.w_ih);
-            let gx = g.matmul(w_ih, feat);
-            let bias = g.weight(&net.bias);
-            let gx = g.add(gx, bias);
+            let gx = g.linear(feat, &net.w_ih, Some(&net.bias));
             let w_hh_t = g.weight(&net.w_hh_t);
             let s = g.input_f32_owned(state_in, &[HIDDEN, 2]);
             let hs = g.lstm_sequence(gx, w_hh_t, s);
@@ -416,7 +419,7 @@ impl Vad {
 }
 
 /// A Conv1d of kernel 3, zero padding 1, then bias and ReLU, applied to each window's frames
-/// on its own: `x` [Cin, T, N] -> [Cout, T', N], as one GEMM over the three taps side by side.
+/// on its own: `x` [Cin, T, N] -> [Cout, T', N], as one GEMM over the taps side by side.
 fn conv3<'g>(
     g: &mut crate::backend::Graph<'g>,
     x: crate::backend::Tensor<'g>,
@@ -425,25 +428,9 @@ fn conv3<'g>(
 ) -> crate::backend::Tensor<'g> {
     let [cin, t, n, _] = x.shape();
     let cout = wt.shape()[1];
-    let padded = g.pad(x, [(0, 0), (1, 1), (0, 0), (0, 0)]);
     let t_out = (t - 1) / stride + 1;
-    let elem = 4;
-    let tap = |g: &mut crate::backend::Graph<'g>, k: usize| {
-        g.view(
-            padded,
-            &[cin, t_out, n],
-            &[stride * cin * elem, (t + 2) * cin * elem],
-            k * cin * elem,
-        )
-    };
-    let (t0, t1, t2) = (tap(g, 0), tap(g, 1), tap(g, 2));
-    let cols = g.concat(t0, t1, 0);
-    let cols = g.concat(cols, t2, 0);
+    let cols = g.conv1d_columns(x, stride);
     let cols = g.reshape(cols, &[3 * cin, t_out * n]);
-    let w = g.weight(wt);
-    let y = g.matmul(w, cols);
-    let bias = g.weight(b);
-    let y = g.add(y, bias);
-    let y = g.relu(y);
+    let y = g.linear_relu(cols, wt, Some(b));
     g.reshape(y, &[cout, t_out, n])
 }
