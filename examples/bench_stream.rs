@@ -6,7 +6,7 @@
 //! (MODEL a .gguf or a .nemo; L,R one of the model's lookaheads, its default when absent;
 //! THREADS defaults to 2). Prints p50 / p95 / max per chunk and the real-time factor; when
 //! the first chunk's result and the first partial come (audio fed in 10 ms pieces: the audio
-//! time plus that call's compute), against issue 21's bound; for audio over 10 minutes, the
+//! time plus that call's compute), against the latency bound; for audio over 10 minutes, the
 //! per-chunk times of every 10 minutes and VmRSS after minute 1 and at the end.
 
 use anyhow::{Context, Result, bail};

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# What confidence, phrase boosting and beam search cost against greedy decoding (issue 20's
-# targets), in one run: per file, each variant REPS times, interleaved, median decoder time
-# (the --profile stage table) and peak RSS.
+# What confidence, phrase boosting and beam search cost against greedy decoding, in one run:
+# per file, each variant REPS times, interleaved, median decoder time (the --profile stage
+# table) and peak RSS.
 # Usage: scripts/bench_decoding.sh MODEL.gguf FILE.wav [FILE.wav ...]
 #   env: THREADS=2 REPS=3 PHRASES=10000 BEAM=4 BIN=target/release/parakeet ATT=128,128
 # The phrases are made up (pseudo-words of 2-4 syllables, 1-3 words a phrase, a fixed seed), so

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Full-size cache-aware streaming architectures with seeded random weights, for the streaming
-latency benchmark of issue 21 (no real checkpoint can be downloaded here).
+latency benchmark (no real checkpoint can be downloaded here).
 
   stream_rnnt_0.6b  nvidia/nemotron-speech-streaming-en-0.6b's shape: 24 x 1024, 8 heads, 128 mels,
                     RNN-T with a 2-layer 640 LSTM, lookaheads [70,13] [70,6] [70,1] [70,0]

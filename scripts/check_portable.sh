@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The portable-build checks (issue 22), on the bundled tiny TDT model and the 2 s clip:
+# The portable-build checks, on the bundled tiny TDT model and the 2 s clip:
 #   - the x86-64 binary gives the same text on this CPU, under `qemu-x86_64 -cpu Nehalem`
 #     (SSE4.2, the baseline: our portable kernels) and `-cpu Haswell` (AVX2: our AVX2 kernels);
 #   - under `-cpu core2duo` (below the x86-64-v2 baseline) it says so in one line and exits 2

@@ -1,4 +1,4 @@
-//! Hostile-but-realistic use (issue 9): every case refused with one clear error naming the file
+//! Hostile-but-realistic use: every case refused with one clear error naming the file
 //! and the problem, or handled right, never an abort, a hang or a silently lost result.
 
 use crate::common::*;

@@ -130,20 +130,11 @@ fn recombine(slots: Vec<Slot>) -> Vec<Slot> {
             && a.tokens.len() == b.tokens.len()
             && a.tokens.same_ids(&b.tokens)
     };
-    let keep: Vec<bool> = (0..slots.len())
-        .map(|i| {
-            !(0..slots.len()).any(|j| {
-                j != i
-                    && equal(&slots[i], &slots[j])
-                    && (slots[j].score > slots[i].score
-                        || (slots[j].score == slots[i].score && j < i))
-            })
-        })
-        .collect();
+    let leaders = super::toolkit::group_leaders(&slots, equal, |s| s.score);
     slots
         .into_iter()
-        .zip(keep)
-        .filter_map(|(s, k)| k.then_some(s))
+        .zip(leaders)
+        .filter_map(|(s, group)| group.map(|_| s))
         .collect()
 }
 

@@ -10,10 +10,10 @@
 //! both through f32, as here. Every round runs one joint graph and one prediction graph for
 //! all the hypotheses it expands.
 
-use super::{
-    BeamConfig, NBest, Projection, TokenPath, extend_hash, log_add_exp64, log_softmax, rank_f64,
-    top_k,
+use super::toolkit::{
+    first_best, log_add_exp, merge_into_first, sort_best_first, sort_worst_first,
 };
+use super::{BeamConfig, NBest, Projection, TokenPath, extend_hash, log_softmax, rank_f64, top_k};
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
@@ -191,27 +191,16 @@ impl Search<'_, '_> {
                     score += self.prefix_step_logp(&logits, tail[m + 1]);
                 }
                 let h = &mut hyps[j];
-                h.score = log_add_exp64(h.score, score);
+                h.score = log_add_exp(h.score, score);
             }
         }
         Ok(())
     }
 }
 
-/// The first of the best-scored (as Python's `max`).
-fn first_best(scores: impl Iterator<Item = f64>) -> Option<(usize, f64)> {
-    let mut best: Option<(usize, f64)> = None;
-    for (i, s) in scores.enumerate() {
-        if best.is_none_or(|(_, b)| s > b) {
-            best = Some((i, s));
-        }
-    }
-    best
-}
-
 /// Best first, stable (as Python's `sorted(reverse=True)`), at most `n`.
 fn best_n(mut hyps: Vec<Hyp>, n: usize) -> Vec<Hyp> {
-    hyps.sort_by(|a, b| b.score.total_cmp(&a.score));
+    sort_best_first(&mut hyps, |h| h.score);
     hyps.truncate(n);
     hyps
 }
@@ -292,7 +281,7 @@ fn search_rnnt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
                     .into_iter()
                     .filter(|o| best - cfg.maes_expansion_gamma <= o.1)
                     .collect();
-                chosen.sort_by(|a, b| a.1.total_cmp(&b.1));
+                sort_worst_first(&mut chosen, |c| c.1);
                 for (k, score) in chosen {
                     if k == blank {
                         ended.push(Hyp { score, ..h.clone() });
@@ -431,18 +420,10 @@ fn search_tdt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
 /// tokens on the same frame adds its probability to the first one's (through f32 tensors,
 /// as NeMo) and leaves.
 fn merge_duplicates(mut hyps: Vec<Hyp>) -> Vec<Hyp> {
-    hyps.sort_by(|a, b| b.score.total_cmp(&a.score));
-    let mut merged: Vec<Hyp> = Vec::with_capacity(hyps.len());
-    for h in hyps {
-        match merged
-            .iter_mut()
-            .find(|m| m.frame == h.frame && m.same_tokens(&h))
-        {
-            Some(m) => {
-                m.score = super::log_add_exp(m.score as f32, h.score as f32) as f64;
-            }
-            None => merged.push(h),
-        }
-    }
-    merged
+    sort_best_first(&mut hyps, |h| h.score);
+    merge_into_first(
+        hyps,
+        |m, h| m.frame == h.frame && m.same_tokens(h),
+        |m, h| m.score = log_add_exp(m.score as f32, h.score as f32) as f64,
+    )
 }

@@ -256,7 +256,7 @@ fn prefix_search(slots: &mut [Slot], logps: &[Vec<f32>], blank: usize) {
             }
             let sum: f64 = paths.iter().map(|&p| ((p - max) as f64).exp()).sum();
             let through = (max as f64 + sum.ln()) as f32;
-            super::log_add_exp(me.score, through)
+            super::toolkit::log_add_exp(me.score, through)
         })
         .collect();
     for (slot, s) in slots.iter_mut().zip(scores) {

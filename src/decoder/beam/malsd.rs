@@ -330,22 +330,11 @@ fn recombine(slots: Vec<Slot>, tdt: bool) -> Vec<Slot> {
             && (!tdt || a.hyp.frame == b.hyp.frame)
             && a.tokens.same_ids(&b.tokens)
     };
-    let merged_scores: Vec<Option<f32>> = (0..slots.len())
-        .map(|i| {
-            let group: Vec<usize> = (0..slots.len())
-                .filter(|&j| equal(&slots[i], &slots[j]))
-                .collect();
-            let mut best = i;
-            for &j in &group {
-                if slots[j].hyp.score > slots[best].hyp.score
-                    || (slots[j].hyp.score == slots[best].hyp.score && j < best)
-                {
-                    best = j;
-                }
-            }
-            (best == i).then(|| log_sum_exp(group.iter().map(|&j| slots[j].hyp.score)))
-        })
-        .collect();
+    let merged_scores: Vec<Option<f32>> =
+        super::toolkit::group_leaders(&slots, equal, |s| s.hyp.score)
+            .into_iter()
+            .map(|group| Some(log_sum_exp(group?.iter().map(|&j| slots[j].hyp.score))))
+            .collect();
     slots
         .into_iter()
         .zip(merged_scores)
@@ -375,6 +364,6 @@ mod tests {
         assert_eq!(log_sum_exp([-3.25f32].into_iter()), -3.25);
         let two = log_sum_exp([-1.0f32, -1.0].into_iter());
         assert!((two - (-1.0 + 2f32.ln())).abs() < 1e-6);
-        assert_eq!(super::super::log_add_exp(-1.0, -1.0), two);
+        assert_eq!(super::super::toolkit::log_add_exp(-1.0f32, -1.0), two);
     }
 }

@@ -20,6 +20,7 @@ mod path;
 mod rnnt_default;
 mod rnnt_sync;
 mod tdt_default;
+mod toolkit;
 
 pub use ctc::ctc_beam;
 use path::TokenPath;
@@ -393,24 +394,6 @@ fn log_softmax(row: &[f32]) -> Vec<f32> {
     row.iter().map(|&x| x - max - lse).collect()
 }
 
-/// `log(exp(a) + exp(b))`, as torch's logaddexp: -inf on both sides stays -inf.
-fn log_add_exp(a: f32, b: f32) -> f32 {
-    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
-    if hi == f32::NEG_INFINITY {
-        return hi;
-    }
-    (hi as f64 + ((lo - hi) as f64).exp().ln_1p()) as f32
-}
-
-/// NumPy's `logaddexp` in f64 (NeMo's Python-float searches).
-fn log_add_exp64(a: f64, b: f64) -> f64 {
-    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
-    if hi == f64::NEG_INFINITY {
-        return hi;
-    }
-    hi + (lo - hi).exp().ln_1p()
-}
-
 /// NeMo's transcript hash (a 64-bit linear congruential step per emitted label), used with
 /// the last label and the length to recognise equal hypotheses.
 fn extend_hash(hash: i64, label: usize) -> i64 {
@@ -446,7 +429,7 @@ fn rank_f64(mut hyps: Vec<(TokenPath, f64)>, score_norm: bool) -> Vec<NBest> {
             *score
         }
     };
-    hyps.sort_by(|a, b| key(b).total_cmp(&key(a)));
+    toolkit::sort_best_first(&mut hyps, key);
     hyps.into_iter()
         .map(|(tokens, score)| NBest {
             tokens: tokens.to_vec(),
@@ -465,7 +448,7 @@ fn rank(mut hyps: Vec<NBest>, score_norm: bool) -> Vec<NBest> {
             h.score
         }
     };
-    hyps.sort_by(|a, b| key(b).total_cmp(&key(a)));
+    toolkit::sort_best_first(&mut hyps, key);
     hyps
 }
 
@@ -530,11 +513,5 @@ mod tests {
         for k in 0..=values.len() + 1 {
             assert_eq!(top_k(&values, k), sorted[..k.min(values.len())], "k = {k}");
         }
-    }
-
-    #[test]
-    fn log_add_exp_handles_minus_infinity() {
-        assert_eq!(log_add_exp(f32::NEG_INFINITY, -1.0), -1.0);
-        assert!((log_add_exp(0.0, 0.0) - 2f32.ln()).abs() < 1e-7);
     }
 }

@@ -9,7 +9,7 @@
 //! prediction step, when one is due) per expansion, as NeMo does.
 
 use super::{
-    BeamConfig, NBest, Projection, TokenPath, feed_and_join, log_softmax, rank_f64, top_k,
+    BeamConfig, NBest, Projection, TokenPath, feed_and_join, log_softmax, rank_f64, toolkit, top_k,
 };
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
@@ -80,7 +80,7 @@ pub(super) fn search(
             if kept.iter().filter(|c| c.score > expanding_best).count() >= beam {
                 kept.retain(|c| c.score > expanding_best);
                 // NeMo keeps these in ascending order.
-                kept.sort_by(|a, b| a.score.total_cmp(&b.score));
+                toolkit::sort_worst_first(&mut kept, |c| c.score);
                 break;
             }
         }
@@ -91,11 +91,5 @@ pub(super) fn search(
 
 /// The first of the best-scored candidates (as Python's `max`).
 fn first_best(candidates: &[Candidate]) -> Option<usize> {
-    let mut best: Option<usize> = None;
-    for (i, c) in candidates.iter().enumerate() {
-        if best.is_none_or(|b| c.score > candidates[b].score) {
-            best = Some(i);
-        }
-    }
-    best
+    toolkit::first_best(candidates.iter().map(|c| c.score)).map(|(i, _)| i)
 }

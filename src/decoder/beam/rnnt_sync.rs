@@ -5,10 +5,8 @@
 //! frames + `alsd_max_target_len` x frames steps). Both score in Python floats (f64) as NeMo
 //! and run one prediction and one joint graph per step for the whole beam.
 
-use super::{
-    BeamConfig, NBest, Projection, TokenPath, extend_hash, log_add_exp64, log_softmax, rank_f64,
-    top_k,
-};
+use super::toolkit::{log_add_exp, merge_into_first, sort_best_first};
+use super::{BeamConfig, NBest, Projection, TokenPath, extend_hash, log_softmax, rank_f64, top_k};
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
@@ -114,7 +112,7 @@ fn start(nets: &mut Nets, backend: &mut Backend) -> Result<Hyp> {
 
 /// Best first, stable, at most `n`.
 fn best_n(mut hyps: Vec<Hyp>, n: usize) -> Vec<Hyp> {
-    hyps.sort_by(|a, b| b.score.total_cmp(&a.score));
+    sort_best_first(&mut hyps, |h| h.score);
     hyps.truncate(n);
     hyps
 }
@@ -146,7 +144,7 @@ pub(super) fn tsd(
             for (h, lp) in expanding.iter().zip(&logp) {
                 let score = h.score + lp[blank] as f64;
                 match ended[..known].iter().position(|e| e.same_tokens(h)) {
-                    Some(at) => ended[at].score = log_add_exp64(ended[at].score, score),
+                    Some(at) => ended[at].score = log_add_exp(ended[at].score, score),
                     None => ended.push(Hyp { score, ..h.clone() }),
                 }
             }
@@ -226,12 +224,9 @@ pub(super) fn alsd(
 /// NeMo's `recombine_hypotheses`: a later hypothesis with the same labels adds its
 /// probability to the first one's and leaves.
 fn recombine(hyps: Vec<Hyp>) -> Vec<Hyp> {
-    let mut out: Vec<Hyp> = Vec::with_capacity(hyps.len());
-    for h in hyps {
-        match out.iter_mut().find(|o| o.same_tokens(&h)) {
-            Some(o) => o.score = log_add_exp64(o.score, h.score),
-            None => out.push(h),
-        }
-    }
-    out
+    merge_into_first(
+        hyps,
+        |o, h| o.same_tokens(h),
+        |o, h| o.score = log_add_exp(o.score, h.score),
+    )
 }

@@ -10,8 +10,8 @@
 //! reference search, not the fast one (`malsd_batch`).
 
 use super::{
-    BeamConfig, NBest, Projection, TokenPath, extend_hash, feed_and_join, log_add_exp, log_softmax,
-    rank, top_k,
+    BeamConfig, NBest, Projection, TokenPath, extend_hash, feed_and_join, log_softmax, rank,
+    toolkit, top_k,
 };
 use crate::backend::Backend;
 use crate::decoder::hypothesis::Hypothesis;
@@ -138,11 +138,11 @@ pub(super) fn search(
                 if ahead >= beam {
                     // NeMo keeps these in ascending order.
                     kept.retain(|c| c.hyp.score > waiting_best);
-                    kept.sort_by(|a, b| a.hyp.score.total_cmp(&b.hyp.score));
+                    toolkit::sort_worst_first(&mut kept, |c| c.hyp.score);
                     break;
                 }
             } else {
-                kept.sort_by(|a, b| b.hyp.score.total_cmp(&a.hyp.score));
+                toolkit::sort_best_first(&mut kept, |c| c.hyp.score);
                 kept.truncate(beam);
             }
         }
@@ -159,25 +159,16 @@ pub(super) fn search(
 
 /// The first of the best-scored candidates (as Python's `max`).
 fn first_best(candidates: &[Candidate]) -> Option<usize> {
-    let mut best: Option<usize> = None;
-    for (i, c) in candidates.iter().enumerate() {
-        if best.is_none_or(|b| c.hyp.score > candidates[b].hyp.score) {
-            best = Some(i);
-        }
-    }
-    best
+    toolkit::first_best(candidates.iter().map(|c| c.hyp.score)).map(|(i, _)| i)
 }
 
 /// NeMo's `merge_duplicate_hypotheses`: best first, each later candidate with the same tokens
 /// on the same frame adds its probability to the first one's and leaves.
 fn merge_duplicates(mut candidates: Vec<Candidate>) -> Vec<Candidate> {
-    candidates.sort_by(|a, b| b.hyp.score.total_cmp(&a.hyp.score));
-    let mut merged: Vec<Candidate> = Vec::with_capacity(candidates.len());
-    for c in candidates {
-        match merged.iter_mut().find(|m| m.same_as(&c)) {
-            Some(m) => m.hyp.score = log_add_exp(m.hyp.score, c.hyp.score),
-            None => merged.push(c),
-        }
-    }
-    merged
+    toolkit::sort_best_first(&mut candidates, |c| c.hyp.score);
+    toolkit::merge_into_first(
+        candidates,
+        |m, c| m.same_as(c),
+        |m, c| m.hyp.score = toolkit::log_add_exp(m.hyp.score, c.hyp.score),
+    )
 }
