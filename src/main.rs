@@ -13,7 +13,7 @@ use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
 use parakeet::session::{BeamPlan, DecoderChoice, Session};
 use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
-use parakeet::stream::open::{LiveOptions, open_live};
+use parakeet::stream::open::{LiveKind, LiveOptions, open_live};
 use parakeet::stream::pump::{PumpOptions, pump};
 use parakeet::stream::render::{EventFormat, EventWriter};
 use parakeet::transcript::{StageTimes, Transcript};
@@ -50,8 +50,10 @@ enum Command {
     },
     /// List the converted models in the cache.
     Models,
-    /// Transcribe live audio as it arrives (a cache-aware streaming model): the default
-    /// microphone when no INPUT is given, `-` for standard input, or a file.
+    /// Transcribe live audio as it arrives: the default microphone when no INPUT is given, `-`
+    /// for standard input, or a file. A cache-aware model streams with its encoder caches, any
+    /// other model with NeMo's buffered streaming (each chunk encoded with left and right
+    /// context).
     Stream(StreamArgs),
     /// Who speaks when: speaker turns with a Sortformer diarization model, as NeMo's lines
     /// (txt), RTTM or JSON. A streaming model (v2) streams, as NeMo's inference example does.
@@ -140,9 +142,24 @@ struct StreamArgs {
     /// Audio to transcribe: `-` reads standard input (a WAV stream, or headerless samples with
     /// --raw), a path reads a file; none listens to the default microphone.
     input: Option<PathBuf>,
-    /// Model: a cache-aware streaming model (.gguf, .nemo or hub id).
+    /// Model (.gguf, .nemo or hub id): a cache-aware streaming model, or an offline one
+    /// (streamed by buffers).
     #[arg(short, long, env = "PARAKEET_MODEL")]
     model: PathBuf,
+    /// Offline models: seconds of new audio per step (NeMo's default 4.8; a multiple of the
+    /// 80 ms encoder frame).
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    chunk_secs: Option<f64>,
+    /// Offline models: seconds of audio before the chunk encoded with it (default 1.6).
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    left_secs: Option<f64>,
+    /// Offline models: seconds of audio after the chunk encoded with it, the latency it adds
+    /// (default 1.6).
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    right_secs: Option<f64>,
+    /// Say on standard error how the model streams and with which settings.
+    #[arg(short, long)]
+    verbose: bool,
     /// The input is headerless samples in this layout (needs --rate).
     #[arg(long, value_enum, requires = "rate")]
     raw: Option<RawFormat>,
@@ -159,7 +176,8 @@ struct StreamArgs {
     /// jsonl: every partial and final as a JSON object a line.
     #[arg(long, value_enum, default_value = "text")]
     format: EventFormat,
-    /// One of the model's lookaheads, `L,R` in encoder frames (default: NeMo's for the model).
+    /// Cache-aware models: one of the model's lookaheads, `L,R` in encoder frames (default:
+    /// NeMo's for the model).
     #[arg(long, value_name = "L,R", value_parser = parse_att_context)]
     att_context: Option<[usize; 2]>,
     /// Decoder head: the model's transducer (default) or a hybrid model's CTC head.
@@ -413,6 +431,7 @@ fn info(model: &Path) -> Result<()> {
     if !hp.preprocessor.normalize_per_feature {
         outln!("features:     raw log-mel (normalize NA)")?;
     }
+    outln!("live:         {}", LiveKind::of(&m).describe())?;
     for (i, &context) in e.att_context_sizes.iter().enumerate() {
         let Some(s) = e.streaming(context) else {
             continue;
@@ -917,11 +936,28 @@ fn stream(args: StreamArgs) -> Result<u8> {
     let model = Arc::new(Model::load(&resolve_model(&args.model)?)?);
     let options = LiveOptions {
         att_context: args.att_context,
+        chunk_secs: args.chunk_secs,
+        left_secs: args.left_secs,
+        right_secs: args.right_secs,
         decoder: args.decoder,
         threads: args.threads.unwrap_or_else(default_threads),
         max_utterance_seconds: (cut > 0.0).then_some(cut),
     };
     let mut transcriber = open_live(&model, &options)?;
+    if args.verbose {
+        eprintln!("{}: {}", model.name, LiveKind::of(&model).describe());
+        if LiveKind::of(&model) == LiveKind::Buffered {
+            let b = options.buffered();
+            eprintln!(
+                "buffered: chunk {} s, left {} s, right {} s ({:.1} s buffer a step), head {:?}",
+                b.chunk_secs,
+                b.left_secs,
+                b.right_secs,
+                b.chunk_secs + b.left_secs + b.right_secs,
+                args.decoder
+            );
+        }
+    }
     let stdout = std::io::stdout();
     let terminal = stdout.is_terminal();
     let mut writer = EventWriter::new(stdout.lock(), args.format, terminal);

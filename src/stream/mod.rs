@@ -56,8 +56,13 @@ pub trait LiveTranscriber {
     fn finish(&mut self) -> Result<Vec<StreamEvent>>;
 }
 
+mod buffered;
 mod cache_aware;
 
+pub use buffered::{
+    BufferSizes, BufferedConfig, BufferedStream, DEFAULT_CHUNK_SECS, DEFAULT_LEFT_SECS,
+    DEFAULT_RIGHT_SECS, OFFLINE_MODELS, StepRecord, StepTimes,
+};
 pub use cache_aware::{
     CacheAwareConfig, CacheAwareStream, ChunkRecord, DEFAULT_MAX_UTTERANCE_SECONDS,
     STREAMING_MODELS,

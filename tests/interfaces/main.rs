@@ -11,4 +11,5 @@ mod live_nemo;
 mod realtime;
 mod serve;
 mod stream;
+mod stream_buffered;
 mod vad;

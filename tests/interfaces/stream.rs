@@ -330,9 +330,19 @@ fn bad_input_on_stdin_is_one_clear_error() {
 }
 
 #[test]
-fn a_model_that_cannot_stream_is_refused_by_name() {
-    let (code, stderr) = stream_stdin(&["--raw", "s16le", "--rate", "16000"], &[0; 3200]);
+fn a_cache_aware_flag_on_an_offline_model_is_refused_by_kind() {
+    let (code, stderr) = stream_stdin(
+        &[
+            "--raw",
+            "s16le",
+            "--rate",
+            "16000",
+            "--att-context",
+            "70,13",
+        ],
+        &[0; 3200],
+    );
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("cannot stream"), "{stderr}");
+    assert!(stderr.contains("offline model"), "{stderr}");
     assert!(stderr.contains("cache-aware"), "{stderr}");
 }

@@ -6,6 +6,7 @@ mod common;
 mod audio;
 mod beam;
 mod boosting;
+mod buffered;
 mod confidence;
 mod convert;
 mod decoder;

@@ -1,0 +1,245 @@
+//! Offline models through the live front ends (NeMo's buffered streaming): `parakeet stream`
+//! on a file and a raw pipe, and the WebSocket endpoint, give NeMo's finals
+//! (tests/fixtures/buffered, NeMo 3.0's BufferedRNNTPipeline / BufferedCTCPipeline); bad sizes
+//! and the other kind's flags are one clear error.
+
+use crate::common::*;
+use base64::Engine;
+use parakeet::convert::OutType;
+use parakeet::model::Model;
+use parakeet::server::realtime::{RealtimeConfig, TranscriberFactory};
+use parakeet::stream::open::{LiveOptions, open_live};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use tungstenite::Message;
+use tungstenite::stream::MaybeTlsStream;
+
+/// NeMo's final texts for a fixture (`<model>_buffered_<head>_<setting>`, the 10 s clip).
+fn nemo_finals(name: &str) -> Vec<String> {
+    let v = json_file(&fixtures().join("buffered").join(format!("{name}.json")));
+    v["final"]["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["text"].as_str().unwrap().trim().to_owned())
+        .collect()
+}
+
+fn json_file(path: &std::path::Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn stream_cmd(model: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let model = gguf(model, OutType::F32);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+        .arg("stream")
+        .args(args)
+        .args([
+            "-m",
+            model.to_str().unwrap(),
+            "--format",
+            "jsonl",
+            "-t",
+            "1",
+        ])
+        .env("GGML_NO_BACKTRACE", "1")
+        .env_remove("PARAKEET_MODEL")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(bytes) = stdin {
+        // The command may refuse before reading: a closed pipe is expected then.
+        let _ = child.stdin.take().unwrap().write_all(bytes);
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The finals of a successful `parakeet stream --format jsonl` run, and its standard error.
+fn finals_of(out: &Output) -> (Vec<String>, String) {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let finals = String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "final")
+        .map(|e| e["text"].as_str().unwrap().to_owned())
+        .collect();
+    (finals, stderr)
+}
+
+fn clip_s16le() -> Vec<u8> {
+    let mut reader = hound::WavReader::open(fixtures().join("audio/speech_10s.wav")).unwrap();
+    reader
+        .samples::<i16>()
+        .flat_map(|s| s.unwrap().to_le_bytes())
+        .collect()
+}
+
+#[test]
+fn an_offline_model_streams_by_buffers_with_nemos_finals() {
+    let wav = fixtures().join("audio/speech_10s.wav");
+    let wav = wav.to_str().unwrap();
+    // NeMo's defaults, said with --verbose.
+    let (finals, stderr) = finals_of(&stream_cmd("tiny_tdt", &[wav, "--verbose"], None));
+    assert_eq!(finals, nemo_finals("tiny_tdt_buffered_rnnt_c4.8_l1.6_r1.6"));
+    assert!(
+        stderr.contains("buffered streaming") && stderr.contains("chunk 4.8 s"),
+        "{stderr}"
+    );
+    // Other sizes, and two utterances.
+    let args = [
+        wav,
+        "--chunk-secs",
+        "1.6",
+        "--left-secs",
+        "1.6",
+        "--right-secs",
+        "1.6",
+    ];
+    let (finals, _) = finals_of(&stream_cmd("tiny_tdt", &args, None));
+    assert_eq!(finals, nemo_finals("tiny_tdt_buffered_rnnt_c1.6_l1.6_r1.6"));
+    // A raw pipe; a hybrid's CTC head.
+    let raw = ["-", "--raw", "s16le", "--rate", "16000"];
+    let (finals, _) = finals_of(&stream_cmd("tiny_rnnt", &raw, Some(&clip_s16le())));
+    assert_eq!(
+        finals,
+        nemo_finals("tiny_rnnt_buffered_rnnt_c4.8_l1.6_r1.6")
+    );
+    let (finals, _) = finals_of(&stream_cmd(
+        "tiny_tdt_ctc",
+        &[wav, "--decoder", "ctc"],
+        None,
+    ));
+    let nemo = nemo_finals("tiny_tdt_ctc_buffered_ctc_c4.8_l1.6_r1.6");
+    // NeMo's CTC adds tokens from frames past the audio on the last request (see the pipeline
+    // tests); everything before is the same.
+    let last = finals.len() - 1;
+    assert_eq!(finals.len(), nemo.len());
+    assert_eq!(finals[..last], nemo[..last]);
+    assert!(nemo[last].starts_with(&finals[last]), "{finals:?} {nemo:?}");
+}
+
+#[test]
+fn info_says_how_a_model_streams() {
+    let cache = scratch_dir("stream_buffered", "info");
+    for (model, kind) in [
+        ("tiny_tdt", "buffered streaming"),
+        ("tiny_stream_rnnt", "cache-aware streaming"),
+    ] {
+        let path = gguf(model, OutType::F32);
+        let out = run_parakeet(&["info", path.to_str().unwrap()], &cache);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success());
+        let line = stdout.lines().find(|l| l.starts_with("live:")).unwrap();
+        assert!(line.contains(kind), "{model}: {line}");
+    }
+}
+
+#[test]
+fn bad_buffer_sizes_and_the_other_kinds_flags_are_one_clear_error() {
+    let silence = vec![0u8; 3200];
+    let raw = ["-", "--raw", "s16le", "--rate", "16000"];
+    let cases: [(&str, &[&str], &[&str]); 7] = [
+        (
+            "tiny_tdt",
+            &["--chunk-secs", "1.0"],
+            &["--chunk-secs", "13 frames", "1.04 s"],
+        ),
+        ("tiny_tdt", &["--chunk-secs", "0"], &["more than 0"]),
+        ("tiny_tdt", &["--left-secs", "-1.6"], &["0 or more"]),
+        (
+            "tiny_tdt",
+            &["--right-secs", "0.1"],
+            &["--right-secs", "2 frames"],
+        ),
+        (
+            "tiny_tdt",
+            &["--chunk-secs", "160"],
+            &["buffer of 163.2 s", "attention"],
+        ),
+        (
+            "tiny_tdt",
+            &["--att-context", "70,13"],
+            &["offline model", "--att-context", "--chunk-secs"],
+        ),
+        (
+            "tiny_stream_rnnt",
+            &["--chunk-secs", "1.6"],
+            &["cache-aware streaming model", "--chunk-secs"],
+        ),
+    ];
+    for (model, extra, messages) in cases {
+        let args = [&raw[..], extra].concat();
+        let out = stream_cmd(model, &args, Some(&silence));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        for m in messages {
+            assert!(stderr.contains(m), "{extra:?}: {m:?} not in {stderr}");
+        }
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn the_websocket_streams_an_offline_model_with_nemos_final() {
+    let model = Arc::new(Model::load(&gguf("tiny_tdt", OutType::F32)).unwrap());
+    let options = LiveOptions {
+        threads: 1,
+        ..LiveOptions::default()
+    };
+    let factory: TranscriberFactory = Arc::new(move || open_live(&model, &options));
+    let config = RealtimeConfig {
+        model_name: "tiny_tdt".into(),
+        idle_timeout: Duration::from_secs(20),
+        write_timeout: Duration::from_secs(20),
+        max_seconds: 60.0,
+        max_streams: 2,
+        drain: parakeet::server::conn::Drain::new().1,
+    };
+    let addr = crate::realtime::start(config, factory);
+    let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime")).unwrap();
+    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    }
+    let send = |ws: &mut tungstenite::WebSocket<_>, v: Value| {
+        ws.send(Message::Text(v.to_string().into())).unwrap()
+    };
+    send(
+        &mut ws,
+        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
+    );
+    for piece in clip_s16le().chunks(6400) {
+        let audio = base64::engine::general_purpose::STANDARD.encode(piece);
+        send(
+            &mut ws,
+            json!({"type": "input_audio_buffer.append", "audio": audio}),
+        );
+    }
+    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    let mut completed = None;
+    while completed.is_none() {
+        let Ok(Message::Text(t)) = ws.read() else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(t.as_str()).unwrap();
+        match event["type"].as_str().unwrap() {
+            "conversation.item.input_audio_transcription.completed" => {
+                completed = Some(event["transcript"].as_str().unwrap().to_owned())
+            }
+            "error" => panic!("{event}"),
+            _ => {}
+        }
+    }
+    let nemo = nemo_finals("tiny_tdt_buffered_rnnt_c4.8_l1.6_r1.6");
+    assert_eq!(completed.unwrap(), nemo.join(" "));
+}
