@@ -128,6 +128,13 @@ const KEEP_COMPUTE_BUFFER_BYTES: usize = 256 << 20;
 impl Session {
     /// A session over a model shared with others, with its own backend and allocator.
     pub fn new(model: Arc<Model>, threads: usize) -> Result<Session> {
+        if !model.hparams.model_type.is_asr() {
+            bail!(
+                "{} is a Sortformer diarization model, not a speech recognition model (use \
+                 `parakeet diarize`)",
+                model.path.display()
+            );
+        }
         let backend = Backend::cpu(threads)?;
         let pp = &model.hparams.preprocessor;
         let mel = MelConfig {
