@@ -11,6 +11,9 @@ use crate::audio::TARGET_RATE;
 use crate::gguf::GgufFile;
 use crate::gguf::GgufWriter;
 
+mod sortformer;
+pub use sortformer::{SortformerParams, SortformerStreaming};
+
 /// `general.architecture` of every parakeet GGUF.
 pub const ARCHITECTURE: &str = "parakeet";
 
@@ -66,6 +69,28 @@ pub mod keys {
         TDT_DURATIONS = "parakeet.tdt.durations",
         MAX_SYMBOLS = "parakeet.decoding.max_symbols",
 
+        /// Sortformer diarization models only (`SortformerParams`).
+        SF_N_SPKS = "parakeet.sortformer.n_spks",
+        SF_TF_D_MODEL = "parakeet.sortformer.tf_d_model",
+        SF_TF_N_LAYERS = "parakeet.sortformer.tf_n_layers",
+        SF_TF_N_HEADS = "parakeet.sortformer.tf_n_heads",
+        SF_TF_INNER_SIZE = "parakeet.sortformer.tf_inner_size",
+        SF_STREAMING_MODE = "parakeet.sortformer.streaming_mode",
+        SF_EPS = "parakeet.sortformer.eps",
+        SF_SPKCACHE_LEN = "parakeet.sortformer.spkcache_len",
+        SF_FIFO_LEN = "parakeet.sortformer.fifo_len",
+        SF_CHUNK_LEN = "parakeet.sortformer.chunk_len",
+        SF_SPKCACHE_UPDATE_PERIOD = "parakeet.sortformer.spkcache_update_period",
+        SF_CHUNK_LEFT_CONTEXT = "parakeet.sortformer.chunk_left_context",
+        SF_CHUNK_RIGHT_CONTEXT = "parakeet.sortformer.chunk_right_context",
+        SF_SPKCACHE_SIL_FRAMES_PER_SPK = "parakeet.sortformer.spkcache_sil_frames_per_spk",
+        SF_PRED_SCORE_THRESHOLD = "parakeet.sortformer.pred_score_threshold",
+        SF_SCORES_BOOST_LATEST = "parakeet.sortformer.scores_boost_latest",
+        SF_SIL_THRESHOLD = "parakeet.sortformer.sil_threshold",
+        SF_STRONG_BOOST_RATE = "parakeet.sortformer.strong_boost_rate",
+        SF_WEAK_BOOST_RATE = "parakeet.sortformer.weak_boost_rate",
+        SF_MIN_POS_SCORES_RATE = "parakeet.sortformer.min_pos_scores_rate",
+
         /// The tokenizer's keys: llama.cpp's names where llama.cpp has one, then SentencePiece's
         /// settings that llama.cpp has no key for (absent in files converted before the tokenizer
         /// was stored: those can detokenise but not tokenise).
@@ -104,16 +129,19 @@ pub enum ModelType {
     Ctc,
     TdtCtc,
     RnntCtc,
+    /// A Sortformer diarization model: speaker activity per frame, no vocabulary.
+    Sortformer,
 }
 
 impl ModelType {
     /// Every type with its name in the GGUF (`parakeet.model_type`).
-    const NAMED: [(&'static str, ModelType); 5] = [
+    const NAMED: [(&'static str, ModelType); 6] = [
         ("tdt", ModelType::Tdt),
         ("rnnt", ModelType::Rnnt),
         ("ctc", ModelType::Ctc),
         ("tdt_ctc", ModelType::TdtCtc),
         ("rnnt_ctc", ModelType::RnntCtc),
+        ("sortformer", ModelType::Sortformer),
     ];
 
     /// The type named `name` in the GGUF (`parakeet.model_type`).
@@ -128,7 +156,12 @@ impl ModelType {
     }
 
     pub fn has_transducer(self) -> bool {
-        self != ModelType::Ctc
+        !matches!(self, ModelType::Ctc | ModelType::Sortformer)
+    }
+
+    /// A speech recognition model (not a diarization model).
+    pub fn is_asr(self) -> bool {
+        self != ModelType::Sortformer
     }
 
     pub fn has_ctc(self) -> bool {
@@ -361,6 +394,9 @@ pub struct Hparams {
     /// The prediction network and joint: present exactly when `model_type` has a transducer.
     pub transducer: Option<TransducerParams>,
     pub max_symbols: usize,
+    /// A Sortformer diarization model's Transformer and head: present exactly when
+    /// `model_type` is sortformer (which has no vocabulary: `vocab_size` 0).
+    pub sortformer: Option<SortformerParams>,
 }
 
 /// The transducer head's widths (NeMo's `decoder.prednet` and `joint.jointnet`).
@@ -475,6 +511,7 @@ impl Hparams {
             vocab_size: 0,
             transducer: None,
             max_symbols: 0,
+            sortformer: None,
         }
     }
 }
@@ -684,7 +721,9 @@ fn schema(io: &mut Io, hp: &mut Hparams) -> Result<()> {
         )?;
         io.size(keys::JOINT_HIDDEN, &mut t.joint_hidden, 1..=limits::D_MODEL)?;
     }
-    io.size(keys::VOCAB_SIZE, &mut hp.vocab_size, 1..=limits::VOCAB)?;
+    if hp.model_type.is_asr() {
+        io.size(keys::VOCAB_SIZE, &mut hp.vocab_size, 1..=limits::VOCAB)?;
+    }
     if let Some(t) = hp.transducer.as_mut().filter(|_| tdt) {
         let to_ints = |d: &Vec<usize>| Ok(d.iter().map(|&v| v as i64).collect());
         io.field(
@@ -710,7 +749,20 @@ fn schema(io: &mut Io, hp: &mut Hparams) -> Result<()> {
         Means(DEFAULT_MAX_SYMBOLS),
         to_u32,
         |&v| within(v, 1..=limits::MAX_SYMBOLS),
-    )
+    )?;
+    // A Sortformer's Transformer, head and streaming settings (its own module's keys).
+    match (io, hp.model_type) {
+        (Io::Read { f, .. }, ModelType::Sortformer) => {
+            hp.sortformer = Some(SortformerParams::read(f)?);
+            hp.vocab_size = 0;
+        }
+        (Io::Write(w), ModelType::Sortformer) => match &hp.sortformer {
+            Some(s) => s.write(w)?,
+            None => bail!("internal: sortformer hyperparameters without their parameters"),
+        },
+        _ => hp.sortformer = None,
+    }
+    Ok(())
 }
 
 /// One direction through [`schema`]: a file's keys into `Hparams`, or `Hparams` into a writer.
@@ -981,6 +1033,7 @@ mod tests {
             ModelType::Ctc,
             ModelType::TdtCtc,
             ModelType::RnntCtc,
+            ModelType::Sortformer,
         ] {
             assert_eq!(ModelType::from_name(t.name()), Some(t));
         }
@@ -1029,6 +1082,7 @@ mod tests {
                 durations: vec![0, 1, 2, 3, 4],
             }),
             max_symbols: 7,
+            sortformer: None,
         }
     }
 
@@ -1076,6 +1130,23 @@ mod tests {
             assert_eq!(Hparams::read(&written(&hp, tag)).unwrap(), hp, "{tag}");
         }
         assert_eq!(Hparams::read(&written(&full, "full")).unwrap(), full);
+        let mut sortformer = plain.clone();
+        sortformer.model_type = ModelType::Sortformer;
+        sortformer.transducer = None;
+        sortformer.vocab_size = 0;
+        sortformer.sortformer = Some(SortformerParams {
+            n_spks: 4,
+            tf_d_model: 192,
+            tf_n_layers: 18,
+            tf_n_heads: 8,
+            tf_inner_size: 768,
+            streaming_mode: true,
+            eps: 1e-3,
+            streaming: SortformerStreaming::NEMO_DEFAULTS.inference_defaults(),
+        });
+        let f = written(&sortformer, "sortformer");
+        assert!(f.get(keys::VOCAB_SIZE).is_none());
+        assert_eq!(Hparams::read(&f).unwrap(), sortformer);
     }
 
     /// Each `parakeet.*` key the schema knows is written by a model that sets everything, and
@@ -1096,6 +1167,7 @@ mod tests {
             .iter()
             .copied()
             .filter(|k| k.starts_with("parakeet.") && !tokenizer.contains(k))
+            .filter(|k| !k.starts_with("parakeet.sortformer."))
             .collect();
         let written_keys = |hp: &Hparams, tag| {
             let f = written(hp, tag);

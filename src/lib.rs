@@ -14,6 +14,7 @@ pub mod cli;
 pub mod convert;
 pub mod decoder;
 pub mod decoding_flags;
+pub mod diar;
 pub mod encoder;
 pub mod error;
 pub mod gguf;

@@ -56,6 +56,9 @@ enum Command {
     /// other model with NeMo's buffered streaming (each chunk encoded with left and right
     /// context).
     Stream(StreamArgs),
+    /// Who speaks when: speaker turns with a Sortformer diarization model, as NeMo's lines
+    /// (txt), RTTM or JSON. A streaming model (v2) streams, as NeMo's inference example does.
+    Diarize(parakeet::cli::diarize::DiarizeArgs),
     /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions, and live
     /// transcription over a WebSocket at /v1/realtime) over one loaded model.
     Serve(parakeet::server::ServeArgs),
@@ -242,6 +245,10 @@ fn main() -> ExitCode {
         Command::Models => list_models().map(|_| 0),
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
+        Command::Diarize(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
+            let jobs: Vec<_> = jobs.into_iter().map(|j| j.path).collect();
+            parakeet::cli::diarize::run(args, &jobs)
+        }),
         Command::Vad(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
             let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
             parakeet::cli::vad::run(&args, &jobs)

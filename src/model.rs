@@ -181,7 +181,11 @@ impl Model {
         let file = GgufFile::open(path)?;
         let shown = path.display().to_string();
         let hparams = Hparams::read(&file)?;
-        let tokenizer = Tokenizer::read(&file)?;
+        // A diarization model has no vocabulary.
+        let tokenizer = match hparams.model_type.is_asr() {
+            true => Tokenizer::read(&file)?,
+            false => Tokenizer::new(Vec::new()),
+        };
         if tokenizer.len() != hparams.vocab_size {
             bail!(
                 "{shown}: {} has {} pieces, {} says {}",

@@ -108,6 +108,13 @@ const KEEP_COMPUTE_BUFFER_BYTES: usize = 256 << 20;
 impl Session {
     /// A session over a model shared with others, with its own backend and allocator.
     pub fn new(model: Arc<Model>, threads: Threads) -> Result<Session> {
+        if !model.hparams.model_type.is_asr() {
+            return Err(Error::Model(format!(
+                "{} is a Sortformer diarization model, not a speech recognition model (use \
+                 `parakeet diarize`)",
+                model.path.display()
+            )));
+        }
         let backend = Backend::cpu(threads.get())?;
         let pp = &model.hparams.preprocessor;
         let mel = MelConfig {

@@ -52,29 +52,37 @@ fn check_sample_rate(rate: u32) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a sample that is not finite or beyond [`MAX_SAMPLE_MAGNITUDE`]: one NaN would
+/// spread through the per-feature normalisation into every frame, and a finite value near
+/// f32's limit overflows the resampler's FFT (found by the fuzzer). `first` is the index of
+/// `samples[0]` in the whole audio (a stream checks it piece by piece), for the message.
+pub fn check_samples(samples: &[f32], first: u64, sample_rate: u32) -> Result<()> {
+    if let Some(i) = samples
+        .iter()
+        .position(|s| !s.is_finite() || s.abs() > MAX_SAMPLE_MAGNITUDE)
+    {
+        let v = samples[i];
+        let value = if v.is_finite() {
+            format!("{v:e}, beyond +-{MAX_SAMPLE_MAGNITUDE:e}")
+        } else {
+            v.to_string()
+        };
+        let i = first + i as u64;
+        bail!(
+            "sample {i} (at {:.3} s) is {value}: the audio data is corrupt",
+            i as f64 / f64::from(sample_rate),
+        );
+    }
+    Ok(())
+}
+
 impl Audio {
     fn new(samples: Vec<f32>, sample_rate: u32, channels_in: u16) -> Result<Self> {
         if samples.is_empty() {
             bail!("contains no audio samples");
         }
         check_sample_rate(sample_rate)?;
-        // One NaN would spread through the per-feature normalisation into every frame, and a
-        // finite value near f32's limit overflows the resampler's FFT (found by the fuzzer).
-        if let Some(i) = samples
-            .iter()
-            .position(|s| !s.is_finite() || s.abs() > MAX_SAMPLE_MAGNITUDE)
-        {
-            let v = samples[i];
-            let value = if v.is_finite() {
-                format!("{v:e}, beyond +-{MAX_SAMPLE_MAGNITUDE:e}")
-            } else {
-                v.to_string()
-            };
-            bail!(
-                "sample {i} (at {:.3} s) is {value}: the audio data is corrupt",
-                i as f64 / f64::from(sample_rate),
-            );
-        }
+        check_samples(&samples, 0, sample_rate)?;
         let duration_s = samples.len() as f64 / f64::from(sample_rate);
         Ok(Self {
             samples,

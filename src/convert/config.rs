@@ -10,7 +10,8 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde_yaml::Value;
 
 use crate::hparams::{
-    Attention, EncoderParams, Hparams, ModelType, PreprocessorParams, TransducerParams,
+    Attention, EncoderParams, Hparams, ModelType, PreprocessorParams, SortformerParams,
+    SortformerStreaming, TransducerParams,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -38,6 +39,9 @@ impl ModelConfig {
     ) -> Result<Self> {
         let cfg = Cfg(config);
         let t = Tensors(shapes);
+        if is_sortformer(&cfg, &t) {
+            return sortformer(&cfg, &t);
+        }
         let model_type = model_type(&cfg, &t)?;
         let preprocessor = preprocessor(&cfg, &t)?;
         let encoder = encoder(&cfg, &t, preprocessor.n_mels)?;
@@ -67,6 +71,7 @@ impl ModelConfig {
             vocab_size: vocab.len(),
             transducer,
             max_symbols: max_symbols as usize,
+            sortformer: None,
         };
         let tokenizer = match tokenizer_model {
             None => Tokenizer::new(vocab),
@@ -85,6 +90,158 @@ impl ModelConfig {
         };
         Ok(Self { hparams, tokenizer })
     }
+}
+
+/// A Sortformer diarization checkpoint (`SortformerEncLabelModel`): named by the config's
+/// `target`, or recognised by its speaker head.
+fn is_sortformer(cfg: &Cfg, t: &Tensors) -> bool {
+    let target = cfg
+        .get("target")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    target.ends_with("SortformerEncLabelModel")
+        || t.has("sortformer_modules.single_hidden_to_spks.weight")
+}
+
+/// The hyperparameters of a Sortformer: the FastConformer as for ASR, then `encoder_proj`, the
+/// post-LN Transformer and the speaker head, checked against the checkpoint's shapes.
+fn sortformer(cfg: &Cfg, t: &Tensors) -> Result<ModelConfig> {
+    let preprocessor = preprocessor(cfg, t)?;
+    let encoder = encoder(cfg, t, preprocessor.n_mels)?;
+    let fc_d = encoder.d_model as u32;
+    let n_spks = match cfg.get("sortformer_modules.num_spks") {
+        Some(_) => cfg.u32("sortformer_modules.num_spks")?,
+        None => cfg.u32("max_num_of_spks")?,
+    };
+    let max = cfg.u32_or("max_num_of_spks", n_spks)?;
+    ensure!(
+        max == n_spks,
+        "model_config.yaml: max_num_of_spks {max} differs from sortformer_modules.num_spks {n_spks}"
+    );
+    let tf_d = cfg.u32("transformer_encoder.hidden_size")?;
+    let configured_tf_d = cfg.u32_or("model_defaults.tf_d_model", tf_d)?;
+    ensure!(
+        configured_tf_d == tf_d,
+        "model_config.yaml: model_defaults.tf_d_model {configured_tf_d} differs from \
+         transformer_encoder.hidden_size {tf_d}"
+    );
+    let configured_fc_d = cfg.u32_or("model_defaults.fc_d_model", fc_d)?;
+    ensure!(
+        configured_fc_d == fc_d,
+        "model_config.yaml: model_defaults.fc_d_model {configured_fc_d} differs from \
+         encoder.d_model {fc_d}"
+    );
+    let heads = cfg.u32("transformer_encoder.num_attention_heads")?;
+    ensure!(
+        heads > 0 && tf_d.is_multiple_of(heads),
+        "model_config.yaml: transformer_encoder.hidden_size {tf_d} is not divisible by \
+         transformer_encoder.num_attention_heads {heads}"
+    );
+    let layers = cfg.u32("transformer_encoder.num_layers")?;
+    let inner = cfg.u32("transformer_encoder.inner_size")?;
+    require_setting(
+        cfg,
+        "transformer_encoder.pre_ln",
+        &Value::Bool(false),
+        "false",
+    )?;
+    require_setting(
+        cfg,
+        "transformer_encoder.hidden_act",
+        &Value::from("relu"),
+        "relu",
+    )?;
+    ensure!(
+        cfg.u32_or("sortformer_modules.upsample_factor", 1)? == 1,
+        "model_config.yaml: sortformer_modules.upsample_factor other than 1 is not supported"
+    );
+    ensure!(
+        !cfg.bool_or("sortformer_modules.use_learnable_sil_emb", false)?,
+        "model_config.yaml: sortformer_modules.use_learnable_sil_emb is not supported"
+    );
+    t.check_dim(
+        "transformer_encoder.hidden_size",
+        tf_d,
+        "sortformer_modules.encoder_proj.weight",
+        0,
+    )?;
+    t.check_dim(
+        "encoder.d_model",
+        fc_d,
+        "sortformer_modules.encoder_proj.weight",
+        1,
+    )?;
+    t.check_dim(
+        "max_num_of_spks",
+        n_spks,
+        "sortformer_modules.single_hidden_to_spks.weight",
+        0,
+    )?;
+    t.check_dim(
+        "transformer_encoder.hidden_size",
+        tf_d,
+        "sortformer_modules.first_hidden_to_hidden.weight",
+        0,
+    )?;
+    t.check_dim(
+        "transformer_encoder.inner_size",
+        inner,
+        "transformer_encoder.layers.0.second_sub_layer.dense_in.weight",
+        0,
+    )?;
+    let found = t.count_indexed("transformer_encoder.layers.");
+    ensure!(
+        found == layers as usize,
+        "model_config.yaml: transformer_encoder.num_layers is {layers} but the checkpoint has \
+         {found} Transformer layers"
+    );
+    let d = SortformerStreaming::NEMO_DEFAULTS;
+    let size = |key: &str, default: usize| -> Result<usize> {
+        Ok(cfg.u32_or(&format!("sortformer_modules.{key}"), default as u32)? as usize)
+    };
+    let rate = |key: &str, default: f32| -> Result<f32> {
+        Ok(cfg.f64_or(&format!("sortformer_modules.{key}"), default as f64)? as f32)
+    };
+    let streaming = SortformerStreaming {
+        spkcache_len: size("spkcache_len", d.spkcache_len)?,
+        fifo_len: size("fifo_len", d.fifo_len)?,
+        chunk_len: size("chunk_len", d.chunk_len)?,
+        spkcache_update_period: size("spkcache_update_period", d.spkcache_update_period)?,
+        chunk_left_context: size("chunk_left_context", d.chunk_left_context)?,
+        chunk_right_context: size("chunk_right_context", d.chunk_right_context)?,
+        spkcache_sil_frames_per_spk: size(
+            "spkcache_sil_frames_per_spk",
+            d.spkcache_sil_frames_per_spk,
+        )?,
+        pred_score_threshold: rate("pred_score_threshold", d.pred_score_threshold)?,
+        scores_boost_latest: rate("scores_boost_latest", d.scores_boost_latest)?,
+        sil_threshold: rate("sil_threshold", d.sil_threshold)?,
+        strong_boost_rate: rate("strong_boost_rate", d.strong_boost_rate)?,
+        weak_boost_rate: rate("weak_boost_rate", d.weak_boost_rate)?,
+        min_pos_scores_rate: rate("min_pos_scores_rate", d.min_pos_scores_rate)?,
+    };
+    let hparams = Hparams {
+        model_type: ModelType::Sortformer,
+        preprocessor,
+        encoder,
+        vocab_size: 0,
+        transducer: None,
+        max_symbols: 10,
+        sortformer: Some(SortformerParams {
+            n_spks: n_spks as usize,
+            tf_d_model: tf_d as usize,
+            tf_n_layers: layers as usize,
+            tf_n_heads: heads as usize,
+            tf_inner_size: inner as usize,
+            streaming_mode: cfg.bool_or("streaming_mode", false)?,
+            eps: cfg.f64_or("eps", 1e-3)? as f32,
+            streaming,
+        }),
+    };
+    Ok(ModelConfig {
+        hparams,
+        tokenizer: Tokenizer::new(Vec::new()),
+    })
 }
 
 /// Which heads the checkpoint carries decides the type; the config only says TDT vs RNN-T.
@@ -598,7 +755,7 @@ fn check_heads(cfg: &Cfg, t: &Tensors, ty: ModelType, v: usize, durations: &[i32
             "ctc_decoder.decoder_layers.0.weight",
             0,
         )?,
-        ModelType::Tdt | ModelType::Rnnt => {}
+        ModelType::Tdt | ModelType::Rnnt | ModelType::Sortformer => {}
     }
     if ty.has_transducer() {
         t.check_dim(

@@ -182,7 +182,10 @@ fn convert_impl(
     w.set_str(keys::NAME, &name)?;
     w.set_u32(keys::FILE_TYPE, ty.file_type())?;
     hp.write(&mut w)?;
-    config.tokenizer.write(&mut w)?;
+    // A diarization model has no vocabulary.
+    if hp.model_type.is_asr() {
+        config.tokenizer.write(&mut w)?;
+    }
 
     let mut report = ConvertReport {
         model_type: hp.model_type,
@@ -207,7 +210,7 @@ fn convert_impl(
         let dtype = storage_type(&t.name, &ne, ty);
         let layout = layout::choose(tensor_role(&t.name), dtype.elem(), &ne, allowed);
         // The writer packs the tensor and lists it under the layout's key.
-        w.add_tensor_with_layout(&t.name, &ne, dtype, layout)?;
+        w.add_tensor_with_layout(&gguf_name(&t.name), &ne, dtype, layout)?;
         match layout {
             Layout::Panel16 => report.panel16_tensors += 1,
             Layout::Q8_0x8 => report.repacked_tensors += 1,
@@ -232,6 +235,16 @@ fn convert_impl(
         .with_context(|| format!("writing {}", out.display()))?;
     report.elapsed = start.elapsed();
     Ok(report)
+}
+
+/// The GGUF name of a checkpoint tensor: NeMo's, except that a Sortformer's Transformer
+/// layers drop the `.layers` segment (`transformer_encoder.N.first_sub_layer...`), as NeMo's
+/// longest names there pass GGUF's 63 bytes.
+pub fn gguf_name(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.strip_prefix("transformer_encoder.layers.") {
+        Some(rest) => format!("transformer_encoder.{rest}").into(),
+        None => name.into(),
+    }
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {

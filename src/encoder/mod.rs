@@ -1026,3 +1026,71 @@ fn conv_module<'g>(
     }
     (y, next)
 }
+
+/// Only `pre_encode` (the subsampling) over `chunk`: `[frames][d_model]`, before xscaling, and
+/// the frame count. NeMo's streaming Sortformer pre-encodes each chunk on its own.
+pub fn pre_encode_only(
+    backend: &mut Backend,
+    model: &Model,
+    chunk: FeatureImage,
+) -> Result<(Vec<f32>, usize)> {
+    let hp = &model.hparams.encoder;
+    if chunk.n_mels != hp.feat_in || chunk.n_frames == 0 {
+        bail!(
+            "a chunk of {} frames of {} mels (the model expects {})",
+            chunk.n_frames,
+            chunk.n_mels,
+            hp.feat_in
+        );
+    }
+    let t_feat = chunk.n_frames;
+    let frames = model.hparams.geometry().encoded_len(t_feat);
+    let computed = backend.compute_sized(graph_nodes(t_feat, frames, 0, LAYER_SLICE), |g| {
+        let x = g.input_f32_owned(chunk.data, &[hp.feat_in, t_feat, 1, 1]);
+        Ok(pre_encode_sliced(
+            g,
+            &model.encoder.pre_encode,
+            x,
+            frames,
+            hp,
+        ))
+    })?;
+    Ok((computed.output, frames))
+}
+
+/// The conformer layers over embeddings already subsampled (`[frames][d_model]`, as
+/// [`pre_encode_only`] gives them): NeMo's `bypass_pre_encode`, xscaling included. Returns
+/// the last layer's output, `[frames][d_model]`.
+pub fn encode_embeddings(
+    backend: &mut Backend,
+    model: &Model,
+    embeddings: &[f32],
+    frames: usize,
+    attention: Attention,
+) -> Result<Vec<f32>> {
+    let hp = &model.hparams.encoder;
+    if frames == 0 || embeddings.len() != frames * hp.d_model {
+        bail!(
+            "embeddings of {} values are not {frames} frames of {}",
+            embeddings.len(),
+            hp.d_model
+        );
+    }
+    let window = key_window(attention, frames, 0, 0);
+    let pos_rows = window.left + window.right + 1;
+    let table = positional_rows(attention, frames, hp.d_model);
+    let nodes = graph_nodes(8 * frames, frames, hp.n_layers, LAYER_SLICE);
+    let computed = backend.compute_sized(nodes, |g| {
+        let mut x = g.input_f32(embeddings, &[hp.d_model, frames]);
+        if hp.xscaling {
+            x = g.scale(x, (hp.d_model as f32).sqrt());
+        }
+        let table = g.input_f32_owned(table, &[hp.d_model, pos_rows]);
+        for layer in &model.encoder.layers {
+            let positions = (LayerPositions::Table(table), window);
+            x = conformer_layer(g, hp, layer, x, positions, false, None, LAYER_SLICE).0;
+        }
+        Ok(x)
+    })?;
+    Ok(computed.output)
+}

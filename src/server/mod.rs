@@ -470,6 +470,8 @@ struct Fields {
     granularities: Granularities,
     /// The request's own phrases to boost (`boost` fields).
     boost: Vec<String>,
+    /// `stream=true`: the answer as server-sent events.
+    stream: bool,
 }
 
 /// A request's decoding options: the server's, or the server's with the request's own phrases
@@ -567,6 +569,7 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         format,
         granularities,
         boost,
+        stream,
     } = fields;
     let options = RequestOptions::new(st, boost);
     // Only verbose_json's words show a confidence: nothing else pays for it.
@@ -619,7 +622,11 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
             ));
         }
     };
-    let mut resp = openai::render(format, &transcript, granularities);
+    let mut resp = if stream {
+        openai::render_stream(&transcript)
+    } else {
+        openai::render(format, &transcript, granularities)
+    };
     resp.extensions_mut()
         .insert(AudioSeconds(transcript.audio_seconds));
     // What the worker spent decoding and transcribing: the rest of a client's wait is the
@@ -714,6 +721,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
     let mut format = ResponseFormat::Json;
     let mut granularities: Option<Granularities> = None;
     let mut boost = Vec::new();
+    let mut stream = false;
     while let Some(field) = multipart.next_field().await.map_err(bad)? {
         let name = field.name().unwrap_or_default().to_string();
         match name.as_str() {
@@ -722,6 +730,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
                 file = Some((field.bytes().await.map_err(bad)?, file_name));
             }
             "response_format" => format = ResponseFormat::parse(&field.text().await.map_err(bad)?)?,
+            "stream" => stream = openai::parse_stream(&field.text().await.map_err(bad)?)?,
             "boost" | "boost[]" => {
                 boost.push(field.text().await.map_err(bad)?);
                 let bytes: usize = boost.iter().map(String::len).sum();
@@ -752,12 +761,20 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
             Some("missing_file"),
         ));
     };
+    if stream && !matches!(format, ResponseFormat::Json | ResponseFormat::Text) {
+        return Err(ApiError::bad_request(
+            "stream=true answers with transcript.text.delta events: response_format must be json or text",
+            Some("stream"),
+            Some("invalid_value"),
+        ));
+    }
     Ok(Fields {
         file,
         file_name,
         format,
         granularities: Granularities::resolve(granularities),
         boost,
+        stream,
     })
 }
 

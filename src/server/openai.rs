@@ -205,6 +205,46 @@ struct VerboseWord<'a> {
     probability: Option<f32>,
 }
 
+/// The `stream` form field: `true` or `false`.
+pub fn parse_stream(s: &str) -> Result<bool, ApiError> {
+    match s.trim() {
+        "true" | "True" | "1" => Ok(true),
+        "false" | "False" | "0" | "" => Ok(false),
+        other => Err(ApiError::bad_request(
+            format!("stream must be true or false, not {other:?}"),
+            Some("stream"),
+            Some("invalid_value"),
+        )),
+    }
+}
+
+/// OpenAI's streamed transcription: server-sent events, a `transcript.text.delta` per word of
+/// the text and a `transcript.text.done` with the whole text. The deltas come once the
+/// upload is transcribed (an offline model has no earlier text), which is what a client of the
+/// streaming API reads.
+pub fn render_stream(t: &Transcript) -> Response {
+    let text = t.text.trim();
+    let mut body = String::new();
+    let mut event = |e: serde_json::Value| {
+        body.push_str("data: ");
+        body.push_str(&e.to_string());
+        body.push_str("\n\n");
+    };
+    // Each word with the space after it: the deltas join to the text exactly.
+    for piece in text.split_inclusive(' ') {
+        event(serde_json::json!({"type": "transcript.text.delta", "delta": piece}));
+    }
+    event(serde_json::json!({"type": "transcript.text.done", "text": text}));
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
 /// The response body for `t` in `format`: json and verbose_json as OpenAI lays them out, text,
 /// srt and vtt exactly as the CLI writes its txt, srt and vtt files.
 pub fn render(format: ResponseFormat, t: &Transcript, granularities: Granularities) -> Response {

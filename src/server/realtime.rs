@@ -1,11 +1,16 @@
 //! Live transcription over a WebSocket (`GET /v1/realtime`), speaking a subset of OpenAI's
-//! Realtime transcription sessions so that their clients work unchanged:
+//! Realtime transcription sessions so that their clients work unchanged. Two dialects, chosen by
+//! what the client sent: a client that sends `OpenAI-Beta: realtime` (the beta clients do) gets
+//! the beta's event names, any other the GA's (`session.created` with a `"transcription"`
+//! session, `conversation.item.added` and `.done`); the events below are common to both.
 //!
 //! - client events: `transcription_session.update` / `session.update` (the audio format:
 //!   `pcm16`, 24 kHz as OpenAI's, or `{"type": "audio/pcm", "rate": R}` for any rate the
 //!   resampler takes), `input_audio_buffer.append` (base64 little-endian pcm16, mono),
 //!   `input_audio_buffer.commit`, `input_audio_buffer.clear`;
-//! - server events: `transcription_session.created` (on connect), `.updated`,
+//! - server events: `transcription_session.created` / `session.created` (on connect), `.updated`,
+//!   `conversation.item.created` / `conversation.item.added` (an utterance's item, before its
+//!   first transcript), `conversation.item.done` (GA, after the item's transcript),
 //!   `input_audio_buffer.committed`, `input_audio_buffer.cleared`,
 //!   `conversation.item.input_audio_transcription.delta` (the text added since the last delta,
 //!   sent while the audio arrives: a cache-aware model's text only grows) and `.completed` (the
@@ -28,6 +33,7 @@ use anyhow::Result;
 use axum::Router;
 use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
 use base64::Engine;
@@ -94,13 +100,31 @@ pub fn router(config: RealtimeConfig, factory: TranscriberFactory) -> Router {
         .with_state(live)
 }
 
-async fn upgrade(State(live): State<Arc<Live>>, ws: WebSocketUpgrade) -> Response {
+/// The event names a connection speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dialect {
+    /// The generally available API.
+    Ga,
+    /// The beta (`OpenAI-Beta: realtime=v1`), whose clients expect `transcription_session.*`.
+    Beta,
+}
+
+async fn upgrade(
+    State(live): State<Arc<Live>>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let beta = headers
+        .get_all("openai-beta")
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("realtime")));
+    let dialect = if beta { Dialect::Beta } else { Dialect::Ga };
     ws.max_message_size(MAX_FRAME_BYTES)
         .max_frame_size(MAX_FRAME_BYTES)
         .max_write_buffer_size(MAX_WRITE_BUFFER)
         .on_upgrade(move |socket| async move {
             let id = live.next_session.fetch_add(1, Ordering::Relaxed) + 1;
-            let mut conn = Connection::new(live.clone(), socket, id);
+            let mut conn = Connection::new(live.clone(), socket, id, dialect);
             let reason = conn.run().await;
             eprintln!(
                 "realtime #{id}: closed ({reason}), {:.2} s of audio",
@@ -124,6 +148,18 @@ struct Item {
     sent: String,
 }
 
+/// A conversation item of the user's audio, in OpenAI's shape (`transcript` once known).
+fn audio_item(id: &str, status: &str, transcript: Option<&str>) -> Value {
+    json!({
+        "id": id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": "user",
+        "status": status,
+        "content": [{"type": "input_audio", "transcript": transcript}],
+    })
+}
+
 struct Connection {
     live: Arc<Live>,
     socket: WebSocket,
@@ -139,6 +175,9 @@ struct Connection {
     received: u64,
     /// Samples appended since the last commit or clear.
     buffered: u64,
+    /// Samples appended since the last completed item (its usage).
+    item_samples: u64,
+    dialect: Dialect,
     item: Option<Item>,
     previous_item: Option<String>,
     next_event: u64,
@@ -149,7 +188,7 @@ struct Connection {
 type Closed = &'static str;
 
 impl Connection {
-    fn new(live: Arc<Live>, socket: WebSocket, id: u64) -> Self {
+    fn new(live: Arc<Live>, socket: WebSocket, id: u64, dialect: Dialect) -> Self {
         Self {
             drain: live.config.drain.clone(),
             live,
@@ -160,6 +199,8 @@ impl Connection {
             rate: OPENAI_PCM16_RATE,
             received: 0,
             buffered: 0,
+            item_samples: 0,
+            dialect,
             item: None,
             previous_item: None,
             next_event: 0,
@@ -195,7 +236,11 @@ impl Connection {
         if let Err(closed) = self.set_rate(OPENAI_PCM16_RATE) {
             return closed;
         }
-        let created = json!({"type": "transcription_session.created", "session": self.session()});
+        let created = match self.dialect {
+            Dialect::Ga => "session.created",
+            Dialect::Beta => "transcription_session.created",
+        };
+        let created = json!({"type": created, "session": self.session()});
         if self.send(created).await.is_err() {
             return "client gone";
         }
@@ -350,6 +395,10 @@ impl Connection {
         kind: &str,
         client_id: Option<&str>,
     ) -> Result<(), Closed> {
+        // A beta event names the beta's dialect, whatever the connection started with.
+        if kind == "transcription_session.update" {
+            self.dialect = Dialect::Beta;
+        }
         let session = event.get("session").unwrap_or(&Value::Null);
         // The beta shape names the format, the GA shape nests it with its rate.
         let beta = session.get("input_audio_format");
@@ -456,6 +505,7 @@ impl Connection {
         }
         self.received += samples.len() as u64;
         self.buffered += samples.len() as u64;
+        self.item_samples += samples.len() as u64;
         let mut resampled = Vec::new();
         self.resampler()
             .push(&samples, &mut resampled)
@@ -490,6 +540,7 @@ impl Connection {
         // What the buffer held is dropped unheard, the utterance with it.
         self.end_stream().await?;
         self.item = None;
+        self.item_samples = 0;
         self.send(json!({"type": "input_audio_buffer.cleared"}))
             .await
     }
@@ -553,6 +604,7 @@ impl Connection {
 
     /// Sends what `text` (the utterance so far) adds to the text already sent.
     async fn delta(&mut self, text: &str) -> Result<(), Closed> {
+        self.open_item().await?;
         let item = self.item_mut();
         let Some(added) = text.strip_prefix(item.sent.as_str()) else {
             return Ok(()); // not an extension: the completed transcript carries it
@@ -570,11 +622,32 @@ impl Connection {
         self.send(event).await
     }
 
+    /// Announces the current item if it is new (before any of its transcript).
+    async fn open_item(&mut self) -> Result<(), Closed> {
+        if self.item.is_some() {
+            return Ok(());
+        }
+        let id = self.item_mut().id.clone();
+        let kind = match self.dialect {
+            Dialect::Ga => "conversation.item.added",
+            Dialect::Beta => "conversation.item.created",
+        };
+        self.send(json!({
+            "type": kind,
+            "previous_item_id": self.previous_item,
+            "item": audio_item(&id, "in_progress", None),
+        }))
+        .await
+    }
+
     /// Commits the current item and completes it with `transcript`.
     async fn complete(&mut self, transcript: String) -> Result<(), Closed> {
+        self.open_item().await?;
         let id = self.item_mut().id.clone();
         self.item = None;
         let previous = self.previous_item.replace(id.clone());
+        let seconds = self.item_samples as f64 / f64::from(self.rate);
+        self.item_samples = 0;
         self.send(json!({
             "type": "input_audio_buffer.committed",
             "previous_item_id": previous,
@@ -586,8 +659,20 @@ impl Connection {
             "item_id": id,
             "content_index": 0,
             "transcript": transcript,
+            // The audio since the previous item (an utterance the model ended itself has no
+            // exact boundary in the client's audio).
+            "usage": {"type": "duration", "seconds": (seconds * 1000.0).round() / 1000.0},
         }))
-        .await
+        .await?;
+        if self.dialect == Dialect::Ga {
+            self.send(json!({
+                "type": "conversation.item.done",
+                "previous_item_id": previous,
+                "item": audio_item(&id, "completed", Some(&transcript)),
+            }))
+            .await?;
+        }
+        Ok(())
     }
 
     fn item_mut(&mut self) -> &mut Item {
@@ -614,13 +699,21 @@ impl Connection {
     }
 
     fn session(&self) -> Value {
+        // The GA's fields and the beta's side by side: each dialect's clients read theirs.
+        let model = &self.live.config.model_name;
         json!({
             "id": self.session_id,
             "object": "realtime.transcription_session",
+            "type": "transcription",
+            "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": self.rate},
+                "transcription": {"model": model},
+                "turn_detection": null,
+            }},
             "input_audio_format": "pcm16",
-            "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate}}},
-            "input_audio_transcription": {"model": self.live.config.model_name},
             "turn_detection": null,
+            // The beta's session model requires an ephemeral key; this server issues none.
+            "client_secret": {"value": "", "expires_at": 0},
         })
     }
 

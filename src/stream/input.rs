@@ -206,6 +206,17 @@ impl<R: Read> WavStream<R> {
     /// end is the end of the recording whatever the header says.
     pub fn new(mut reader: R, name: &str, pipe: bool) -> Result<Self> {
         let (header, open_ended) = read_wav_header(&mut reader, name)?;
+        Self::from_header(header, open_ended, reader, name, pipe)
+    }
+
+    /// The stream of a header [`read_wav_header`] read and the rest of its input.
+    fn from_header(
+        header: Vec<u8>,
+        open_ended: bool,
+        reader: R,
+        name: &str,
+        pipe: bool,
+    ) -> Result<Self> {
         let input = BufReader::new(Cursor::new(header).chain(reader));
         let wav =
             hound::WavReader::new(input).map_err(|e| anyhow!("{name}: invalid WAV header: {e}"))?;
@@ -382,8 +393,34 @@ pub fn open_reader<R: Read + 'static>(
 ) -> Result<Box<dyn AudioSource>> {
     Ok(match raw {
         Some(l) => Box::new(RawStream::new(reader, name, l.format, l.rate, l.channels)?),
-        None => Box::new(WavStream::new(reader, name, pipe)?),
+        None => open_wav(reader, name, pipe)?,
     })
+}
+
+/// A WAV read as it arrives when hound reads its encoding (PCM, 32-bit float); any other
+/// (mu-law, A-law, 64-bit float, ADPCM) is read to its end and decoded whole by the audio room,
+/// as `transcribe` decodes it.
+fn open_wav<R: Read + 'static>(
+    mut reader: R,
+    name: &str,
+    pipe: bool,
+) -> Result<Box<dyn AudioSource>> {
+    let (header, open_ended) = read_wav_header(&mut reader, name)?;
+    if hound::WavReader::new(Cursor::new(&header[..])).is_ok() {
+        return Ok(Box::new(WavStream::from_header(
+            header, open_ended, reader, name, pipe,
+        )?));
+    }
+    let mut bytes = header;
+    reader
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("{name}: cannot read"))?;
+    let audio = audio::decode_bytes(&bytes, name)?;
+    Ok(Box::new(DecodedFile {
+        name: name.to_string(),
+        audio,
+        at: 0,
+    }))
 }
 
 /// Opens a file: raw samples with `raw`; a WAV is read as it is needed (a FIFO like a pipe);
@@ -399,7 +436,7 @@ pub fn open_file(path: &Path, raw: Option<RawLayout>) -> Result<Box<dyn AudioSou
     let n = read_up_to(&mut file, &mut magic).with_context(|| format!("cannot read {name}"))?;
     let rest = Cursor::new(magic[..n].to_vec()).chain(file);
     if n == 12 && &magic[..4] == b"RIFF" && &magic[8..] == b"WAVE" {
-        return Ok(Box::new(WavStream::new(rest, &name, false)?));
+        return open_wav(rest, &name, false);
     }
     drop(rest);
     let audio = audio::load_audio(path)?;

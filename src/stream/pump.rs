@@ -3,8 +3,9 @@
 
 use super::input::AudioSource;
 use super::{LiveTranscriber, StreamEvent};
+use crate::audio::decode::check_samples;
 use crate::audio::resample::StreamResampler;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use std::time::{Duration, Instant};
 
 /// How the audio is fed.
@@ -53,6 +54,10 @@ pub fn pump<T: LiveTranscriber + ?Sized>(
             Ok(None) => break None,
             Err(e) => break Some(e),
         };
+        // As `transcribe` refuses such a file, before the resampler sees the sample.
+        if let Err(e) = check_samples(&piece, read, rate) {
+            break Some(e.context(source.name().to_string()));
+        }
         if let Some(limit) = limit
             && read + piece.len() as u64 > limit
         {
@@ -85,6 +90,10 @@ pub fn pump<T: LiveTranscriber + ?Sized>(
     }
     if let Some(e) = failure {
         return Err(e);
+    }
+    if read == 0 {
+        // As for an empty WAV: nothing to transcribe is a mistake, not a silent success.
+        bail!("{}: no audio (the input is empty)", source.name());
     }
     Ok(PumpSummary {
         audio_seconds: read as f64 / f64::from(rate),

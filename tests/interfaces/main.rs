@@ -4,6 +4,7 @@
 mod common;
 
 mod cli;
+mod diarize;
 mod hub;
 mod live_double;
 mod live_nemo;

@@ -102,8 +102,25 @@ fn append(ws: &mut Client, samples: usize) {
     );
 }
 
+/// A client of the beta API (its header chooses the beta's event names).
+fn connect_beta(addr: SocketAddr) -> Client {
+    use tungstenite::client::IntoClientRequest;
+    let mut request = format!("ws://{addr}/v1/realtime")
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("OpenAI-Beta", "realtime=v1".parse().unwrap());
+    let (mut ws, _) = tungstenite::connect(request).unwrap();
+    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    }
+    ws
+}
+
 fn at_16k(ws: &mut Client) {
-    let created = until(ws, "transcription_session.created");
+    let created = until(ws, "session.created");
+    assert_eq!(created[0]["session"]["type"], "transcription");
     assert_eq!(
         created[0]["session"]["audio"]["input"]["format"]["rate"],
         24_000
@@ -127,8 +144,20 @@ fn committed(item: &str, previous: Option<&str>) -> Value {
     json!({"type": "input_audio_buffer.committed", "item_id": item, "previous_item_id": previous})
 }
 
-fn completed(item: &str, text: &str) -> Value {
-    json!({"type": "conversation.item.input_audio_transcription.completed", "item_id": item, "content_index": 0, "transcript": text})
+/// The completed transcript of an item of `samples` at 16 kHz.
+fn completed(item: &str, text: &str, samples: u32) -> Value {
+    json!({"type": "conversation.item.input_audio_transcription.completed", "item_id": item, "content_index": 0, "transcript": text,
+        "usage": {"type": "duration", "seconds": f64::from(samples) / 16000.0}})
+}
+
+/// The announcement of an item (GA: `added`, beta: `created`).
+fn added(kind: &str, item: &str, previous: Option<&str>) -> Value {
+    json!({"type": kind, "previous_item_id": previous, "item": {"id": item, "object": "realtime.item", "type": "message", "role": "user", "status": "in_progress", "content": [{"type": "input_audio", "transcript": null}]}})
+}
+
+/// The GA's last event of an item.
+fn done(item: &str, previous: Option<&str>, text: &str) -> Value {
+    json!({"type": "conversation.item.done", "previous_item_id": previous, "item": {"id": item, "object": "realtime.item", "type": "message", "role": "user", "status": "completed", "content": [{"type": "input_audio", "transcript": text}]}})
 }
 
 #[test]
@@ -147,12 +176,17 @@ fn appended_audio_streams_deltas_and_a_commit_completes_the_item() {
             "conversation.item.input_audio_transcription.completed"
         ),
         [
+            added("conversation.item.added", "item_1", None),
             delta("item_1", "s1600"),
             delta("item_1", " s3200"),
             delta("item_1", " s4800"),
             committed("item_1", None),
-            completed("item_1", "s1600 s3200 s4800"),
+            completed("item_1", "s1600 s3200 s4800", 4800),
         ]
+    );
+    assert_eq!(
+        until(&mut ws, "conversation.item.done"),
+        [done("item_1", None, "s1600 s3200 s4800")]
     );
     // The next utterance starts a new stream and a new item.
     append(&mut ws, 2000);
@@ -163,10 +197,11 @@ fn appended_audio_streams_deltas_and_a_commit_completes_the_item() {
             "conversation.item.input_audio_transcription.completed"
         ),
         [
+            added("conversation.item.added", "item_2", Some("item_1")),
             delta("item_2", "s1600"),
             delta("item_2", " s2000"),
             committed("item_2", Some("item_1")),
-            completed("item_2", "s1600 s2000"),
+            completed("item_2", "s1600 s2000", 2000),
         ]
     );
 }
@@ -175,7 +210,7 @@ fn appended_audio_streams_deltas_and_a_commit_completes_the_item() {
 fn openai_rate_pcm16_is_resampled_and_the_model_may_end_utterances_itself() {
     let alive = Arc::new(AtomicUsize::new(0));
     let addr = start(config(), doubles(Some(4), &alive));
-    let mut ws = connect(addr);
+    let mut ws = connect_beta(addr);
     until(&mut ws, "transcription_session.created");
     send(
         &mut ws,
@@ -345,7 +380,7 @@ fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_wi
     // Its slot is free once its transcriber is gone.
     wait_until_alive(&alive, 0, "the refused stream was never freed");
     let mut idle = connect(addr);
-    until(&mut idle, "transcription_session.created");
+    until(&mut idle, "session.created");
     let (code, e) = error_code(&mut idle);
     assert_eq!(code, "idle_timeout", "{e}");
     assert!(next(&mut idle).is_none());
@@ -402,7 +437,7 @@ fn pings_do_not_keep_a_stream_alive_and_a_client_that_never_reads_is_dropped() {
         s.set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
     }
-    until(&mut ws, "transcription_session.created");
+    until(&mut ws, "session.created");
     // Pings every 100 ms (and a session.update): no audio, so the stream is idle.
     let began = Instant::now();
     let mut idle = None;
@@ -443,7 +478,7 @@ fn an_oversized_append_and_conflicting_formats_get_error_events() {
     let alive = Arc::new(AtomicUsize::new(0));
     let addr = start(config(), doubles(None, &alive));
     let mut ws = connect(addr);
-    until(&mut ws, "transcription_session.created");
+    until(&mut ws, "session.created");
     // pcm16 is 24 kHz, the GA format says 8 kHz: neither is guessed.
     send(
         &mut ws,
@@ -499,9 +534,10 @@ fn a_shutdown_completes_each_stream_s_audio_and_closes_it() {
         [
             delta("item_1", " s2000"),
             committed("item_1", None),
-            completed("item_1", "s1600 s2000"),
+            completed("item_1", "s1600 s2000", 2000),
         ]
     );
+    until(&mut ws, "conversation.item.done");
     // A close frame says why: going away.
     let frame = loop {
         match ws.read() {

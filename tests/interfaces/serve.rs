@@ -972,9 +972,97 @@ fn sigterm_completes_live_streams_and_closes_them() {
     };
     let (_, nemo_final) = crate::live_nemo::nemo_texts("rnnt");
     assert_eq!(completed["transcript"], nemo_final.as_str());
+    // The GA's item.done, then a close frame.
+    let done = events(&mut ws).expect("closed before the item's done");
+    assert_eq!(done["type"], "conversation.item.done", "{done}");
+    assert_eq!(
+        done["item"]["content"][0]["transcript"],
+        nemo_final.as_str()
+    );
     let frame = events(&mut ws)
         .expect_err("an event after the last item")
         .expect("a close frame with a code");
     assert_eq!(u16::from(frame.code), 1001, "{frame:?}");
     assert_eq!(exits_within(&mut server, Duration::from_secs(20)), Some(0));
+}
+
+/// The official `openai` package, as an application uses it, against our server:
+/// `stream=True` transcription and both realtime dialects, every event validated with the
+/// package's own models (tests/openai_client/check_events.py). Needs a Python with `openai` and
+/// `websockets` (`PARAKEET_TEST_PYTHON`, else `python3`); without them the test says so and
+/// passes.
+#[test]
+fn the_openai_package_validates_every_event_we_send() {
+    let python = std::env::var("PARAKEET_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let model = gguf(crate::live_nemo::MODEL, OutType::F32);
+    let server = Server::start_with(&model, &["--threads", "1"]);
+    let wav = clip("speech_10s.wav");
+    let r = upload(&server, &wav, &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    let text = r.json()["text"].as_str().unwrap().to_string();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client/check_events.py");
+    let out = match Command::new(&python)
+        .arg(&script)
+        .args(["--addr", &server.addr, "--wav", wav.to_str().unwrap()])
+        .args(["--text", &text])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("skipped: cannot run {python}: {e}");
+            return;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(77) {
+        eprintln!("skipped: {python} lacks the openai package: {stderr}");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "{}{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// `stream=true`: server-sent events, `transcript.text.delta`s that join to the text the same
+/// request gives without streaming, then `transcript.text.done` with it.
+#[test]
+fn stream_true_answers_with_text_delta_events() {
+    let server = Server::start(&["--workers", "1", "--threads", "2"]);
+    let path = clip("speech_10s.wav");
+    let plain = upload(&server, &path, &[]);
+    let want = plain.json()["text"].as_str().unwrap().to_string();
+    let r = upload(&server, &path, &[("stream", "true")]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.content_type.starts_with("text/event-stream"), "{r:?}");
+    let events: Vec<Value> = r
+        .body
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").expect("a data line")).unwrap())
+        .collect();
+    let (done, deltas) = events.split_last().unwrap();
+    assert_eq!(done["type"], "transcript.text.done", "{done}");
+    assert_eq!(done["text"], want.as_str());
+    assert!(deltas.len() > 1, "{events:?}");
+    let joined: String = deltas
+        .iter()
+        .map(|e| {
+            assert_eq!(e["type"], "transcript.text.delta", "{e}");
+            e["delta"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(joined, want);
+    upload(&server, &path, &[("stream", "maybe")]).assert_error(
+        400,
+        Some("stream"),
+        "invalid_value",
+    );
+    upload(
+        &server,
+        &path,
+        &[("stream", "true"), ("response_format", "srt")],
+    )
+    .assert_error(400, Some("stream"), "invalid_value");
 }

@@ -346,3 +346,104 @@ fn a_cache_aware_flag_on_an_offline_model_is_refused_by_kind() {
     assert!(stderr.contains("offline model"), "{stderr}");
     assert!(stderr.contains("cache-aware"), "{stderr}");
 }
+
+/// A mono f32 WAV at `rate` of a quiet ramp with `bad` at sample 5000.
+fn float_wav_with(rate: u32, bad: f32) -> Vec<u8> {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: rate,
+        bits_per_sample: 32,
+        sample_format: hound::SampleFormat::Float,
+    };
+    let mut bytes = std::io::Cursor::new(Vec::new());
+    let mut w = hound::WavWriter::new(&mut bytes, spec).unwrap();
+    for i in 0..rate {
+        let s = if i == 5000 {
+            bad
+        } else {
+            (i % 100) as f32 / 1000.0
+        };
+        w.write_sample(s).unwrap();
+    }
+    w.finalize().unwrap();
+    bytes.into_inner()
+}
+
+/// Pumps `source` through the double; the error, if it fails.
+fn pump_error(mut source: Box<dyn AudioSource>) -> Option<String> {
+    let mut transcriber = CountingTranscriber::new(1600, None);
+    pump(
+        source.as_mut(),
+        &mut transcriber,
+        &PumpOptions::default(),
+        &mut |_| Ok(()),
+    )
+    .err()
+    .map(|e| format!("{e:#}"))
+}
+
+/// NaN, inf and huge samples are refused as `transcribe` refuses them (the same message), at
+/// any rate, before the resampler sees them; empty headerless input is refused as an empty WAV.
+#[test]
+fn corrupt_samples_and_empty_raw_input_are_refused() {
+    for rate in [16_000, 22_050] {
+        for (bad, shown) in [
+            (f32::NAN, "is NaN"),
+            (f32::INFINITY, "is inf"),
+            (3.3e38, "is 3.3e38, beyond"),
+        ] {
+            let wav = float_wav_with(rate, bad);
+            let source =
+                input::open_reader(std::io::Cursor::new(wav), "bad.wav", None, true).unwrap();
+            let e = pump_error(source).unwrap_or_else(|| panic!("{rate} Hz, {bad}: accepted"));
+            assert!(
+                e.starts_with("bad.wav: sample 5000 (at ") && e.contains(shown),
+                "{rate} Hz, {bad}: {e}"
+            );
+            assert!(e.ends_with("the audio data is corrupt"), "{e}");
+        }
+    }
+    let empty = input::open_reader(
+        std::io::Cursor::new(Vec::new()),
+        "<stdin>",
+        raw(RawFormat::S16le, 16_000, 1),
+        true,
+    )
+    .unwrap();
+    assert_eq!(
+        pump_error(empty).as_deref(),
+        Some("<stdin>: no audio (the input is empty)")
+    );
+}
+
+/// Every WAV `transcribe` decodes streams too (mu-law, A-law, 64-bit float: through the audio
+/// room), from a file or a pipe, sample for sample as the audio room decodes it.
+#[test]
+fn wavs_hound_cannot_read_stream_through_the_audio_room() {
+    for name in [
+        "ulaw_mono_8000.wav",
+        "alaw_mono_8000.wav",
+        "f64_mono_22050.wav",
+    ] {
+        let path = fixtures().join("audio/formats").join(name);
+        let (_, want) = npy(&path.with_extension("wav.npy"));
+        let want_rate = parakeet::audio::load_audio(&path).unwrap().sample_rate;
+        let from_file = input::open_file(&path, None).unwrap();
+        let piped =
+            input::open_reader(std::fs::File::open(&path).unwrap(), name, None, true).unwrap();
+        for mut source in [from_file, piped] {
+            assert_eq!(source.sample_rate(), want_rate, "{name}");
+            let mut got = Vec::new();
+            while let Some(piece) = source.next_piece().unwrap() {
+                got.extend(piece);
+            }
+            assert_eq!(got.len(), want.len(), "{name}");
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst <= 1e-6, "{name}: off by {worst}");
+        }
+    }
+}

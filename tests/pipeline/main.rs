@@ -10,6 +10,7 @@ mod buffered;
 mod confidence;
 mod convert;
 mod decoder;
+mod diar;
 mod encoder;
 mod hardening;
 mod local_attention;

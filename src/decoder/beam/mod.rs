@@ -70,7 +70,7 @@ impl BeamHead {
         match model_type {
             ModelType::Tdt | ModelType::TdtCtc => Some(BeamHead::Tdt),
             ModelType::Rnnt | ModelType::RnntCtc => Some(BeamHead::Rnnt),
-            ModelType::Ctc => None,
+            ModelType::Ctc | ModelType::Sortformer => None,
         }
     }
 

@@ -1,0 +1,368 @@
+//! Speaker diarization with NeMo's Sortformer (`SortformerEncLabelModel`): who speaks when, as
+//! per-frame speaker probabilities (80 ms frames) and segments.
+//!
+//! The forward is NeMo's: the waveform scaled by its signed peak (offline models), log-mel
+//! features, the FastConformer encoder (the `encoder` room's, as for ASR), `encoder_proj`, a
+//! post-LN Transformer without positional encoding, and the head (ReLU, `first_hidden_to_hidden`,
+//! ReLU, `single_hidden_to_spks`, sigmoid). [`postprocess`] turns the probabilities into NeMo's
+//! segments; [`stream`] is NeMo's streaming loop with its speaker cache and FIFO.
+
+pub mod postprocess;
+pub mod stream;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Result, bail};
+
+use crate::audio::mel::{Features, MelConfig, log_mel};
+use crate::backend::{Backend, DType, Graph, Tensor};
+use crate::encoder::EncoderState;
+use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode};
+use crate::hparams::{ModelType, SortformerParams};
+use crate::kernels::FusedOps;
+use crate::model::{LayerNorm, Linear, Model};
+
+/// LayerNorm epsilon of NeMo's Transformer blocks.
+const LN_EPS: f32 = 1e-5;
+
+/// `transformer_encoder.layers.N`: a post-LN block, `x = LN1(x + MHA(x)); x = LN2(x + FF(x))`.
+#[derive(Clone, Debug)]
+pub struct TransformerLayer {
+    pub query_net: Linear,
+    pub key_net: Linear,
+    pub value_net: Linear,
+    pub out_projection: Linear,
+    pub layer_norm_1: LayerNorm,
+    pub dense_in: Linear,
+    pub dense_out: Linear,
+    pub layer_norm_2: LayerNorm,
+}
+
+/// The weights after the FastConformer (NeMo's names).
+#[derive(Clone, Debug)]
+pub struct SortformerWeights {
+    /// `sortformer_modules.encoder_proj` (fc_d_model -> tf_d_model).
+    pub encoder_proj: Linear,
+    pub layers: Vec<TransformerLayer>,
+    pub first_hidden_to_hidden: Linear,
+    pub single_hidden_to_spks: Linear,
+}
+
+impl SortformerWeights {
+    fn load(model: &Model, p: &SortformerParams) -> Result<SortformerWeights> {
+        let f = &model.file;
+        let w = |name: &str, shape: &[usize]| f.weight(name, shape, &[DType::F32]);
+        let linear = |prefix: &str, n_in: usize, n_out: usize| -> Result<Linear> {
+            Ok(Linear {
+                weight: w(&format!("{prefix}.weight"), &[n_in, n_out])?,
+                bias: Some(w(&format!("{prefix}.bias"), &[n_out])?),
+            })
+        };
+        let norm = |prefix: &str, d: usize| -> Result<LayerNorm> {
+            Ok(LayerNorm {
+                weight: w(&format!("{prefix}.weight"), &[d])?,
+                bias: w(&format!("{prefix}.bias"), &[d])?,
+            })
+        };
+        let (fc, tf, inner) = (model.hparams.encoder.d_model, p.tf_d_model, p.tf_inner_size);
+        let layers = (0..p.tf_n_layers)
+            .map(|i| {
+                // The converter's name (`convert::gguf_name`).
+                let l = format!("transformer_encoder.{i}");
+                let a = format!("{l}.first_sub_layer");
+                let ff = format!("{l}.second_sub_layer");
+                Ok(TransformerLayer {
+                    query_net: linear(&format!("{a}.query_net"), tf, tf)?,
+                    key_net: linear(&format!("{a}.key_net"), tf, tf)?,
+                    value_net: linear(&format!("{a}.value_net"), tf, tf)?,
+                    out_projection: linear(&format!("{a}.out_projection"), tf, tf)?,
+                    layer_norm_1: norm(&format!("{l}.layer_norm_1"), tf)?,
+                    dense_in: linear(&format!("{ff}.dense_in"), tf, inner)?,
+                    dense_out: linear(&format!("{ff}.dense_out"), inner, tf)?,
+                    layer_norm_2: norm(&format!("{l}.layer_norm_2"), tf)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let m = "sortformer_modules";
+        Ok(SortformerWeights {
+            encoder_proj: linear(&format!("{m}.encoder_proj"), fc, tf)?,
+            layers,
+            first_hidden_to_hidden: linear(&format!("{m}.first_hidden_to_hidden"), tf, tf)?,
+            single_hidden_to_spks: linear(&format!("{m}.single_hidden_to_spks"), tf, p.n_spks)?,
+        })
+    }
+}
+
+/// Per-frame speaker activity of one recording.
+#[derive(Clone, Debug, Default)]
+pub struct Activity {
+    /// Output frames (80 ms each).
+    pub frames: usize,
+    pub n_spks: usize,
+    /// `[frames][n_spks]` row-major: each speaker's probability of speaking in each frame.
+    pub probs: Vec<f32>,
+    /// Seconds per frame.
+    pub frame_seconds: f64,
+}
+
+impl Activity {
+    /// Speaker `spk`'s probability in every frame.
+    pub fn speaker(&self, spk: usize) -> Vec<f32> {
+        self.probs
+            .iter()
+            .skip(spk)
+            .step_by(self.n_spks.max(1))
+            .copied()
+            .collect()
+    }
+}
+
+/// Named intermediate results.
+pub type Taps = Vec<(String, Vec<f32>)>;
+
+/// What an offline pass produced, with its intermediate results when asked for (named like
+/// NeMo's reference dumps: `features` [n_mels][T], then `[T'][width]` matrices).
+#[derive(Debug, Default)]
+pub struct Forward {
+    pub activity: Activity,
+    pub taps: Taps,
+}
+
+/// A Sortformer with its own backend: diarizes recordings one at a time.
+pub struct Diarizer {
+    model: Arc<Model>,
+    params: SortformerParams,
+    weights: SortformerWeights,
+    backend: Backend,
+    mel: MelConfig,
+}
+
+impl Diarizer {
+    /// A diarizer over `model`, which must be a Sortformer.
+    pub fn new(model: Arc<Model>, threads: usize) -> Result<Diarizer> {
+        let Some(params) = model.hparams.sortformer.clone() else {
+            bail!(
+                "{} is a {} speech recognition model, not a Sortformer diarization model",
+                model.path.display(),
+                model.hparams.model_type.name()
+            );
+        };
+        debug_assert_eq!(model.hparams.model_type, ModelType::Sortformer);
+        let weights = SortformerWeights::load(&model, &params)?;
+        let pp = &model.hparams.preprocessor;
+        let mel = MelConfig {
+            n_fft: pp.n_fft,
+            win_length: pp.win_length,
+            hop_length: pp.hop_length,
+            n_mels: pp.n_mels,
+            preemph: pp.preemph,
+            log_zero_guard: pp.log_zero_guard,
+            normalize_per_feature: pp.normalize_per_feature,
+        };
+        Ok(Diarizer {
+            model,
+            params,
+            weights,
+            backend: Backend::cpu(threads)?,
+            mel,
+        })
+    }
+
+    /// Loads the GGUF at `path` and opens a diarizer on it.
+    pub fn load(path: &Path, threads: usize) -> Result<Diarizer> {
+        Diarizer::new(Arc::new(Model::load(path)?), threads)
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn params(&self) -> &SortformerParams {
+        &self.params
+    }
+
+    /// Seconds per output frame (80 ms).
+    pub fn frame_seconds(&self) -> f64 {
+        self.model.hparams.geometry().frame_seconds()
+    }
+
+    /// Audio samples per output frame.
+    pub fn samples_per_frame(&self) -> usize {
+        self.model.hparams.geometry().samples_per_frame()
+    }
+
+    /// NeMo's features of 16 kHz samples: an offline model first scales the waveform by
+    /// `1 / (max(x) + eps)`, the signed maximum (`process_signal`); a streaming model does not.
+    pub fn features(&self, samples: &[f32]) -> Features {
+        if self.params.streaming_mode {
+            return log_mel(
+                samples,
+                &self.model.window,
+                &self.model.filterbank,
+                &self.mel,
+            );
+        }
+        let peak = samples.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let scale = 1.0 / (peak + self.params.eps);
+        let scaled: Vec<f32> = samples.iter().map(|&x| scale * x).collect();
+        log_mel(
+            &scaled,
+            &self.model.window,
+            &self.model.filterbank,
+            &self.mel,
+        )
+    }
+
+    /// The error for audio too short to give one output frame.
+    fn check_length(&self, samples: usize) -> Result<()> {
+        let feature_frames = self.mel.n_frames(samples);
+        if self.model.hparams.geometry().encoded_len(feature_frames) == 0 {
+            bail!(
+                "audio too short to diarize: {samples} samples ({:.3} s), one frame needs at \
+                 least {} samples",
+                samples as f64 / self.model.hparams.preprocessor.sample_rate as f64,
+                self.mel.hop_length
+            );
+        }
+        Ok(())
+    }
+
+    /// The whole recording in one pass (NeMo's `forward` of an offline model, or a streaming
+    /// model with full context).
+    pub fn diarize_offline(&mut self, samples: &[f32]) -> Result<Activity> {
+        Ok(self.forward(samples, false)?.activity)
+    }
+
+    /// [`Diarizer::diarize_offline`], keeping every intermediate result when `taps` is set.
+    pub fn forward(&mut self, samples: &[f32], taps: bool) -> Result<Forward> {
+        self.check_length(samples.len())?;
+        let features = self.features(samples);
+        let hp = &self.model.hparams;
+        let attention = AttentionChoice::Full.resolve(
+            hp.encoder.attention,
+            hp.geometry().encoded_len(features.n_frames),
+            hp.geometry().frame_seconds(),
+        );
+        let mut out = Forward::default();
+        if taps {
+            out.taps.push(("features".into(), features.data.clone()));
+        }
+        let encoded = encode(
+            &mut self.backend,
+            &self.model,
+            &mut EncoderState::new(),
+            FeatureImage::from(&features),
+            attention,
+            Outputs::All { layers: taps },
+        )?;
+        if taps {
+            let pre = encoded
+                .layers
+                .iter()
+                .find(|(name, _)| name == "enc_pre_encode")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            out.taps.push(("enc_pre_encode".into(), pre));
+            out.taps
+                .push(("encoder_out".into(), encoded.output.clone()));
+        }
+        let (probs, head_taps) = self.head(&encoded.output, encoded.frames, taps)?;
+        out.taps.extend(head_taps);
+        out.activity = self.activity(probs, encoded.frames);
+        Ok(out)
+    }
+
+    fn activity(&self, probs: Vec<f32>, frames: usize) -> Activity {
+        Activity {
+            frames,
+            n_spks: self.params.n_spks,
+            probs,
+            frame_seconds: self.frame_seconds(),
+        }
+    }
+
+    /// `encoder_proj`, the Transformer and the head over encoder output `x` (`[frames][fc_d]`):
+    /// the speaker probabilities `[frames][n_spks]` (and, with `taps`, `encoder_proj` and
+    /// `transformer_out`).
+    fn head(&mut self, x: &[f32], frames: usize, taps: bool) -> Result<(Vec<f32>, Taps)> {
+        let fc = self.model.hparams.encoder.d_model;
+        if frames == 0 || x.len() != frames * fc {
+            bail!(
+                "internal: encoder output of {} values is not {frames} x {fc}",
+                x.len()
+            );
+        }
+        let (w, p) = (&self.weights, &self.params);
+        let mut ids = Vec::new();
+        let mut computed = self.backend.compute(|g| {
+            let x = g.input_f32(x, &[fc, frames]);
+            let x = linear(g, x, &w.encoder_proj);
+            if taps {
+                ids.push(("encoder_proj", g.capture("encoder_proj", x)));
+            }
+            let mut x = x;
+            for layer in &w.layers {
+                x = transformer_layer(g, layer, x, p.tf_n_heads);
+            }
+            if taps {
+                ids.push(("transformer_out", g.capture("transformer_out", x)));
+            }
+            let h = g.relu(x);
+            let h = linear(g, h, &w.first_hidden_to_hidden);
+            let h = g.relu(h);
+            let logits = linear(g, h, &w.single_hidden_to_spks);
+            Ok(g.sigmoid(logits))
+        })?;
+        let mut out = Vec::new();
+        for (name, id) in ids {
+            out.push((name.to_string(), computed.take(id)?));
+        }
+        Ok((std::mem::take(&mut computed.output), out))
+    }
+}
+
+fn linear<'g>(g: &mut Graph<'g>, x: Tensor<'g>, l: &Linear) -> Tensor<'g> {
+    g.linear(x, &l.weight, l.bias.as_ref())
+}
+
+/// NeMo's `TransformerEncoderBlock.forward_postln` over `x` (`[d, T]`), every frame valid: the
+/// attention of `MultiHeadAttention` (q and k each scaled by `d_head^-1/4`, here the product
+/// by `d_head^-1/2` in the softmax), no positional encoding.
+fn transformer_layer<'g>(
+    g: &mut Graph<'g>,
+    l: &TransformerLayer,
+    x: Tensor<'g>,
+    heads: usize,
+) -> Tensor<'g> {
+    let (d, t) = (x.ne(0), x.ne(1));
+    let dh = d / heads;
+    let q = linear(g, x, &l.query_net);
+    let k = linear(g, x, &l.key_net);
+    let v = linear(g, x, &l.value_net);
+    // [dh, h, T] -> [dh, T, h]: one matrix per head.
+    let per_head = |g: &mut Graph<'g>, y: Tensor<'g>| {
+        let y = g.reshape(y, &[dh, heads, t]);
+        let y = g.permute(y, [0, 2, 1, 3]);
+        g.cont(y)
+    };
+    let (q, k) = (per_head(g, q), per_head(g, k));
+    let scores = g.mul_mat(k, q); // [T keys, T queries, h]
+    let probs = g.softmax(scores, 1.0 / (dh as f32).sqrt());
+    // v as [T, dh, h]: the keys' axis first, to contract with the probabilities.
+    let v = g.reshape(v, &[dh, heads, t]);
+    let v = g.permute(v, [1, 2, 0, 3]);
+    let v = g.cont(v);
+    let o = g.mul_mat(v, probs); // [dh, T, h]
+    let o = g.permute(o, [0, 2, 1, 3]); // [dh, h, T]
+    let o = g.cont(o);
+    let o = g.reshape(o, &[d, t]);
+    let o = linear(g, o, &l.out_projection);
+    let x = g.add(x, o);
+    let x = g.layer_norm(x, &l.layer_norm_1.weight, &l.layer_norm_1.bias, LN_EPS);
+    let f = linear(g, x, &l.dense_in);
+    let f = g.relu(f);
+    let f = linear(g, f, &l.dense_out);
+    let x = g.add(x, f);
+    g.layer_norm(x, &l.layer_norm_2.weight, &l.layer_norm_2.bias, LN_EPS)
+}

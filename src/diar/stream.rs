@@ -1,0 +1,392 @@
+//! NeMo's streaming Sortformer (`forward_streaming` with `streaming_update`, the synchronous
+//! loop its inference example runs): the features of the whole recording are cut into chunks
+//! of `chunk_len` output frames with left and right context; each chunk is pre-encoded on its
+//! own and, after the speaker cache and the FIFO (pre-encode embeddings of earlier frames), goes
+//! through the encoder, the Transformer and the head. The chunk's own frames are its output and
+//! join the FIFO; frames pushed out of the FIFO join the speaker cache, which, when full, is
+//! compressed to the frames that best describe each speaker (`_compress_spkcache`), in arrival
+//! order within each speaker, with the mean silence embedding in the slots left over.
+
+use anyhow::{Result, bail};
+
+use super::{Activity, Diarizer};
+use crate::encoder::{FeatureImage, encode_embeddings, pre_encode_only};
+use crate::hparams::{Attention, SortformerStreaming};
+
+/// The streaming sizes a user may set (80 ms frames); unset ones are NeMo's inference defaults
+/// (`e2e_diarize_speech.py`: chunk 6, left context 1, right context 7, FIFO 188, speaker cache
+/// 188, update period 144; 1.04 s of latency).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct StreamSettings {
+    /// Streaming: output frames per chunk.
+    #[arg(long, value_name = "FRAMES")]
+    pub chunk_len: Option<usize>,
+    /// Streaming: frames of left context pre-encoded with each chunk.
+    #[arg(long, value_name = "FRAMES")]
+    pub chunk_left_context: Option<usize>,
+    /// Streaming: frames of right context (lookahead) pre-encoded with each chunk.
+    #[arg(long, value_name = "FRAMES")]
+    pub chunk_right_context: Option<usize>,
+    /// Streaming: frames of the FIFO of recent frames.
+    #[arg(long, value_name = "FRAMES")]
+    pub fifo_len: Option<usize>,
+    /// Streaming: frames of the speaker cache.
+    #[arg(long, value_name = "FRAMES")]
+    pub spkcache_len: Option<usize>,
+    /// Streaming: frames moved from the FIFO to the speaker cache at once.
+    #[arg(long, value_name = "FRAMES")]
+    pub spkcache_update_period: Option<usize>,
+}
+
+/// Upper bound on every streaming size (frames of 80 ms: about 22 minutes).
+const MAX_FRAMES: usize = 1 << 14;
+
+impl StreamSettings {
+    /// Refuses sizes NeMo refuses (`_check_streaming_parameters`), before a model is loaded.
+    pub fn check(&self) -> Result<()> {
+        for (name, v, min) in [
+            ("--chunk-len", self.chunk_len, 1),
+            ("--chunk-left-context", self.chunk_left_context, 0),
+            ("--chunk-right-context", self.chunk_right_context, 0),
+            ("--fifo-len", self.fifo_len, 0),
+            ("--spkcache-len", self.spkcache_len, 1),
+            ("--spkcache-update-period", self.spkcache_update_period, 1),
+        ] {
+            if let Some(v) = v
+                && !(min..=MAX_FRAMES).contains(&v)
+            {
+                bail!("{name} {v} is out of range ({min} to {MAX_FRAMES} frames)");
+            }
+        }
+        Ok(())
+    }
+
+    /// The model's settings with NeMo's inference sizes, then the ones set here.
+    pub fn resolve(&self, model: SortformerStreaming) -> SortformerStreaming {
+        let mut s = model.inference_defaults();
+        let set = |v: &mut usize, flag: Option<usize>| {
+            if let Some(x) = flag {
+                *v = x;
+            }
+        };
+        set(&mut s.chunk_len, self.chunk_len);
+        set(&mut s.chunk_left_context, self.chunk_left_context);
+        set(&mut s.chunk_right_context, self.chunk_right_context);
+        set(&mut s.fifo_len, self.fifo_len);
+        set(&mut s.spkcache_len, self.spkcache_len);
+        set(&mut s.spkcache_update_period, self.spkcache_update_period);
+        s
+    }
+}
+
+/// The state after one chunk (for tests and diagnostics): NeMo's `StreamingSortformerState`.
+#[derive(Clone, Debug, Default)]
+pub struct ChunkState {
+    /// The step's probabilities over [speaker cache | FIFO | chunk with its context],
+    /// `[frames][n_spks]`.
+    pub step_preds: Vec<f32>,
+    /// `[frames][d]` embeddings and `[frames][n_spks]` probabilities after the step.
+    pub spkcache: Vec<f32>,
+    pub spkcache_preds: Vec<f32>,
+    pub fifo: Vec<f32>,
+    pub fifo_preds: Vec<f32>,
+    pub mean_sil_emb: Vec<f32>,
+    /// Whether the speaker cache was compressed in this step.
+    pub compressed: bool,
+}
+
+/// The streaming state between chunks.
+struct State {
+    d: usize,
+    n_spks: usize,
+    spkcache: Vec<f32>,
+    spkcache_preds: Vec<f32>,
+    fifo: Vec<f32>,
+    fifo_preds: Vec<f32>,
+    mean_sil_emb: Vec<f32>,
+    n_sil_frames: usize,
+    compressed: bool,
+}
+
+impl State {
+    fn frames(&self, v: &[f32], width: usize) -> usize {
+        v.len() / width
+    }
+}
+
+impl Diarizer {
+    /// NeMo's streaming diarization of a whole recording with `settings`.
+    pub fn diarize_streaming(
+        &mut self,
+        samples: &[f32],
+        settings: &SortformerStreaming,
+    ) -> Result<Activity> {
+        self.stream(samples, settings, None)
+    }
+
+    /// [`Diarizer::diarize_streaming`], recording the state after every chunk.
+    pub fn diarize_streaming_traced(
+        &mut self,
+        samples: &[f32],
+        settings: &SortformerStreaming,
+        trace: &mut Vec<ChunkState>,
+    ) -> Result<Activity> {
+        self.stream(samples, settings, Some(trace))
+    }
+
+    fn stream(
+        &mut self,
+        samples: &[f32],
+        s: &SortformerStreaming,
+        mut trace: Option<&mut Vec<ChunkState>>,
+    ) -> Result<Activity> {
+        self.check_length(samples.len())?;
+        let n_spks = self.params.n_spks;
+        if s.spkcache_len < (1 + s.spkcache_sil_frames_per_spk) * n_spks {
+            bail!(
+                "a speaker cache of {} frames is too small for {n_spks} speakers (at least {})",
+                s.spkcache_len,
+                (1 + s.spkcache_sil_frames_per_spk) * n_spks
+            );
+        }
+        if s.chunk_len == 0 || s.spkcache_update_period == 0 {
+            bail!("chunk length and speaker cache update period must be at least 1 frame");
+        }
+        let features = self.features(samples);
+        let (n_mels, feat_len) = (features.n_mels, features.n_frames);
+        let factor = self.model.hparams.encoder.subsampling_factor;
+        let d = self.model.hparams.encoder.d_model;
+        let mut st = State {
+            d,
+            n_spks,
+            spkcache: Vec::new(),
+            spkcache_preds: Vec::new(),
+            fifo: Vec::new(),
+            fifo_preds: Vec::new(),
+            mean_sil_emb: vec![0.0; d],
+            n_sil_frames: 0,
+            compressed: false,
+        };
+        let mut out = Vec::new();
+        let (mut start, mut end) = (0usize, 0usize);
+        while end < feat_len {
+            // `streaming_feat_loader`.
+            let left = (s.chunk_left_context * factor).min(start);
+            end = (start + s.chunk_len * factor).min(feat_len);
+            let right = (s.chunk_right_context * factor).min(feat_len - end);
+            let chunk: Vec<f32> = (start - left..end + right)
+                .flat_map(|t| (0..n_mels).map(move |m| (t, m)))
+                .map(|(t, m)| features.data[m * feat_len + t])
+                .collect();
+            start = end;
+            let (embs, n) = pre_encode_only(
+                &mut self.backend,
+                &self.model,
+                FeatureImage::from_frames(chunk, n_mels)?,
+            )?;
+            // `forward_streaming_step`: NeMo's round and ceil of the offsets in frames.
+            let lc = (left as f64 / factor as f64).round_ties_even() as usize;
+            let rc = right.div_ceil(factor);
+            if n < lc + rc {
+                bail!("internal: a chunk of {n} frames is shorter than its context {lc} + {rc}");
+            }
+            let (cache_frames, fifo_frames) = (st.frames(&st.spkcache, d), st.frames(&st.fifo, d));
+            let mut input = Vec::with_capacity((cache_frames + fifo_frames + n) * d);
+            input.extend_from_slice(&st.spkcache);
+            input.extend_from_slice(&st.fifo);
+            input.extend_from_slice(&embs);
+            let total = cache_frames + fifo_frames + n;
+            let encoded = encode_embeddings(
+                &mut self.backend,
+                &self.model,
+                &input,
+                total,
+                Attention::Full,
+            )?;
+            let (preds, _) = self.head(&encoded, total, false)?;
+            let chunk_preds = update(&mut st, s, &embs, &preds, lc, n - lc - rc, cache_frames);
+            if let Some(t) = trace.as_deref_mut() {
+                t.push(ChunkState {
+                    step_preds: preds,
+                    spkcache: st.spkcache.clone(),
+                    // NeMo keeps none until the first compression.
+                    spkcache_preds: match st.compressed {
+                        true => st.spkcache_preds.clone(),
+                        false => Vec::new(),
+                    },
+                    fifo: st.fifo.clone(),
+                    fifo_preds: st.fifo_preds.clone(),
+                    mean_sil_emb: st.mean_sil_emb.clone(),
+                    compressed: chunk_preds.1,
+                });
+            }
+            out.extend_from_slice(&chunk_preds.0);
+        }
+        let frames = out.len() / n_spks;
+        Ok(self.activity(out, frames))
+    }
+}
+
+/// `streaming_update` (synchronous): the chunk's frames join the FIFO; when it overflows, its
+/// oldest frames move to the speaker cache (updating the silence profile), which is compressed
+/// once it is over its size. Returns the chunk's probabilities and whether it compressed.
+fn update(
+    st: &mut State,
+    s: &SortformerStreaming,
+    embs: &[f32],
+    preds: &[f32],
+    lc: usize,
+    chunk_len: usize,
+    cache_frames: usize,
+) -> (Vec<f32>, bool) {
+    let (d, k) = (st.d, st.n_spks);
+    let fifo_frames = st.fifo.len() / d;
+    // This step's probabilities of the FIFO's frames replace the ones it had.
+    st.fifo_preds = preds[cache_frames * k..(cache_frames + fifo_frames) * k].to_vec();
+    let first = cache_frames + fifo_frames + lc;
+    let chunk_preds = preds[first * k..(first + chunk_len) * k].to_vec();
+    st.fifo
+        .extend_from_slice(&embs[lc * d..(lc + chunk_len) * d]);
+    st.fifo_preds.extend_from_slice(&chunk_preds);
+    let mut compressed = false;
+    if fifo_frames + chunk_len > s.fifo_len {
+        let pop = s
+            .spkcache_update_period
+            .max((chunk_len + fifo_frames).saturating_sub(s.fifo_len))
+            .min(fifo_frames + chunk_len);
+        let pop_embs: Vec<f32> = st.fifo.drain(..pop * d).collect();
+        let pop_preds: Vec<f32> = st.fifo_preds.drain(..pop * k).collect();
+        silence_profile(st, s, &pop_embs, &pop_preds);
+        st.spkcache.extend_from_slice(&pop_embs);
+        if !st.compressed {
+            // Before the first compression the cache's probabilities are this step's.
+            st.spkcache_preds = preds[..cache_frames * k].to_vec();
+        }
+        st.spkcache_preds.extend_from_slice(&pop_preds);
+        if st.spkcache.len() / d > s.spkcache_len {
+            compress(st, s);
+            st.compressed = true;
+            compressed = true;
+        }
+    }
+    (chunk_preds, compressed)
+}
+
+/// `_get_silence_profile`: the running mean of the embeddings of frames whose probabilities
+/// sum below `sil_threshold`.
+fn silence_profile(st: &mut State, s: &SortformerStreaming, embs: &[f32], preds: &[f32]) {
+    let (d, k) = (st.d, st.n_spks);
+    let silent: Vec<usize> = (0..preds.len() / k)
+        .filter(|&f| preds[f * k..(f + 1) * k].iter().sum::<f32>() < s.sil_threshold)
+        .collect();
+    if silent.is_empty() {
+        return;
+    }
+    let n_old = st.n_sil_frames as f32;
+    let n_new = st.n_sil_frames + silent.len();
+    for c in 0..d {
+        let sum: f32 = silent.iter().map(|&f| embs[f * d + c]).sum();
+        st.mean_sil_emb[c] = (st.mean_sil_emb[c] * n_old + sum) / n_new as f32;
+    }
+    st.n_sil_frames = n_new;
+}
+
+/// `_compress_spkcache` (inference: no speaker permutation, no noise): keeps `spkcache_len`
+/// frames, scored per speaker by how surely that speaker alone speaks, the newest frames
+/// boosted a little, each speaker's best frames boosted so that every speaker keeps some,
+/// `spkcache_sil_frames_per_spk` silence slots per speaker; ordered speaker by speaker, frames
+/// in arrival order within a speaker.
+fn compress(st: &mut State, s: &SortformerStreaming) {
+    let (d, k) = (st.d, st.n_spks);
+    let n = st.spkcache.len() / d;
+    let preds = &st.spkcache_preds;
+    let per_spk = s.spkcache_len / k - s.spkcache_sil_frames_per_spk;
+    let strong = (per_spk as f64 * s.strong_boost_rate as f64).floor() as usize;
+    let weak = (per_spk as f64 * s.weak_boost_rate as f64).floor() as usize;
+    let min_pos = (per_spk as f64 * s.min_pos_scores_rate as f64).floor() as usize;
+    let thr = s.pred_score_threshold;
+    // `_get_log_pred_scores`, float32.
+    let ln_half = 0.5f64.ln() as f32;
+    let mut scores = vec![0f32; n * k];
+    for f in 0..n {
+        let p = &preds[f * k..(f + 1) * k];
+        let log1: Vec<f32> = p.iter().map(|&x| (1.0 - x).max(thr).ln()).collect();
+        let sum1 = log1.iter().fold(0f32, |a, &b| a + b);
+        for j in 0..k {
+            scores[f * k + j] = p[j].max(thr).ln() - log1[j] + sum1 - ln_half;
+        }
+    }
+    // `_disable_low_scores`.
+    for j in 0..k {
+        for f in 0..n {
+            if preds[f * k + j] <= 0.5 {
+                scores[f * k + j] = f32::NEG_INFINITY;
+            }
+        }
+        let positive = (0..n).filter(|&f| scores[f * k + j] > 0.0).count();
+        if positive >= min_pos {
+            for f in 0..n {
+                let v = &mut scores[f * k + j];
+                if *v <= 0.0 && preds[f * k + j] > 0.5 {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    if s.scores_boost_latest > 0.0 {
+        for v in &mut scores[s.spkcache_len.min(n) * k..] {
+            *v += s.scores_boost_latest;
+        }
+    }
+    // `_boost_topk_scores`: strong (2 ln 2), then weak (ln 2).
+    for (count, scale) in [(strong, 2.0f64), (weak, 1.0)] {
+        let add = (-(scale * 0.5f64.ln())) as f32;
+        for j in 0..k {
+            let column: Vec<f32> = (0..n).map(|f| scores[f * k + j]).collect();
+            for f in top_indices(&column, count.min(n)) {
+                scores[f * k + j] += add;
+            }
+        }
+    }
+    // Flattened speaker-major with the silence slots (+inf) after each speaker's frames.
+    let sil = s.spkcache_sil_frames_per_spk;
+    let padded = n + sil;
+    let flat: Vec<f32> = (0..k)
+        .flat_map(|j| {
+            let scores = &scores;
+            (0..padded).map(move |f| match f < n {
+                true => scores[f * k + j],
+                false => f32::INFINITY,
+            })
+        })
+        .collect();
+    let chosen = top_indices(&flat, s.spkcache_len.min(flat.len()));
+    // `-inf` picks sort last (NeMo's max_index); the rest ascending: speaker by speaker.
+    let mut keys: Vec<(bool, usize)> = chosen
+        .iter()
+        .map(|&i| (flat[i] == f32::NEG_INFINITY, i))
+        .collect();
+    keys.sort_unstable();
+    let mut cache = Vec::with_capacity(s.spkcache_len * d);
+    let mut cache_preds = Vec::with_capacity(s.spkcache_len * k);
+    for (disabled, i) in keys {
+        let frame = i % padded;
+        if disabled || frame >= n {
+            cache.extend_from_slice(&st.mean_sil_emb);
+            cache_preds.extend(std::iter::repeat_n(0.0, k));
+        } else {
+            cache.extend_from_slice(&st.spkcache[frame * d..(frame + 1) * d]);
+            cache_preds.extend_from_slice(&preds[frame * k..(frame + 1) * k]);
+        }
+    }
+    st.spkcache = cache;
+    st.spkcache_preds = cache_preds;
+}
+
+/// The indices of the `count` largest values (`torch.topk`; ties to the lower index).
+fn top_indices(values: &[f32], count: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
+    order.truncate(count);
+    order
+}
