@@ -49,8 +49,16 @@ fn stream_vad_gives_a_final_per_turn_on_the_iterator_s_boundaries() {
             assert_eq!(solo.len(), 1, "{name}: {solo:?}");
             assert_eq!(f["text"], solo[0].text.as_str(), "{name}: {f}");
             // Milliseconds, as the lines carry them (the boundaries are whole milliseconds).
-            assert_eq!(f["start"].as_f64().unwrap() * 16000.0, s as f64, "{name}: {f}");
-            assert_eq!(f["end"].as_f64().unwrap() * 16000.0, e as f64, "{name}: {f}");
+            assert_eq!(
+                f["start"].as_f64().unwrap() * 16000.0,
+                s as f64,
+                "{name}: {f}"
+            );
+            assert_eq!(
+                f["end"].as_f64().unwrap() * 16000.0,
+                e as f64,
+                "{name}: {f}"
+            );
         }
     }
 }
@@ -61,8 +69,14 @@ fn stream_vad_flags_are_checked() {
     for (args, said) in [
         (&["--vad", "--threshold", "1.5"][..], "--threshold 1.5"),
         (&["--vad", "--threshold", "0"][..], "--threshold 0"),
-        (&["--vad", "--min-silence-ms", "-5"][..], "--min-silence-ms -5"),
-        (&["--vad", "--speech-pad-ms", "nan"][..], "--speech-pad-ms NaN"),
+        (
+            &["--vad", "--min-silence-ms", "-5"][..],
+            "--min-silence-ms -5",
+        ),
+        (
+            &["--vad", "--speech-pad-ms", "nan"][..],
+            "--speech-pad-ms NaN",
+        ),
         (&["--threshold", "0.6"][..], "needs --vad"),
     ] {
         let out = stream_vad(&path, args);

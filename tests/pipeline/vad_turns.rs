@@ -43,7 +43,10 @@ fn check(model_name: &str) {
             TurnEvent::Transcript(StreamEvent::Partial(_)) => {}
         }
     }
-    assert_eq!(got, want, "{model_name}: turns against the VADIterator's events");
+    assert_eq!(
+        got, want,
+        "{model_name}: turns against the VADIterator's events"
+    );
     assert_eq!(finals.len(), 2, "{model_name}: finals {finals:?}");
     for (i, &(s, e)) in want.iter().enumerate() {
         let u = &finals[i];
@@ -52,7 +55,10 @@ fn check(model_name: &str) {
         assert_eq!(solo.len(), 1, "{model_name}: turn {i} alone: {solo:?}");
         let solo = &solo[0];
         assert!(!solo.text.is_empty(), "{model_name}: turn {i} has no text");
-        assert_eq!(u.text, solo.text, "{model_name}: turn {i} against streaming it alone");
+        assert_eq!(
+            u.text, solo.text,
+            "{model_name}: turn {i} against streaming it alone"
+        );
         assert_eq!(u.start, s as f64 / RATE, "{model_name}: turn {i} start");
         assert_eq!(u.end, e as f64 / RATE, "{model_name}: turn {i} end");
         // Words on the stream's clock: alone's moved by the turn's start.
@@ -98,7 +104,10 @@ fn long_padding_and_a_finish_mid_speech_keep_turns_apart() {
     for e in &events {
         match e {
             TurnEvent::SpeechStarted(s) => {
-                assert!(*s >= last_end, "a start at {s} before the last end {last_end}");
+                assert!(
+                    *s >= last_end,
+                    "a start at {s} before the last end {last_end}"
+                );
                 starts += 1;
             }
             TurnEvent::SpeechStopped(e) => last_end = *e,
