@@ -14,3 +14,4 @@ mod speech;
 mod stream;
 mod stream_buffered;
 mod vad;
+mod vad_turns;

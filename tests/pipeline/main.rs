@@ -20,3 +20,4 @@ mod speech;
 mod streaming;
 mod tokenizer;
 mod vad;
+mod vad_turns;
