@@ -26,6 +26,7 @@ from ._parakeet import (  # noqa: E402
     Transcript,
     Word,
     __version__,
+    vad,
 )
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "Transcript",
     "Word",
     "__version__",
+    "vad",
 ]

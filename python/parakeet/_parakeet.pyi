@@ -2,7 +2,7 @@
 
 import os
 import pathlib
-from typing import List, Optional, Sequence, Union, overload
+from typing import Dict, List, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -78,6 +78,9 @@ class Transcript:
     def alternatives(self) -> List[Alternative]:
         """A beam search's N best, best first; empty for greedy decoding."""
     @property
+    def speech(self) -> Optional[List[Tuple[float, float]]]:
+        """With ``vad=``, the speech segments transcribed (seconds); else None."""
+    @property
     def timings(self) -> dict:
         """Seconds per stage: ``features``, ``encoder``, ``decoder``."""
     def to_dict(self) -> dict:
@@ -119,6 +122,7 @@ class Model:
         beam_strategy: Optional[str] = None,
         nbest: int = 1,
         att_context: str = "auto",
+        vad: Union[None, bool, Dict[str, object]] = None,
     ) -> Transcript: ...
     @overload
     def transcribe(
@@ -134,6 +138,26 @@ class Model:
         beam_strategy: Optional[str] = None,
         nbest: int = 1,
         att_context: str = "auto",
+        vad: Union[None, bool, Dict[str, object]] = None,
     ) -> List[Transcript]:
         """Transcribe a file path, a numpy array (``sample_rate`` required), or a list of them
         (in parallel; a list back, in input order). See the module's documentation."""
+
+def vad(
+    audio: Audio,
+    sample_rate: Optional[int] = None,
+    *,
+    threads: int = 1,
+    model: Optional[Path] = None,
+    threshold: float = 0.5,
+    neg_threshold: Optional[float] = None,
+    min_speech_ms: float = 250,
+    max_speech_s: Optional[float] = None,
+    min_silence_ms: float = 100,
+    speech_pad_ms: float = 30,
+    min_silence_at_max_speech_ms: float = 98,
+    legacy_max_speech_split: bool = False,
+) -> List[Dict[str, Union[float, int]]]:
+    """Speech segments (Silero VAD, built in) as the silero-vad package's
+    ``get_speech_timestamps`` makes them: dicts of ``start``/``end`` seconds and
+    ``start_sample``/``end_sample``."""

@@ -16,7 +16,11 @@ use parakeet::error::Error;
 use parakeet::server::plan_workers;
 use parakeet::server::pool::{JobFailure, Pool};
 use parakeet::session::pipeline::{self, Limits};
-use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, Session, Threads};
+use parakeet::session::{
+    DecodeOptions, DecodeRequest, DecoderChoice, Session, SpeechRequest, Threads,
+};
+use parakeet::vad::SpeechParams;
+use parakeet::vad::detect::{audio_or_empty, detect};
 use pyo3::create_exception;
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyOSError, PyTypeError, PyUserWarning, PyValueError,
@@ -212,7 +216,10 @@ impl Model {
     /// ``ctc``), ``confidence`` (a NeMo method name such as ``max_prob`` or
     /// ``entropy_tsallis_exp``: token and word confidence), ``boost`` (phrases to boost) with
     /// ``boost_alpha``, ``beam`` (beam size) with ``beam_strategy`` and ``nbest``,
-    /// ``att_context`` (``auto``, ``full`` or ``L,R``).
+    /// ``att_context`` (``auto``, ``full`` or ``L,R``), ``vad`` (True, or a dict of ``vad()``'s
+    /// keywords: transcribe only the speech Silero VAD finds, each segment on its own, times in
+    /// the input's; ``Transcript.speech`` lists the segments, and empty or silent audio gives
+    /// an empty transcript).
     ///
     /// Raises FileNotFoundError for a missing file, ValueError for a bad array or option, and
     /// ParakeetError for audio that cannot be transcribed. The GIL is released meanwhile.
@@ -228,6 +235,7 @@ impl Model {
         beam_strategy=None,
         nbest=1,
         att_context="auto",
+        vad=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn transcribe<'py>(
@@ -243,8 +251,11 @@ impl Model {
         beam_strategy: Option<String>,
         nbest: usize,
         att_context: &str,
+        vad: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let options = self.options(
+        let speech = speech_request(vad)?;
+        let empty_ok = speech.is_some();
+        let request = self.request(
             decoder,
             confidence,
             boost,
@@ -256,6 +267,8 @@ impl Model {
             },
             att_context,
         )?;
+        let request = DecodeRequest { speech, ..request };
+        let options = DecodeOptions::new(&self.model, &request).map_err(py_error)?;
         let many = audio.is_instance_of::<PyList>() || audio.is_instance_of::<PyTuple>();
         let items: Vec<Bound<'py, PyAny>> = if many {
             audio.try_iter()?.collect::<PyResult<_>>()?
@@ -272,7 +285,7 @@ impl Model {
                 } else {
                     "array".to_string()
                 };
-                let input = input(item, sample_rate, name)?;
+                let input = input(item, sample_rate, name, empty_ok)?;
                 arrays += matches!(input, Input::Samples { .. }) as usize;
                 Ok(input)
             })
@@ -297,16 +310,27 @@ impl Model {
 }
 
 /// A path or an array (checked here, with the GIL held: a bad one is a ValueError before any
-/// work starts).
-fn input(item: &Bound<'_, PyAny>, sample_rate: Option<u32>, name: String) -> PyResult<Input> {
+/// work starts); `empty_ok`: an empty array is no samples (speech detection finds none) rather
+/// than an error.
+fn input(
+    item: &Bound<'_, PyAny>,
+    sample_rate: Option<u32>,
+    name: String,
+    empty_ok: bool,
+) -> PyResult<Input> {
     if let Ok(array) = item.cast::<PyUntypedArray>() {
         let Some(rate) = sample_rate else {
             return Err(PyValueError::new_err(format!(
                 "{name}: an array needs sample_rate= (its rate in Hz)"
             )));
         };
-        let audio = array_audio(array, rate)
-            .map_err(|e| PyValueError::new_err(format!("{name}: {e:#}")))?;
+        let audio = array_audio(array, rate);
+        let audio = if empty_ok {
+            audio_or_empty(audio)
+        } else {
+            audio
+        }
+        .map_err(|e| PyValueError::new_err(format!("{name}: {e:#}")))?;
         return Ok(Input::Samples { audio, name });
     }
     if item.is_instance_of::<PyString>() || item.hasattr("__fspath__")? {
@@ -376,9 +400,9 @@ fn interleave<T: Copy>(
 }
 
 impl Model {
-    /// The call's options, checked against the model before any audio is read, by the
-    /// function the command line and the server use.
-    fn options(
+    /// The call's decoding request (checked against the model by [`DecodeOptions::new`], the
+    /// function the command line and the server use, before any audio is read).
+    fn request(
         &self,
         decoder: &str,
         confidence: Option<String>,
@@ -386,7 +410,7 @@ impl Model {
         boost_alpha: f32,
         beam: BeamArgs,
         att_context: &str,
-    ) -> PyResult<DecodeOptions> {
+    ) -> PyResult<DecodeRequest> {
         let decoder = DecoderChoice::from_str(decoder, true).map_err(|_| {
             let names: Vec<String> = DecoderChoice::value_variants()
                 .iter()
@@ -422,7 +446,7 @@ impl Model {
             beam: beam.request().map_err(py_error)?,
             speech: None,
         };
-        DecodeOptions::new(&self.model, &request).map_err(py_error)
+        Ok(request)
     }
 
     /// Every input on the pool, in parallel; the transcripts in input order, or the first
@@ -572,9 +596,12 @@ struct Transcript {
     /// A beam search's N best, best first (``nbest=``); empty for greedy decoding.
     #[pyo3(get)]
     alternatives: Py<PyList>,
-    /// Seconds spent in each stage: features, encoder, decoder.
+    /// Seconds spent in each stage: features, encoder, decoder (and vad, with ``vad=``).
     #[pyo3(get)]
     timings: Py<PyDict>,
+    /// With ``vad=``, the speech segments transcribed as ``(start, end)`` seconds; else None.
+    #[pyo3(get)]
+    speech: Option<Vec<(f64, f64)>>,
 }
 
 impl Transcript {
@@ -612,6 +639,9 @@ impl Transcript {
             score: a.score,
         });
         let timings = PyDict::new(py);
+        if t.speech.is_some() {
+            timings.set_item("vad", t.times.vad.as_secs_f64())?;
+        }
         timings.set_item("features", t.times.features.as_secs_f64())?;
         timings.set_item("encoder", t.times.encoder.as_secs_f64())?;
         timings.set_item("decoder", t.times.decoder.as_secs_f64())?;
@@ -623,6 +653,9 @@ impl Transcript {
             frame_seconds: t.frame_seconds,
             alternatives: PyList::new(py, alternatives)?.unbind(),
             timings: timings.unbind(),
+            speech: t
+                .speech
+                .map(|spans| spans.iter().map(|s| (s.start, s.end)).collect()),
         })
     }
 }
@@ -644,6 +677,9 @@ impl Transcript {
         let d = PyDict::new(py);
         d.set_item("text", &self.text)?;
         d.set_item("audio_seconds", self.audio_seconds)?;
+        if let Some(speech) = &self.speech {
+            d.set_item("speech", speech)?;
+        }
         let words = PyList::empty(py);
         for w in self.words.bind(py) {
             let w = w.cast::<Word>()?.get();
@@ -673,6 +709,139 @@ impl Transcript {
     }
 }
 
+/// Speech segments of audio with Silero VAD (v6.2, built in), as the silero-vad package's
+/// ``get_speech_timestamps`` makes them.
+///
+/// ``vad(audio, sample_rate=None, *, threads=1, model=None, **params)``
+///
+/// ``audio`` is a file path or a numpy array as for ``Model.transcribe`` (``sample_rate``
+/// required for arrays). Audio at 16 or 8 kHz runs at its rate, any other rate is resampled
+/// to 16 kHz. ``params`` are the package's, with its defaults: ``threshold`` (0.5),
+/// ``neg_threshold`` (threshold - 0.15), ``min_speech_ms`` (250), ``max_speech_s`` (None: no
+/// limit), ``min_silence_ms`` (100), ``speech_pad_ms`` (30), ``min_silence_at_max_speech_ms``
+/// (98), ``legacy_max_speech_split`` (False; the package's
+/// ``use_max_poss_sil_at_max_speech=False``). ``model`` is a Silero VAD GGUF to use instead of
+/// the built-in one.
+///
+/// Returns a list of dicts ``{"start", "end"}`` in seconds and ``{"start_sample",
+/// "end_sample"}`` at the rate the model ran at; empty or silent audio gives an empty list.
+/// Raises ValueError for a bad parameter or array, FileNotFoundError for a missing file,
+/// ParakeetError for a model file that cannot be loaded.
+#[pyfunction]
+#[pyo3(signature = (audio, sample_rate=None, *, threads=1, model=None, **params))]
+fn vad<'py>(
+    py: Python<'py>,
+    audio: &Bound<'py, PyAny>,
+    sample_rate: Option<u32>,
+    threads: usize,
+    model: Option<PathBuf>,
+    params: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let params = speech_params(params)?;
+    let threads = Threads::new(threads).map_err(py_error)?;
+    let input = input(audio, sample_rate, "array".into(), true)?;
+    if sample_rate.is_some() && matches!(input, Input::File(_)) {
+        return Err(PyValueError::new_err(
+            "sample_rate= is for arrays: a file's rate comes from its header",
+        ));
+    }
+    let found = py
+        .detach(|| -> Result<_, Error> {
+            let model = parakeet::vad::VadModel::load(model.as_deref()).map_err(|e| {
+                match Error::from(e) {
+                    io @ Error::Io { .. } => io,
+                    other => Error::Model(other.to_string()),
+                }
+            })?;
+            let mut vad = parakeet::vad::Vad::new(model, threads.get())?;
+            let audio = match input {
+                Input::File(path) => audio_or_empty(parakeet::audio::load_audio(&path))
+                    .map_err(pipeline::audio_error)?,
+                Input::Samples { audio, .. } => audio,
+            };
+            Ok(detect(&mut vad, audio, &params)?)
+        })
+        .map_err(py_error)?;
+    let segments = found
+        .segments
+        .iter()
+        .map(|s| {
+            let d = PyDict::new(py);
+            let (start, end) = found.seconds(s);
+            d.set_item("start", start)?;
+            d.set_item("end", end)?;
+            d.set_item("start_sample", s.start)?;
+            d.set_item("end_sample", s.end)?;
+            Ok(d)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, segments)
+}
+
+/// The speech-detection keywords of ``vad`` (and of ``Model.transcribe``'s ``vad=`` dict),
+/// checked as the command line checks its flags; the defaults are the package's.
+fn speech_params(given: Option<&Bound<'_, PyDict>>) -> PyResult<SpeechParams> {
+    let mut p = SpeechParams::default();
+    for (key, value) in given.into_iter().flat_map(|d| d.iter()) {
+        let key: String = key.extract()?;
+        match key.as_str() {
+            "threshold" => p.threshold = value.extract()?,
+            "neg_threshold" => p.neg_threshold = value.extract()?,
+            "min_speech_ms" => p.min_speech_ms = value.extract()?,
+            "max_speech_s" => {
+                p.max_speech_s = value.extract::<Option<f64>>()?.unwrap_or(f64::INFINITY)
+            }
+            "min_silence_ms" => p.min_silence_ms = value.extract()?,
+            "speech_pad_ms" => p.speech_pad_ms = value.extract()?,
+            "min_silence_at_max_speech_ms" => p.min_silence_at_max_speech_ms = value.extract()?,
+            "legacy_max_speech_split" => {
+                p.use_max_poss_sil_at_max_speech = !value.extract::<bool>()?
+            }
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "unexpected speech-detection keyword {other:?}: expected threshold, \
+                     neg_threshold, min_speech_ms, max_speech_s, min_silence_ms, speech_pad_ms, \
+                     min_silence_at_max_speech_ms or legacy_max_speech_split"
+                )));
+            }
+        }
+    }
+    p.validate().map_err(|e| {
+        // The message names the parameter as the command line does (`min-speech-ms -3: ...`).
+        let m = format!("{e:#}");
+        let (name, rest) = m.split_once(' ').unwrap_or((&m, ""));
+        PyValueError::new_err(format!("{} {rest}", name.replace('-', "_")))
+    })?;
+    Ok(p)
+}
+
+/// ``Model.transcribe``'s ``vad=``: None or False, none; True, the package's defaults; a dict,
+/// ``vad()``'s keywords.
+fn speech_request(vad: Option<&Bound<'_, PyAny>>) -> PyResult<Option<SpeechRequest>> {
+    let params = match vad {
+        None => return Ok(None),
+        Some(v) if v.is_instance_of::<pyo3::types::PyBool>() => {
+            if !v.extract::<bool>()? {
+                return Ok(None);
+            }
+            speech_params(None)?
+        }
+        Some(v) => match v.cast::<PyDict>() {
+            Ok(d) => speech_params(Some(d))?,
+            Err(_) => {
+                return Err(PyTypeError::new_err(format!(
+                    "vad= takes True, False or a dict of speech-detection keywords, got {}",
+                    v.get_type().name()?
+                )));
+            }
+        },
+    };
+    Ok(Some(SpeechRequest {
+        params,
+        model: None,
+    }))
+}
+
 #[pymodule]
 fn _parakeet(m: &Bound<'_, PyModule>) -> PyResult<()> {
     parakeet::backend::silence_ggml_logs();
@@ -681,6 +850,7 @@ fn _parakeet(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Word>()?;
     m.add_class::<Token>()?;
     m.add_class::<Alternative>()?;
+    m.add_function(wrap_pyfunction!(vad, m)?)?;
     m.add("ParakeetError", m.py().get_type::<ParakeetError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -5,7 +5,8 @@ use crate::audio;
 use crate::output::write_atomic;
 use crate::session::SpeechRequest;
 use crate::stream::turns::TurnParams;
-use crate::vad::{SampleRate, SpeechParams, SpeechSegment, Vad, VadModel, speech_segments};
+use crate::vad::detect::{Detection, audio_or_empty, detect};
+use crate::vad::{SpeechParams, Vad, VadModel};
 use anyhow::{Context, Result, bail};
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -176,15 +177,6 @@ pub struct VadArgs {
     pub verbose: bool,
 }
 
-/// One file's result.
-struct Detection {
-    segments: Vec<SpeechSegment>,
-    probabilities: Vec<f32>,
-    /// The rate the model ran at (segment samples count at it).
-    rate: u32,
-    n_samples: usize,
-}
-
 /// Runs `parakeet vad` over `inputs` (each file with the directory argument it was found
 /// under). Returns the exit code: 0, or 1 when some inputs failed.
 pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> {
@@ -206,7 +198,7 @@ pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> 
         } else {
             path.display().to_string()
         };
-        let result = detect(&mut vad, path, &params, args.verbose).and_then(|d| {
+        let result = detect_file(&mut vad, path, &params, args.verbose).and_then(|d| {
             let text = render(args, &d, path, several && args.output_dir.is_none());
             match &args.output_dir {
                 Some(dir) => write_atomic(
@@ -260,54 +252,26 @@ fn destination(input: &Path, root: Option<&Path>, dir: &Path, format: VadFormat)
     out
 }
 
-/// Decodes `path` and finds its speech: at 16 or 8 kHz as recorded, any other rate resampled
-/// to 16 kHz first.
-fn detect(vad: &mut Vad, path: &Path, params: &SpeechParams, verbose: bool) -> Result<Detection> {
-    let decoded = if path.as_os_str() == "-" {
+/// Decodes `path` and finds its speech (see [`detect`]), saying so when it was resampled.
+fn detect_file(
+    vad: &mut Vad,
+    path: &Path,
+    params: &SpeechParams,
+    verbose: bool,
+) -> Result<Detection> {
+    let decoded = audio_or_empty(if path.as_os_str() == "-" {
         audio::read_stdin()
     } else {
         audio::load_audio(path)
-    };
-    // Audio with no samples has no speech.
-    let decoded = match decoded {
-        Err(e) => match audio::NoSamples::find(&e) {
-            Some(empty) => audio::Audio {
-                samples: Vec::new(),
-                sample_rate: empty.sample_rate,
-                channels_in: 1,
-                duration_s: 0.0,
-            },
-            None => return Err(e),
-        },
-        Ok(decoded) => decoded,
-    };
-    let (samples, rate) = match SampleRate::from_hz(decoded.sample_rate) {
-        Some(rate) => (decoded.samples, rate),
-        None => {
-            if verbose {
-                eprintln!(
-                    "{}: resampling {} Hz to 16000 Hz for the VAD model (it takes 8000 or 16000 Hz)",
-                    path.display(),
-                    decoded.sample_rate
-                );
-            }
-            (audio::resample_to_16k(decoded)?, SampleRate::Hz16000)
-        }
-    };
-    let probabilities = vad.probabilities(&samples, rate)?;
-    let segments = speech_segments(
-        &probabilities,
-        samples.len(),
-        rate.hz(),
-        rate.window(),
-        params,
-    );
-    Ok(Detection {
-        segments,
-        probabilities,
-        rate: rate.hz(),
-        n_samples: samples.len(),
-    })
+    })?;
+    let d = detect(vad, decoded, params)?;
+    if let (true, Some(hz)) = (verbose, d.resampled_from) {
+        eprintln!(
+            "{}: resampling {hz} Hz to 16000 Hz for the VAD model (it takes 8000 or 16000 Hz)",
+            path.display()
+        );
+    }
+    Ok(d)
 }
 
 fn seconds(samples: usize, rate: u32) -> f64 {
@@ -343,8 +307,8 @@ fn render(args: &VadArgs, d: &Detection, path: &Path, named: bool) -> String {
                 let _ = writeln!(
                     out,
                     "{:.3} {:.3}",
-                    seconds(s.start, d.rate),
-                    seconds(s.end, d.rate)
+                    seconds(s.start, d.rate.hz()),
+                    seconds(s.end, d.rate.hz())
                 );
             }
         }
@@ -354,8 +318,8 @@ fn render(args: &VadArgs, d: &Detection, path: &Path, named: bool) -> String {
                 .iter()
                 .map(|s| {
                     serde_json::json!({
-                        "start": seconds(s.start, d.rate),
-                        "end": seconds(s.end, d.rate),
+                        "start": seconds(s.start, d.rate.hz()),
+                        "end": seconds(s.end, d.rate.hz()),
                         "start_sample": s.start,
                         "end_sample": s.end,
                     })
@@ -363,8 +327,8 @@ fn render(args: &VadArgs, d: &Detection, path: &Path, named: bool) -> String {
                 .collect();
             let mut v = serde_json::json!({
                 "segments": segments,
-                "sample_rate": d.rate,
-                "duration": seconds(d.n_samples, d.rate),
+                "sample_rate": d.rate.hz(),
+                "duration": seconds(d.n_samples, d.rate.hz()),
             });
             if args.probabilities {
                 v["probabilities"] = serde_json::json!(d.probabilities);
@@ -383,8 +347,8 @@ fn render(args: &VadArgs, d: &Detection, path: &Path, named: bool) -> String {
                     .unwrap_or_else(|| "audio".into())
             };
             for s in &d.segments {
-                let start = seconds(s.start, d.rate);
-                let dur = seconds(s.end - s.start, d.rate);
+                let start = seconds(s.start, d.rate.hz());
+                let dur = seconds(s.end - s.start, d.rate.hz());
                 let _ = writeln!(
                     out,
                     "SPEAKER {id} 1 {start:.3} {dur:.3} <NA> <NA> speech <NA> <NA>"
@@ -400,8 +364,8 @@ fn render(args: &VadArgs, d: &Detection, path: &Path, named: bool) -> String {
                     out,
                     "{}\n{} --> {}\nspeech\n\n",
                     i + 1,
-                    srt_time(seconds(s.start, d.rate)),
-                    srt_time(seconds(s.end, d.rate))
+                    srt_time(seconds(s.start, d.rate.hz())),
+                    srt_time(seconds(s.end, d.rate.hz()))
                 );
             }
         }

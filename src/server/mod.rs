@@ -15,8 +15,8 @@ pub mod realtime;
 use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
 use crate::error::{Blame, Error};
 use crate::model::Model;
-use crate::session::pipeline::{Input, Limits, load_samples};
-use crate::session::{DecodeOptions, DecodeRequest, Session, Threads};
+use crate::session::pipeline::{Input, Limits, load_samples_for};
+use crate::session::{DecodeOptions, DecodeRequest, Session, SpeechRequest, Threads};
 use crate::stream::open::{LiveOptions, open_live};
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
@@ -481,6 +481,8 @@ struct Fields {
     boost: Vec<String>,
     /// `stream=true`: the answer as server-sent events.
     stream: bool,
+    /// `vad=true`: transcribe only the speech (as `transcribe --vad`, the default parameters).
+    vad: bool,
 }
 
 /// A request's decoding options: the server's, or the server's with the request's own phrases
@@ -493,12 +495,13 @@ enum RequestOptions {
         base: DecodeRequest,
         server: Arc<Vec<String>>,
         request: Vec<String>,
+        vad: bool,
     },
 }
 
 impl RequestOptions {
-    fn new(st: &AppState, request: Vec<String>) -> RequestOptions {
-        if request.is_empty() {
+    fn new(st: &AppState, request: Vec<String>, vad: bool) -> RequestOptions {
+        if request.is_empty() && !vad {
             return RequestOptions::Ready(st.options.clone());
         }
         RequestOptions::Build {
@@ -506,6 +509,7 @@ impl RequestOptions {
             base: st.request.clone(),
             server: st.boost_phrases.clone(),
             request,
+            vad,
         }
     }
 
@@ -518,10 +522,12 @@ impl RequestOptions {
                 base,
                 server,
                 request,
+                vad,
             } => {
                 let all = server.iter().cloned().chain(request).collect();
                 let request = DecodeRequest {
                     boost: args.config(all),
+                    speech: vad.then(SpeechRequest::default),
                     ..base
                 };
                 DecodeOptions::new(model, &request).map_err(|e| api_error(e, Some("boost")))?
@@ -579,8 +585,9 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         granularities,
         boost,
         stream,
+        vad,
     } = fields;
-    let options = RequestOptions::new(st, boost);
+    let options = RequestOptions::new(st, boost, vad);
     // Only verbose_json's words show a confidence: nothing else pays for it.
     let with_confidence = format == ResponseFormat::VerboseJson && granularities.word;
     let reply = st
@@ -596,7 +603,8 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
                 max_seconds: Some(max_seconds),
             };
             // The pipeline's two steps, so that the upload is freed before the transcription.
-            let samples = load_samples(input, limits).map_err(|e| api_error(e, None))?;
+            let samples =
+                load_samples_for(input, limits, &options).map_err(|e| api_error(e, None))?;
             drop(file);
             session
                 .transcribe(samples, &options)
@@ -751,6 +759,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
     let mut granularities: Option<Granularities> = None;
     let mut boost = Vec::new();
     let mut stream = false;
+    let mut vad = false;
     while let Some(field) = multipart.next_field().await.map_err(bad)? {
         let name = field.name().unwrap_or_default().to_string();
         match name.as_str() {
@@ -760,6 +769,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
             }
             "response_format" => format = ResponseFormat::parse(&field.text().await.map_err(bad)?)?,
             "stream" => stream = openai::parse_stream(&field.text().await.map_err(bad)?)?,
+            "vad" => vad = openai::parse_flag("vad", &field.text().await.map_err(bad)?)?,
             "boost" | "boost[]" => {
                 boost.push(field.text().await.map_err(bad)?);
                 let bytes: usize = boost.iter().map(String::len).sum();
@@ -804,6 +814,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
         granularities: Granularities::resolve(granularities),
         boost,
         stream,
+        vad,
     })
 }
 

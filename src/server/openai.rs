@@ -207,12 +207,17 @@ struct VerboseWord<'a> {
 
 /// The `stream` form field: `true` or `false`.
 pub fn parse_stream(s: &str) -> Result<bool, ApiError> {
+    parse_flag("stream", s)
+}
+
+/// A true-or-false form field `field` (empty is false).
+pub fn parse_flag(field: &'static str, s: &str) -> Result<bool, ApiError> {
     match s.trim() {
         "true" | "True" | "1" => Ok(true),
         "false" | "False" | "0" | "" => Ok(false),
         other => Err(ApiError::bad_request(
-            format!("stream must be true or false, not {other:?}"),
-            Some("stream"),
+            format!("{field} must be true or false, not {other:?}"),
+            Some(field),
             Some("invalid_value"),
         )),
     }

@@ -77,7 +77,7 @@ fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
 
 /// An audio decoder's failure: the file not there (or unreadable) is I/O, anything else the
 /// audio's.
-fn audio_error(e: anyhow::Error) -> Error {
+pub fn audio_error(e: anyhow::Error) -> Error {
     let io = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>());
     match io.map(|io| io.kind()) {
         Some(

@@ -6,6 +6,7 @@
 //! recurrence over them in one node. [`segments`] turns probabilities into speech segments as
 //! `get_speech_timestamps` does, and [`iterator`] is the package's streaming `VADIterator`.
 
+pub mod detect;
 pub mod iterator;
 pub mod model;
 pub mod segments;

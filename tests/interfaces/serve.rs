@@ -1132,3 +1132,29 @@ fn stream_true_answers_with_text_delta_events() {
     )
     .assert_error(400, Some("stream"), "invalid_value");
 }
+
+/// `vad=true` transcribes only the speech, as `transcribe --vad` does; a bad value is a 400
+/// naming the field.
+#[test]
+fn a_vad_field_transcribes_only_speech_like_the_cli() {
+    let path = fixtures().join("vad/audio/speech_long_silence.wav");
+    let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+        .args(["transcribe", "--vad", "-q", "-m"])
+        .arg(model())
+        .arg(&path)
+        .env_remove("PARAKEET_MODEL")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let cli = String::from_utf8(out.stdout).unwrap();
+    let server = Server::start(&["--workers", "1", "--threads", "2"]);
+    let r = upload(
+        &server,
+        &path,
+        &[("response_format", "text"), ("vad", "true")],
+    );
+    assert_eq!((r.status, r.body.as_str()), (200, cli.as_str()), "{r:?}");
+    let plain = upload(&server, &path, &[("response_format", "text")]);
+    assert_ne!(plain.body, r.body, "--vad changes nothing on this clip");
+    upload(&server, &path, &[("vad", "maybe")]).assert_error(400, Some("vad"), "invalid_value");
+}
