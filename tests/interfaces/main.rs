@@ -12,4 +12,5 @@ mod realtime;
 mod serve;
 mod stream;
 mod stream_buffered;
+mod transcribe_diarize;
 mod vad;
