@@ -14,3 +14,4 @@ mod stream;
 mod stream_buffered;
 mod transcribe_diarize;
 mod vad;
+mod vad_turns;
