@@ -4,6 +4,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
 use parakeet::convert::{OutType, convert_with_progress};
+use parakeet::decoder::boosting::BoostingTree;
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
 use parakeet::encoder::AttentionChoice;
 use parakeet::hparams::Attention;
@@ -196,6 +197,11 @@ struct StreamArgs {
     /// next one goes on from there; 0: never cut.
     #[arg(long, value_name = "S", default_value_t = parakeet::stream::DEFAULT_MAX_UTTERANCE_SECONDS)]
     max_utterance_seconds: f64,
+    #[command(flatten)]
+    boost: BoostArgs,
+    /// Word confidence in jsonl events (offline models): as `transcribe --confidence`.
+    #[command(flatten)]
+    confidence: ConfidenceArgs,
 }
 
 fn parse_att_context(s: &str) -> Result<[usize; 2], String> {
@@ -1024,7 +1030,13 @@ fn stream(args: StreamArgs) -> Result<u8> {
         eprintln!("warning: {w}");
     }
     let model = Arc::new(Model::load(&resolve_model(&args.model)?)?);
+    let boost = match args.boost.config(args.boost.phrases()?) {
+        Some(cfg) => Some(Arc::new(BoostingTree::new(&model.tokenizer, &cfg)?)),
+        None => None,
+    };
     let options = LiveOptions {
+        boost,
+        confidence: args.confidence.resolve(false)?,
         att_context: args.att_context,
         chunk_secs: args.chunk_secs,
         left_secs: args.left_secs,
