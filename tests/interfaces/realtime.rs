@@ -47,6 +47,57 @@ pub(crate) fn start(config: RealtimeConfig, factory: TranscriberFactory) -> Sock
     addr
 }
 
+/// Asks for 16 kHz pcm and appends the 10 s clip in 0.2 s pieces.
+pub(crate) fn send_clip(ws: &mut Client) {
+    send(
+        ws,
+        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
+    );
+    for piece in crate::live_nemo::clip_s16le().chunks(6400) {
+        let audio = base64::engine::general_purpose::STANDARD.encode(piece);
+        send(
+            ws,
+            json!({"type": "input_audio_buffer.append", "audio": audio}),
+        );
+    }
+}
+
+/// Streams the 10 s clip (s16le at 16 kHz, in 0.2 s appends) through a real model's factory
+/// and commits: the concatenated deltas and the completed transcript.
+pub(crate) fn transcribe_clip(model_name: &str, factory: TranscriberFactory) -> (String, String) {
+    let config = RealtimeConfig {
+        model_name: model_name.into(),
+        idle_timeout: Duration::from_secs(20),
+        write_timeout: Duration::from_secs(20),
+        max_seconds: 60.0,
+        max_streams: 2,
+        drain: Drain::new().1,
+    };
+    let mut ws = connect(start(config, factory));
+    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    }
+    send_clip(&mut ws);
+    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    let mut deltas = String::new();
+    loop {
+        let Ok(Message::Text(t)) = ws.read() else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(t.as_str()).unwrap();
+        match event["type"].as_str().unwrap() {
+            "conversation.item.input_audio_transcription.delta" => {
+                deltas.push_str(event["delta"].as_str().unwrap())
+            }
+            "conversation.item.input_audio_transcription.completed" => {
+                return (deltas, event["transcript"].as_str().unwrap().to_owned());
+            }
+            "error" => panic!("{event}"),
+            _ => {}
+        }
+    }
+}
+
 /// A factory of doubles with a word every 1600 samples (0.1 s at 16 kHz).
 fn doubles(eou_after: Option<usize>, alive: &Arc<AtomicUsize>) -> TranscriberFactory {
     let alive = alive.clone();

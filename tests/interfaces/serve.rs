@@ -583,14 +583,7 @@ fn sigterm_finishes_the_request_in_flight_and_exits_0() {
         assert!(Instant::now() < deadline, "the request never started");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let pid = server.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    sigterm(&server);
     let r = in_flight.join().unwrap();
     assert_eq!((r.status, r.body.as_str()), (200, want.as_str()));
     let status = server.child.wait().unwrap();
@@ -929,7 +922,6 @@ fn too_many_boost_phrases_are_refused() {
 #[cfg(unix)]
 #[test]
 fn sigterm_completes_live_streams_and_closes_them() {
-    use base64::Engine;
     use serde_json::json;
     use tungstenite::Message;
     let model = gguf(crate::live_nemo::MODEL, OutType::F32);
@@ -938,14 +930,8 @@ fn sigterm_completes_live_streams_and_closes_them() {
     if let tungstenite::stream::MaybeTlsStream::Plain(s) = ws.get_mut() {
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     }
+    crate::realtime::send_clip(&mut ws);
     let mut send = |v: Value| ws.send(Message::Text(v.to_string().into())).unwrap();
-    send(
-        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
-    );
-    for piece in crate::live_nemo::clip_s16le().chunks(6400) {
-        let audio = base64::engine::general_purpose::STANDARD.encode(piece);
-        send(json!({"type": "input_audio_buffer.append", "audio": audio}));
-    }
     // Events are handled in order: once this is answered, every append was heard.
     send(json!({"type": "session.update", "session": {}}));
     let events = |ws: &mut tungstenite::WebSocket<_>| loop {
