@@ -276,13 +276,24 @@ fn buffered_cases_cover_every_reference() {
     assert_eq!(covered, std::fs::read_dir(&dir).unwrap().count());
 }
 
-/// The chunk passes of one stream's steps, in order, as one encoder projection: `[frames]
-/// [width]` rows and each chunk token's stream-wide `(id, frame)` and confidence.
-fn chunk_passes(
-    records: &[StepRecord],
-    sizes: &BufferSizes,
-) -> (Vec<f32>, usize, Vec<(usize, usize)>, Vec<f64>) {
-    let (mut rows, mut frames, mut tokens, mut confidences) = (vec![], 0, vec![], vec![]);
+/// The chunk passes of one stream's steps, in order, as one encoder projection.
+#[derive(Default)]
+struct ChunkPasses {
+    /// `[frames][width]`.
+    rows: Vec<f32>,
+    frames: usize,
+    /// Each chunk token's stream-wide `(id, frame)` and confidence.
+    tokens: Vec<(usize, usize)>,
+    confidences: Vec<f64>,
+}
+
+fn chunk_passes(records: &[StepRecord], sizes: &BufferSizes) -> ChunkPasses {
+    let ChunkPasses {
+        mut rows,
+        mut frames,
+        mut tokens,
+        mut confidences,
+    } = ChunkPasses::default();
     for r in records {
         let w = r.rows.len() / r.encoded_len;
         let decodable = r.encoded_len - sizes.left_frames;
@@ -297,7 +308,12 @@ fn chunk_passes(
         confidences.extend_from_slice(&r.chunk_confidences);
         frames += n_c;
     }
-    (rows, frames, tokens, confidences)
+    ChunkPasses {
+        rows,
+        frames,
+        tokens,
+        confidences,
+    }
 }
 
 /// With phrases and confidence, a buffered stream's chunk passes are one greedy search over
@@ -337,7 +353,12 @@ fn buffered_boosting_and_confidence_carry_across_chunks() {
             }
             events.extend(stream.finish().unwrap());
             let sizes = *stream.sizes();
-            let (rows, frames, tokens, confidences) = chunk_passes(&stream.take_records(), &sizes);
+            let ChunkPasses {
+                rows,
+                frames,
+                tokens,
+                confidences,
+            } = chunk_passes(&stream.take_records(), &sizes);
             let enc = Encoded {
                 frames,
                 d_model: 0,
