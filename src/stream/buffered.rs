@@ -1151,13 +1151,15 @@ impl LiveTranscriber for BufferedStream {
         let size = self.sizes.chunk_samples;
         let mut rest = samples;
         while !rest.is_empty() {
-            let take = (size - self.pending.len()).min(rest.len());
-            self.pending.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
+            // A full request waits for the next sample: only then is it known not to be the
+            // last one, which NeMo decodes through its right context to the end.
             if self.pending.len() == size {
                 let chunk = std::mem::take(&mut self.pending);
                 events.extend(self.step(&chunk, size, false)?);
             }
+            let take = (size - self.pending.len()).min(rest.len());
+            self.pending.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
         }
         Ok(events)
     }
@@ -1165,13 +1167,14 @@ impl LiveTranscriber for BufferedStream {
     fn finish(&mut self) -> Result<Vec<StreamEvent>> {
         let mut events = Vec::new();
         if !self.pending.is_empty() {
-            // The last request: zero-padded to a whole chunk, its valid length remembered.
+            // The last request: zero-padded to a whole chunk (a full one where the input ends
+            // on a chunk's border), its valid length remembered.
             let valid = self.pending.len();
             let mut chunk = std::mem::take(&mut self.pending);
             chunk.resize(self.sizes.chunk_samples, 0.0);
             events.extend(self.step(&chunk, valid, true)?);
         } else if let Some(u) = self.utterance() {
-            // The input ended on a chunk's border: what was committed ends the utterance.
+            // No audio since the last request was decoded as the last one.
             events.push(StreamEvent::Final(u));
         }
         self.reset();
