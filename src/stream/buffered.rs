@@ -106,6 +106,12 @@ impl BufferSizes {
         let sr = geometry.sample_rate as f64;
         let window_stride = geometry.hop_length as f64 / sr;
         let stride = window_stride * geometry.subsampling_factor as f64;
+        // NeMo counts frames as ceil(secs / stride) in floating point; a size is accepted
+        // when that count is whole, which for some multiples of the stride it is not.
+        let whole = |secs: f64| {
+            let exact = secs / stride;
+            exact.ceil() - exact <= 1e-6
+        };
         let check = |name: &str, secs: f64, zero_ok: bool| -> Result<usize> {
             if !secs.is_finite() || secs < 0.0 || (secs == 0.0 && !zero_ok) {
                 bail!(
@@ -113,15 +119,26 @@ impl BufferSizes {
                     if zero_ok { "0 or more" } else { "more than 0" }
                 );
             }
+            if secs > MAX_SIZE_SECS {
+                bail!("{name} {secs} s: at most {MAX_SIZE_SECS} s");
+            }
             let exact = secs / stride;
             let frames = exact.ceil();
-            if frames - exact > 1e-6 {
+            if !whole(secs) {
+                let near: Vec<String> = [exact.floor() - 1.0, exact.floor(), frames, frames + 1.0]
+                    .iter()
+                    .map(|f| round9(f * stride))
+                    .filter(|&c| c > 0.0 && c != secs && whole(c))
+                    .map(|c| format!("{c}"))
+                    .collect();
                 bail!(
-                    "{name} {secs} s is not a whole number of {:.0} ms encoder frames: NeMo \
-                     would round it up to {frames} frames ({} s); give a multiple of {} s",
+                    "{name} {secs} s is not a whole number of {:.0} ms encoder frames as NeMo \
+                     computes it ({secs} / {} = {exact} in floating point): NeMo would round it \
+                     up to {frames} frames ({} s); sizes near it that NeMo takes whole: {} s",
                     stride * 1000.0,
+                    round9(stride),
                     round9(frames * stride),
-                    round9(stride)
+                    near.join(", ")
                 );
             }
             Ok(frames as usize)
@@ -157,6 +174,9 @@ impl BufferSizes {
         })
     }
 }
+
+/// The longest chunk or context accepted (the sizes stay far from overflowing a count).
+const MAX_SIZE_SECS: f64 = 3600.0;
 
 fn round9(x: f64) -> f64 {
     (x * 1e9).round() / 1e9
@@ -1260,6 +1280,20 @@ mod tests {
         );
         assert!(sizes(f64::NAN, 1.6, 1.6).is_err());
         assert!(sizes(4.8, 0.0, 0.0).is_ok());
+        // 0.56 s is 7 strides, but 0.56 / 0.08 is 7.000000000000001 in floating point, which
+        // NeMo rounds up to 8 frames: say so, and name sizes it takes whole.
+        let e = sizes(0.56, 1.6, 1.6).unwrap_err().to_string();
+        assert!(
+            e.contains("7.000000000000001") && e.contains("8 frames"),
+            "{e}"
+        );
+        assert!(e.contains("0.48, 0.64, 0.72 s"), "{e}");
+        assert!(sizes(0.48, 1.6, 1.6).is_ok() && sizes(0.64, 1.6, 1.6).is_ok());
+        // Sizes that would overflow a count are refused, not wrapped.
+        for huge in [1e300, 3600.08] {
+            let e = sizes(huge, 1.6, 1.6).unwrap_err().to_string();
+            assert!(e.contains("at most 3600 s"), "{e}");
+        }
     }
 
     #[test]
