@@ -838,6 +838,7 @@ impl BufferedStream {
                 confidence: self
                     .confidence
                     .map(|c| c.aggregation.apply(&confidences[a..b]) as f32),
+                speaker: None,
             });
         }
         words
