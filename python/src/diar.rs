@@ -2,8 +2,8 @@
 //! per-frame probabilities) and the diarizers that give `Model.transcribe(diarize=True)`'s words
 //! their speakers.
 
-use numpy::{PyArray2, PyUntypedArrayMethods};
 use numpy::ndarray::Array2;
+use numpy::{PyArray2, PyUntypedArrayMethods};
 use parakeet::diar::Diarizer;
 use parakeet::diar::postprocess::{Generation, PostProcessing, segments};
 use parakeet::error::Error;
