@@ -28,9 +28,9 @@ fn format_clip(name: &str) -> PathBuf {
 }
 
 /// A running `parakeet serve`; killed on drop if still running.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
     /// stderr lines after the "listening" line.
     log: Mutex<mpsc::Receiver<String>>,
 }
@@ -40,7 +40,7 @@ impl Server {
         Server::start_with(&model(), extra)
     }
 
-    fn start_with(model: &Path, extra: &[&str]) -> Server {
+    pub(crate) fn start_with(model: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
             .args(["serve", "-m", model.to_str().unwrap(), "--port", "0"])
             .args(extra)
