@@ -245,11 +245,11 @@ fn main() -> ExitCode {
         Command::Models => list_models().map(|_| 0),
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
-        Command::Diarize(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
+        Command::Diarize(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
             let jobs: Vec<_> = jobs.into_iter().map(|j| j.path).collect();
             parakeet::cli::diarize::run(args, &jobs)
         }),
-        Command::Vad(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
+        Command::Vad(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
             let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
             parakeet::cli::vad::run(&args, &jobs)
         }),
@@ -443,7 +443,9 @@ fn info(model: &Path) -> Result<()> {
     if !hp.preprocessor.normalize_per_feature {
         outln!("features:     raw log-mel (normalize NA)")?;
     }
-    outln!("live:         {}", LiveKind::of(&m).describe())?;
+    if hp.model_type.is_asr() {
+        outln!("live:         {}", LiveKind::of(&m).describe())?;
+    }
     for (i, &context) in e.att_context_sizes.iter().enumerate() {
         let Some(s) = e.streaming(context) else {
             continue;
@@ -595,6 +597,16 @@ fn collect_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
     Ok((jobs, skipped))
 }
 
+/// [`collect_inputs`], refusing inputs that hold no audio file at all (a run with nothing to
+/// do is a mistaken argument).
+fn audio_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
+    let (jobs, skipped) = collect_inputs(inputs)?;
+    if jobs.is_empty() {
+        bail!("no audio files found in the given inputs ({skipped} non-audio files skipped)");
+    }
+    Ok((jobs, skipped))
+}
+
 fn walk_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
     let mut jobs = Vec::new();
     let mut skipped = 0;
@@ -679,12 +691,7 @@ impl TranscribePlan {
             .resolve(shows_confidence && beam.is_none())?;
         let boost = args.boost.config(args.boost.phrases()?);
         let (threads, warning) = Threads::resolve(args.threads)?;
-        let (mut jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
-        if jobs.is_empty() {
-            bail!(
-                "no audio files found in the given inputs ({skipped_non_audio} non-audio files skipped)"
-            );
-        }
+        let (mut jobs, skipped_non_audio) = audio_inputs(&args.inputs)?;
         if let Some(shard) = args.shard {
             let all = jobs.len();
             jobs.retain(|j| shard.takes(j));
@@ -882,16 +889,7 @@ fn transcribe_one(
     profile: &mut Profile,
 ) -> Result<Transcript> {
     let t0 = Instant::now();
-    let stdin;
-    let input = if job.path.as_os_str() == "-" {
-        stdin = read_stdin()?;
-        Input::Bytes {
-            data: &stdin,
-            name: "<stdin>",
-        }
-    } else {
-        Input::Path(&job.path)
-    };
+    let input = Input::arg(&job.path);
     let shown = input.name();
     let samples = pipeline::load_samples(input, Limits::default())?;
     profile.read += t0.elapsed();
@@ -908,17 +906,6 @@ fn transcribe_one(
         profile.attention.push(t.attention);
     }
     Ok(t)
-}
-
-/// Standard input, whole.
-fn read_stdin() -> Result<Vec<u8>> {
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::io::stdin()
-        .lock()
-        .read_to_end(&mut bytes)
-        .context("cannot read audio from <stdin>")?;
-    Ok(bytes)
 }
 
 fn print_transcript(

@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::audio;
 use crate::diar::postprocess::{Generation, PostProcessing, Segment, nemo_line, segments};
 use crate::diar::stream::StreamSettings;
 use crate::diar::{Activity, Diarizer};
 use crate::output::write_atomic;
+use crate::session::Threads;
+use crate::session::pipeline::{Input, Limits, load_samples};
 
 /// The output formats of `diarize`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -117,10 +118,9 @@ impl DiarizeArgs {
     }
 }
 
-/// Exit codes, as `transcribe`'s: 0 all good, 1 some inputs failed, 2 usage or model errors
-/// (and every input failing).
-const EXIT_SOME_FAILED: u8 = 1;
-const EXIT_ALL_FAILED: u8 = 2;
+/// The exit code when inputs failed, as `transcribe`'s (2, usage or model errors, comes back
+/// as an error).
+const EXIT_FAILED_INPUTS: u8 = 1;
 
 /// Diarizes `jobs` (files, `-` for standard input; directories already walked by the caller).
 pub fn run(args: DiarizeArgs, jobs: &[PathBuf]) -> Result<u8> {
@@ -130,16 +130,12 @@ pub fn run(args: DiarizeArgs, jobs: &[PathBuf]) -> Result<u8> {
     }
     args.postprocessing(Generation::V1)?;
     args.stream.check()?;
-    if jobs.is_empty() {
-        bail!("no audio files found in the given inputs");
+    let (threads, warning) = Threads::resolve(args.threads)?;
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
     }
-    let threads = match args.threads {
-        Some(0) => bail!("--threads must be at least 1"),
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
     let model_path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
-    let mut diarizer = Diarizer::load(&model_path, threads)?;
+    let mut diarizer = Diarizer::load(&model_path, threads.get())?;
     let params = diarizer.params().clone();
     let post = args.postprocessing(Generation::of(params.streaming_mode))?;
     let streaming = params.streaming_mode && !args.full_context;
@@ -149,7 +145,7 @@ pub fn run(args: DiarizeArgs, jobs: &[PathBuf]) -> Result<u8> {
     let (mut failed, single) = (0, jobs.len() == 1);
     for job in jobs {
         let result = (|| -> Result<()> {
-            let samples = read_samples(job)?;
+            let samples = load_samples(Input::arg(job), Limits::default())?;
             let activity = match streaming {
                 true => diarizer.diarize_streaming(&samples, &settings)?,
                 false => diarizer.diarize_offline(&samples)?,
@@ -189,20 +185,7 @@ pub fn run(args: DiarizeArgs, jobs: &[PathBuf]) -> Result<u8> {
             eprintln!("error: {}: {e:#}", job.display());
         }
     }
-    Ok(match failed {
-        0 => 0,
-        n if n == jobs.len() => EXIT_ALL_FAILED,
-        _ => EXIT_SOME_FAILED,
-    })
-}
-
-fn read_samples(job: &Path) -> Result<Vec<f32>> {
-    let decoded = if job.as_os_str() == "-" {
-        audio::read_stdin()?
-    } else {
-        audio::load_audio(job)?
-    };
-    audio::resample_to_16k(decoded).with_context(|| format!("{}: resampling", job.display()))
+    Ok(if failed > 0 { EXIT_FAILED_INPUTS } else { 0 })
 }
 
 /// `<dir>/<stem>.<ext>`: the output directory, or the input's own.

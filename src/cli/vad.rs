@@ -3,6 +3,7 @@
 
 use crate::audio;
 use crate::output::write_atomic;
+use crate::session::Threads;
 use crate::vad::{SampleRate, SpeechParams, SpeechSegment, Vad, VadModel, speech_segments};
 use anyhow::{Context, Result, bail};
 use std::fmt::Write as _;
@@ -146,11 +147,12 @@ pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> 
     if args.probabilities && args.format != VadFormat::Json {
         bail!("--probabilities needs -f json");
     }
-    if args.threads == 0 {
-        bail!("--threads 0: needs at least 1");
+    let (threads, warning) = Threads::resolve(Some(args.threads))?;
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
     }
     let model = VadModel::load(args.vad_model.as_deref())?;
-    let mut vad = Vad::new(model, args.threads)?;
+    let mut vad = Vad::new(model, threads.get())?;
     let several = inputs.len() > 1;
     let mut failed = 0;
     let stdout = std::io::stdout();

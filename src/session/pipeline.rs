@@ -17,12 +17,23 @@ pub enum Input<'a> {
     Bytes { data: &'a [u8], name: &'a str },
     /// Samples already decoded, at their own rate; `name` names them in errors.
     Samples { audio: Audio, name: &'a str },
+    /// Standard input, read whole (a WAV or FLAC stream); named `<stdin>` in errors.
+    Stdin,
 }
 
-impl Input<'_> {
+impl<'a> Input<'a> {
+    /// A command-line argument: `-` is standard input, anything else a file.
+    pub fn arg(path: &'a Path) -> Input<'a> {
+        match path.as_os_str() == "-" {
+            true => Input::Stdin,
+            false => Input::Path(path),
+        }
+    }
+
     /// How errors name this input.
     pub fn name(&self) -> String {
         match self {
+            Input::Stdin => "<stdin>".to_string(),
             Input::Path(p) => p.display().to_string(),
             Input::Bytes { name, .. } | Input::Samples { name, .. } => name.to_string(),
         }
@@ -36,14 +47,16 @@ pub struct Limits {
     pub max_seconds: Option<f64>,
 }
 
-/// An input's samples at the model's rate (16 kHz mono), checked: undecodable, empty or
-/// too long audio is [`Error::Audio`], a missing file [`Error::Io`].
+/// An input's samples at the model's rate (16 kHz mono), checked: undecodable or empty audio
+/// is [`Error::Audio`], audio over `limits` [`Error::AudioTooLong`], a missing file
+/// [`Error::Io`].
 pub fn load_samples(input: Input<'_>, limits: Limits) -> Result<Vec<f32>> {
     let shown = input.name();
     let decoded = match input {
         Input::Path(path) => audio::load_audio(path).map_err(audio_error)?,
         Input::Bytes { data, name } => audio::decode_bytes(data, name).map_err(audio_error)?,
         Input::Samples { audio, .. } => audio,
+        Input::Stdin => audio::read_stdin().map_err(audio_error)?,
     };
     if let Some(max) = limits.max_seconds
         && decoded.duration_s > max
