@@ -413,9 +413,9 @@ fn a_client_gone_mid_stream_frees_its_state_and_others_go_on() {
 #[test]
 fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_with_an_error() {
     let alive = Arc::new(AtomicUsize::new(0));
+    // The length limit also bounds a stream's wall time: long enough here for the appends.
     let limits = RealtimeConfig {
-        idle_timeout: Duration::from_millis(300),
-        max_seconds: 0.1,
+        max_seconds: 10.0,
         max_streams: 1,
         ..config()
     };
@@ -425,12 +425,16 @@ fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_wi
     let mut busy = connect(addr);
     assert_eq!(error_code(&mut busy).0, "server_busy");
     assert!(next(&mut busy).is_none());
-    append(&mut ws, 1601);
+    append(&mut ws, 160_001);
     assert_eq!(error_code(&mut ws).0, "audio_too_long");
     assert!(next(&mut ws).is_none());
     // Its slot is free once its transcriber is gone.
     wait_until_alive(&alive, 0, "the refused stream was never freed");
-    let mut idle = connect(addr);
+    let limits = RealtimeConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..config()
+    };
+    let mut idle = connect(start(limits, doubles(None, &alive)));
     until(&mut idle, "session.created");
     let (code, e) = error_code(&mut idle);
     assert_eq!(code, "idle_timeout", "{e}");
@@ -452,7 +456,7 @@ fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_wi
 }
 
 /// Reads events until one of type `kind`, the server's close, or `limit`; the event if seen.
-fn wait_for(ws: &mut Client, kind: &str, limit: Duration) -> Option<Value> {
+pub(crate) fn wait_for(ws: &mut Client, kind: &str, limit: Duration) -> Option<Value> {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         match ws.read() {
