@@ -17,7 +17,9 @@ use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
 use parakeet::stream::open::{LiveKind, LiveOptions, open_live};
 use parakeet::stream::pump::{PumpOptions, pump};
 use parakeet::stream::render::{EventFormat, EventWriter};
+use parakeet::stream::turns::{TurnParams, VadTurns};
 use parakeet::transcript::{StageTimes, Transcript};
+use parakeet::vad::VadModel;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -196,6 +198,15 @@ struct StreamArgs {
     /// next one goes on from there; 0: never cut.
     #[arg(long, value_name = "S", default_value_t = parakeet::stream::DEFAULT_MAX_UTTERANCE_SECONDS)]
     max_utterance_seconds: f64,
+    /// End each utterance where Silero VAD (built in) finds the end of speech, as the
+    /// silero-vad package's VADIterator does; the silence between utterances is not transcribed.
+    #[arg(long)]
+    vad: bool,
+    #[command(flatten)]
+    turn: parakeet::cli::vad::TurnArgs,
+    /// With --vad: a Silero VAD GGUF to use instead of the built-in model (v6.2).
+    #[arg(long, value_name = "FILE", requires = "vad")]
+    vad_model: Option<PathBuf>,
 }
 
 fn parse_att_context(s: &str) -> Result<[usize; 2], String> {
@@ -1006,6 +1017,7 @@ fn stream(args: StreamArgs) -> Result<u8> {
             "--max-utterance-seconds must be 0 (never cut) or a positive number of seconds (got {cut})"
         );
     }
+    let turns = stream_turns(&args)?;
     let (threads, warning) = Threads::resolve(args.threads)?;
     if let Some(w) = warning {
         eprintln!("warning: {w}");
@@ -1021,8 +1033,18 @@ fn stream(args: StreamArgs) -> Result<u8> {
         max_utterance_seconds: (cut > 0.0).then_some(cut),
     };
     let mut transcriber = open_live(&model, &options)?;
+    let turn_params = turns.as_ref().map(|(_, p)| *p);
+    if let Some((vad, params)) = turns {
+        transcriber = Box::new(VadTurns::new(transcriber, vad, params)?);
+    }
     if args.verbose {
         eprintln!("{}: {}", model.name, LiveKind::of(&model).describe());
+        if let Some(p) = turn_params {
+            eprintln!(
+                "end of utterance: Silero VAD (VADIterator: threshold {}, min silence {} ms, pad {} ms)",
+                p.threshold, p.min_silence_ms, p.speech_pad_ms
+            );
+        }
         if LiveKind::of(&model) == LiveKind::Buffered {
             let b = options.buffered();
             eprintln!(
@@ -1058,6 +1080,26 @@ fn stream(args: StreamArgs) -> Result<u8> {
         return Ok(EXIT_FAILED_INPUTS);
     }
     Ok(0)
+}
+
+/// `stream --vad`'s model and checked parameters (`None` without --vad, whose parameters it
+/// refuses).
+fn stream_turns(args: &StreamArgs) -> Result<Option<(Arc<VadModel>, TurnParams)>> {
+    let params = args.turn.params()?;
+    if !args.vad {
+        let d = TurnParams::default();
+        for (flag, given, default) in [
+            ("--threshold", params.threshold, d.threshold),
+            ("--min-silence-ms", params.min_silence_ms, d.min_silence_ms),
+            ("--speech-pad-ms", params.speech_pad_ms, d.speech_pad_ms),
+        ] {
+            if given != default {
+                bail!("{flag} {given} sets the VAD's end of utterance: it needs --vad");
+            }
+        }
+        return Ok(None);
+    }
+    Ok(Some((VadModel::load(args.vad_model.as_deref())?, params)))
 }
 
 /// The `stream` command's input: a file, standard input (`-`) or the default microphone.

@@ -14,3 +14,4 @@ mod serve;
 mod stream;
 mod stream_buffered;
 mod vad;
+mod vad_turns;

@@ -19,3 +19,4 @@ mod output;
 mod streaming;
 mod tokenizer;
 mod vad;
+mod vad_turns;
