@@ -138,6 +138,17 @@ struct TranscribeArgs {
     boost: BoostArgs,
     #[command(flatten)]
     beam: BeamArgs,
+    /// Transcribe only speech: Silero VAD (built in) finds it, as the silero-vad package's
+    /// get_speech_timestamps does with the speech-detection flags below, and each speech
+    /// segment is transcribed on its own; times stay the input's, and cues never span two
+    /// segments. Silence is not encoded.
+    #[arg(long)]
+    vad: bool,
+    /// With --vad: a Silero VAD GGUF to use instead of the built-in model (v6.2).
+    #[arg(long, value_name = "FILE", requires = "vad")]
+    vad_model: Option<PathBuf>,
+    #[command(flatten, next_help_heading = "Speech detection (with --vad)")]
+    speech: parakeet::cli::vad::SpeechArgs,
 }
 
 #[derive(Args)]
@@ -702,6 +713,8 @@ impl TranscribePlan {
             .resolve(shows_confidence && beam.is_none())?;
         let boost = args.boost.config(args.boost.phrases()?);
         let (threads, warning) = Threads::resolve(args.threads)?;
+        let speech =
+            parakeet::cli::vad::speech_request(args.vad, &args.speech, args.vad_model.as_deref())?;
         let (mut jobs, skipped_non_audio) = audio_inputs(&args.inputs)?;
         if let Some(shard) = args.shard {
             let all = jobs.len();
@@ -741,6 +754,7 @@ impl TranscribePlan {
                 confidence,
                 boost,
                 beam,
+                speech,
             },
         })
     }
@@ -875,11 +889,17 @@ fn write_outputs(
         model: model_name.to_owned(),
         audio_path: job.path.display().to_string(),
         audio_seconds: t.audio_seconds,
-        timings: vec![
-            ("features".into(), t.times.features.as_secs_f64()),
-            ("encoder".into(), t.times.encoder.as_secs_f64()),
-            ("decoder".into(), t.times.decoder.as_secs_f64()),
-        ],
+        timings: t
+            .speech
+            .as_ref()
+            .map(|_| ("vad".to_string(), t.times.vad.as_secs_f64()))
+            .into_iter()
+            .chain([
+                ("features".into(), t.times.features.as_secs_f64()),
+                ("encoder".into(), t.times.encoder.as_secs_f64()),
+                ("decoder".into(), t.times.decoder.as_secs_f64()),
+            ])
+            .collect(),
     };
     for (format, path) in outputs {
         output::check_not_input(path, &job.path)?;
@@ -902,7 +922,7 @@ fn transcribe_one(
     let t0 = Instant::now();
     let input = Input::arg(&job.path);
     let shown = input.name();
-    let samples = pipeline::load_samples(input, Limits::default())?;
+    let samples = pipeline::load_samples_for(input, Limits::default(), options)?;
     profile.read += t0.elapsed();
     if let Some(dir) = &args.dump_layers {
         dump_layers(session, &samples, options, dir)
@@ -1159,6 +1179,9 @@ fn print_profile(p: &Profile, session: &Session, wall: Duration) {
     eprintln!("stage                  time (ms)");
     eprintln!("model load          {:>12.1}", ms(p.load));
     eprintln!("audio read+resample {:>12.1}", ms(p.read));
+    if !p.stages.vad.is_zero() {
+        eprintln!("vad                 {:>12.1}", ms(p.stages.vad));
+    }
     eprintln!("features            {:>12.1}", ms(p.stages.features));
     let attention: Vec<String> = p.attention.iter().map(|a| a.to_string()).collect();
     eprintln!(

@@ -3,7 +3,7 @@
 
 use crate::audio;
 use crate::output::write_atomic;
-use crate::session::Threads;
+use crate::session::{SpeechRequest, Threads};
 use crate::stream::turns::TurnParams;
 use crate::vad::{SampleRate, SpeechParams, SpeechSegment, Vad, VadModel, speech_segments};
 use anyhow::{Context, Result, bail};
@@ -101,6 +101,27 @@ impl SpeechArgs {
         p.validate().map_err(|e| anyhow::anyhow!("--{e:#}"))?;
         Ok(p)
     }
+}
+
+/// `transcribe --vad`'s request: `None` without `--vad` (and then none of the
+/// speech-detection flags may differ from their defaults: they would do nothing), else the
+/// checked parameters and the `--vad-model` file's model.
+pub fn speech_request(
+    vad: bool,
+    args: &SpeechArgs,
+    model: Option<&Path>,
+) -> Result<Option<SpeechRequest>> {
+    let params = args.params()?;
+    if !vad {
+        if params != SpeechParams::default() {
+            bail!("the speech-detection flags (--threshold, --min-silence-ms, ...) need --vad");
+        }
+        return Ok(None);
+    }
+    Ok(Some(SpeechRequest {
+        params,
+        model: model.map(VadModel::open).transpose()?,
+    }))
 }
 
 /// How `parakeet vad` writes segments.
@@ -244,9 +265,22 @@ fn destination(input: &Path, root: Option<&Path>, dir: &Path, format: VadFormat)
 /// to 16 kHz first.
 fn detect(vad: &mut Vad, path: &Path, params: &SpeechParams, verbose: bool) -> Result<Detection> {
     let decoded = if path.as_os_str() == "-" {
-        audio::read_stdin()?
+        audio::read_stdin()
     } else {
-        audio::load_audio(path)?
+        audio::load_audio(path)
+    };
+    // Audio with no samples has no speech.
+    let decoded = match decoded {
+        Err(e) => match audio::NoSamples::find(&e) {
+            Some(empty) => audio::Audio {
+                samples: Vec::new(),
+                sample_rate: empty.sample_rate,
+                channels_in: 1,
+                duration_s: 0.0,
+            },
+            None => return Err(e),
+        },
+        Ok(decoded) => decoded,
     };
     let (samples, rate) = match SampleRate::from_hz(decoded.sample_rate) {
         Some(rate) => (decoded.samples, rate),

@@ -51,12 +51,31 @@ pub struct Limits {
 /// is [`Error::Audio`], audio over `limits` [`Error::AudioTooLong`], a missing file
 /// [`Error::Io`].
 pub fn load_samples(input: Input<'_>, limits: Limits) -> Result<Vec<f32>> {
+    load(input, limits, false)
+}
+
+/// [`load_samples`] for a transcription by `opts`: when only speech is transcribed, audio
+/// with no samples at all has none, so it is no samples rather than an error.
+pub fn load_samples_for(
+    input: Input<'_>,
+    limits: Limits,
+    opts: &DecodeOptions,
+) -> Result<Vec<f32>> {
+    load(input, limits, opts.speech().is_some())
+}
+
+fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
     let shown = input.name();
     let decoded = match input {
-        Input::Path(path) => audio::load_audio(path).map_err(audio_error)?,
-        Input::Bytes { data, name } => audio::decode_bytes(data, name).map_err(audio_error)?,
-        Input::Samples { audio, .. } => audio,
-        Input::Stdin => audio::read_stdin().map_err(audio_error)?,
+        Input::Path(path) => audio::load_audio(path),
+        Input::Bytes { data, name } => audio::decode_bytes(data, name),
+        Input::Samples { audio, .. } => Ok(audio),
+        Input::Stdin => audio::read_stdin(),
+    };
+    let decoded = match decoded {
+        Ok(decoded) => decoded,
+        Err(e) if empty_ok && audio::NoSamples::find(&e).is_some() => return Ok(Vec::new()),
+        Err(e) => return Err(audio_error(e)),
     };
     if let Some(max) = limits.max_seconds
         && decoded.duration_s > max
@@ -86,7 +105,7 @@ fn audio_error(e: anyhow::Error) -> Error {
     }
 }
 
-/// Transcribes one input by `opts`: [`load_samples`], then [`Session::transcribe`]. Every
+/// Transcribes one input by `opts`: [`load_samples_for`], then [`Session::transcribe`]. Every
 /// error names the input.
 pub fn transcribe_input(
     session: &mut Session,
@@ -95,7 +114,7 @@ pub fn transcribe_input(
     limits: Limits,
 ) -> Result<Transcript> {
     let shown = input.name();
-    let samples = load_samples(input, limits)?;
+    let samples = load_samples_for(input, limits, opts)?;
     session
         .transcribe(samples, opts)
         .map_err(|e| e.context(&shown))
