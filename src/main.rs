@@ -6,6 +6,7 @@ use parakeet::audio;
 use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
 use parakeet::encoder::AttentionChoice;
+use parakeet::error::is_broken_pipe;
 use parakeet::hparams::Attention;
 use parakeet::kernels::cpu::Isa;
 use parakeet::layout::Layout;
@@ -268,7 +269,7 @@ fn main() -> ExitCode {
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
         Command::Diarize(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
-            let jobs: Vec<_> = jobs.into_iter().map(|j| j.path).collect();
+            let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
             parakeet::cli::diarize::run(args, &jobs)
         }),
         Command::Vad(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
@@ -331,13 +332,6 @@ fn bound_openmp_spinning() {
 
 /// Barrier spin rounds before a libgomp thread sleeps (see [`bound_openmp_spinning`]).
 const GOMP_SPINCOUNT: &str = "5000";
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
 
 /// `println!` that returns the write error (a closed pipe) instead of panicking.
 macro_rules! outln {
@@ -902,12 +896,11 @@ fn write_outputs(
             .collect(),
     };
     for (format, path) in outputs {
-        output::check_not_input(path, &job.path)?;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("{}: cannot create directory", dir.display()))?;
-        }
-        output::write_atomic(path, output::render(*format, t, &meta).as_bytes())?;
+        output::write_planned(
+            path,
+            &job.path,
+            output::render(*format, t, &meta).as_bytes(),
+        )?;
     }
     Ok(())
 }

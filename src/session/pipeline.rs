@@ -4,7 +4,7 @@
 
 use super::{DecodeOptions, Session};
 use crate::audio::{self, Audio};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, is_users_io};
 use crate::transcript::Transcript;
 use std::path::Path;
 
@@ -93,11 +93,7 @@ fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
 fn audio_error(e: anyhow::Error) -> Error {
     let io = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>());
     match io.map(|io| io.kind()) {
-        Some(
-            kind @ (std::io::ErrorKind::NotFound
-            | std::io::ErrorKind::PermissionDenied
-            | std::io::ErrorKind::IsADirectory),
-        ) => Error::Io {
+        Some(kind) if is_users_io(kind) => Error::Io {
             message: format!("{e:#}"),
             kind,
         },
