@@ -350,9 +350,10 @@ fn diarize_flags_that_would_do_nothing_are_refused() {
     );
     assert_eq!(code, Some(2), "{err}");
     assert!(out.is_empty());
+    let error = err.lines().last().unwrap_or_default();
     assert!(
-        err.starts_with("error: --spkcache-len 24: ")
-            && err.contains("is an offline Sortformer, which does not stream"),
+        error.starts_with("error: --spkcache-len 24: ")
+            && error.ends_with("is an offline Sortformer, which does not stream; these sizes are for a streaming one"),
         "{err}"
     );
     // A speaker cache too small for the model's speakers: once, before any file.
