@@ -222,6 +222,9 @@ pub struct StepTimes {
     pub features: Duration,
     pub encoder: Duration,
     pub decoder: Duration,
+    /// Tokens the step's decoding produced (transducer: chunk and right-context passes; CTC:
+    /// the whole buffer), the decoder's work.
+    pub tokens: usize,
 }
 
 /// The decoding state NeMo keeps per stream (`StreamingState` and the decoder's).
@@ -550,6 +553,7 @@ impl BufferedStream {
             .collect();
         record.chunk_tokens = chunk_tokens.iter().map(|t| (t.id, t.frame)).collect();
         record.chunk_confidences = scores;
+        self.times.tokens = local.len();
         if s.right_frames > 0 {
             let right = &rows[(from + n_c) * w..(from + decodable) * w];
             // The right context decodes from copies of the states, then they are dropped.
@@ -569,6 +573,7 @@ impl BufferedStream {
                     .map(|(t, &c)| (t.id, (n_c + t.frame) as i64, c)),
             );
             record.right_tokens = right_tokens.iter().map(|t| (t.id, n_c + t.frame)).collect();
+            self.times.tokens = local.len();
         }
         self.decoding.hyp = Some(hyp);
         self.decoding.boost_state = boost_state;
@@ -649,6 +654,7 @@ impl BufferedStream {
             }
             previous = p;
         }
+        self.times.tokens = tokens.len();
         let c = s.chunk_frames as i64;
         let s0 = (t_frames - 1 - s.mid_delay as i64).max(0);
         let e0 = if is_last {
