@@ -360,7 +360,7 @@ fn list_models() -> Result<()> {
     for m in models {
         let desc = Model::load(&m.path)
             .map(|model| {
-                let hp = &model.hparams;
+                let hp = model.hparams();
                 format!(
                     "{} {} x {}, {} mels",
                     hp.model_type.name(),
@@ -416,9 +416,9 @@ fn system_info() -> Result<()> {
 fn info(model: &Path) -> Result<()> {
     let path = resolve_model(model)?;
     let m = Model::load(&path)?;
-    let hp = &m.hparams;
+    let hp = &m.hparams();
     let e = &hp.encoder;
-    outln!("model:        {} ({})", m.name, path.display())?;
+    outln!("model:        {} ({})", m.name(), path.display())?;
     outln!("type:         {}", hp.model_type.name())?;
     outln!(
         "front end:    {} Hz, {} mels, n_fft {}, window {}, hop {}",
@@ -491,9 +491,9 @@ fn info(model: &Path) -> Result<()> {
         hp.blank_id()
     )?;
     let mut by_type: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
-    let names = m.file.tensor_names();
+    let names = m.file().tensor_names();
     for name in names {
-        if let Some(w) = m.file.any_weight(name) {
+        if let Some(w) = m.file().any_weight(name) {
             let kind = match w.layout() {
                 Layout::Plain => w.dtype().name().to_string(),
                 Layout::Panel16 => format!("{} panel16", w.dtype().name()),
@@ -780,7 +780,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
                     if let Some(bar) = &stage_bar {
                         bar.finish_and_clear();
                     }
-                    write_outputs(&t, job, outputs, &session.model().name)?;
+                    write_outputs(&t, job, outputs, session.model().name())?;
                     Ok(t)
                 });
             match result {
@@ -1035,7 +1035,7 @@ fn stream(args: StreamArgs) -> Result<u8> {
     };
     let mut transcriber = open_live(&model, &options)?;
     if args.verbose {
-        eprintln!("{}: {}", model.name, LiveKind::of(&model).describe());
+        eprintln!("{}: {}", model.name(), LiveKind::of(&model).describe());
         if LiveKind::of(&model) == LiveKind::Buffered {
             let b = options.buffered();
             eprintln!(

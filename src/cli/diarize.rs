@@ -144,7 +144,7 @@ pub fn run(args: DiarizeArgs, jobs: &[PathBuf]) -> Result<u8> {
     let post = args.postprocessing(Generation::of(params.streaming_mode))?;
     let streaming = params.streaming_mode && !args.full_context;
     let settings = args.stream.resolve(params.streaming);
-    let units = diarizer.model().hparams.encoder.subsampling_factor;
+    let units = diarizer.model().hparams().encoder.subsampling_factor;
     let to_stdout = args.output_dir.is_none() && args.formats == [DiarFormat::Txt];
     let (mut failed, single) = (0, jobs.len() == 1);
     for job in jobs {

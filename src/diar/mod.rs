@@ -51,7 +51,7 @@ pub struct SortformerWeights {
 
 impl SortformerWeights {
     fn load(model: &Model, p: &SortformerParams) -> Result<SortformerWeights> {
-        let f = &model.file;
+        let f = model.file();
         let w = |name: &str, shape: &[usize]| f.weight(name, shape, &[DType::F32]);
         let linear = |prefix: &str, n_in: usize, n_out: usize| -> Result<Linear> {
             Ok(Linear {
@@ -65,7 +65,11 @@ impl SortformerWeights {
                 bias: w(&format!("{prefix}.bias"), &[d])?,
             })
         };
-        let (fc, tf, inner) = (model.hparams.encoder.d_model, p.tf_d_model, p.tf_inner_size);
+        let (fc, tf, inner) = (
+            model.hparams().encoder.d_model,
+            p.tf_d_model,
+            p.tf_inner_size,
+        );
         let layers = (0..p.tf_n_layers)
             .map(|i| {
                 // The converter's name (`convert::gguf_name`).
@@ -141,16 +145,16 @@ pub struct Diarizer {
 impl Diarizer {
     /// A diarizer over `model`, which must be a Sortformer.
     pub fn new(model: Arc<Model>, threads: usize) -> Result<Diarizer> {
-        let Some(params) = model.hparams.sortformer.clone() else {
+        let Some(params) = model.hparams().sortformer.clone() else {
             bail!(
                 "{} is a {} speech recognition model, not a Sortformer diarization model",
-                model.path.display(),
-                model.hparams.model_type.name()
+                model.path().display(),
+                model.hparams().model_type.name()
             );
         };
-        debug_assert_eq!(model.hparams.model_type, ModelType::Sortformer);
+        debug_assert_eq!(model.hparams().model_type, ModelType::Sortformer);
         let weights = SortformerWeights::load(&model, &params)?;
-        let pp = &model.hparams.preprocessor;
+        let pp = &model.hparams().preprocessor;
         let mel = MelConfig {
             n_fft: pp.n_fft,
             win_length: pp.win_length,
@@ -184,12 +188,12 @@ impl Diarizer {
 
     /// Seconds per output frame (80 ms).
     pub fn frame_seconds(&self) -> f64 {
-        self.model.hparams.geometry().frame_seconds()
+        self.model.hparams().geometry().frame_seconds()
     }
 
     /// Audio samples per output frame.
     pub fn samples_per_frame(&self) -> usize {
-        self.model.hparams.geometry().samples_per_frame()
+        self.model.hparams().geometry().samples_per_frame()
     }
 
     /// NeMo's features of 16 kHz samples: an offline model first scales the waveform by
@@ -198,8 +202,8 @@ impl Diarizer {
         if self.params.streaming_mode {
             return log_mel(
                 samples,
-                &self.model.window,
-                &self.model.filterbank,
+                self.model.window(),
+                self.model.filterbank(),
                 &self.mel,
             );
         }
@@ -208,8 +212,8 @@ impl Diarizer {
         let scaled: Vec<f32> = samples.iter().map(|&x| scale * x).collect();
         log_mel(
             &scaled,
-            &self.model.window,
-            &self.model.filterbank,
+            self.model.window(),
+            self.model.filterbank(),
             &self.mel,
         )
     }
@@ -217,11 +221,11 @@ impl Diarizer {
     /// The error for audio too short to give one output frame.
     fn check_length(&self, samples: usize) -> Result<()> {
         let feature_frames = self.mel.n_frames(samples);
-        if self.model.hparams.geometry().encoded_len(feature_frames) == 0 {
+        if self.model.hparams().geometry().encoded_len(feature_frames) == 0 {
             bail!(
                 "audio too short to diarize: {samples} samples ({:.3} s), one frame needs at \
                  least {} samples",
-                samples as f64 / self.model.hparams.preprocessor.sample_rate as f64,
+                samples as f64 / self.model.hparams().preprocessor.sample_rate as f64,
                 self.mel.hop_length
             );
         }
@@ -238,7 +242,7 @@ impl Diarizer {
     pub fn forward(&mut self, samples: &[f32], taps: bool) -> Result<Forward> {
         self.check_length(samples.len())?;
         let features = self.features(samples);
-        let hp = &self.model.hparams;
+        let hp = self.model.hparams();
         let attention = AttentionChoice::Full.resolve(
             hp.encoder.attention,
             hp.geometry().encoded_len(features.n_frames),
@@ -286,7 +290,7 @@ impl Diarizer {
     /// the speaker probabilities `[frames][n_spks]` (and, with `taps`, `encoder_proj` and
     /// `transformer_out`).
     fn head(&mut self, x: &[f32], frames: usize, taps: bool) -> Result<(Vec<f32>, Taps)> {
-        let fc = self.model.hparams.encoder.d_model;
+        let fc = self.model.hparams().encoder.d_model;
         if frames == 0 || x.len() != frames * fc {
             bail!(
                 "internal: encoder output of {} values is not {frames} x {fc}",

@@ -154,8 +154,8 @@ impl Diarizer {
         }
         let features = self.features(samples);
         let (n_mels, feat_len) = (features.n_mels, features.n_frames);
-        let factor = self.model.hparams.encoder.subsampling_factor;
-        let d = self.model.hparams.encoder.d_model;
+        let factor = self.model.hparams().encoder.subsampling_factor;
+        let d = self.model.hparams().encoder.d_model;
         let mut st = State {
             d,
             n_spks,

@@ -181,19 +181,19 @@ impl Head {
 
     /// The head `choice` picks on `model`, or why the model has none.
     pub fn of(model: &Model, choice: DecoderChoice) -> Result<Head> {
-        let ty = model.hparams.model_type;
+        let ty = model.hparams().model_type;
         let ctc = match choice {
             DecoderChoice::Ctc => true,
             DecoderChoice::Tdt => false,
             DecoderChoice::Auto => !ty.has_transducer(),
         };
-        if ctc && model.ctc.is_none() {
+        if ctc && model.ctc().is_none() {
             return Err(Error::Options(format!(
                 "--decoder ctc: this model has no CTC head (it is {})",
                 ty.name()
             )));
         }
-        if !ctc && model.joint.is_none() {
+        if !ctc && model.transducer().is_none() {
             return Err(Error::Options(format!(
                 "--decoder tdt: this model has no transducer decoder (it is {}); use --decoder ctc",
                 ty.name()
@@ -263,7 +263,7 @@ impl DecodeOptions {
         let beam = request
             .beam
             .as_ref()
-            .map(|b| beam_plan(head, b, model.hparams.vocab_size))
+            .map(|b| beam_plan(head, b, model.hparams().vocab_size))
             .transpose()?;
         if let Some(c) = &request.confidence {
             check_confidence(model, head, c, beam.is_some())?;
@@ -371,7 +371,7 @@ fn check_confidence(model: &Model, head: Head, c: &ConfidenceConfig, beam: bool)
                 .into(),
         ));
     }
-    let classes = model.hparams.vocab_size + 1;
+    let classes = model.hparams().vocab_size + 1;
     let range = c.measure.alpha_range(classes);
     if !range.contains(&c.alpha) {
         let why = match c.measure {
@@ -425,7 +425,7 @@ fn boosting_tree(model: &Model, cfg: &BoostingConfig) -> Result<BoostingTree> {
             )));
         }
     }
-    BoostingTree::new(&model.tokenizer, cfg)
+    BoostingTree::new(model.tokenizer(), cfg)
         .map_err(|e| Error::Options(format!("phrase boosting: {e:#}")))
 }
 

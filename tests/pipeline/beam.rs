@@ -51,7 +51,7 @@ fn compare(session: &Session, ours: &[NBest], nemo: &[Value]) -> Result<(), Stri
             ours.iter().map(|h| h.score).collect::<Vec<_>>()
         ));
     }
-    let tokenizer = &session.model().tokenizer;
+    let tokenizer = &session.model().tokenizer();
     for (rank, (h, n)) in ours.iter().zip(nemo).enumerate() {
         let ids: Vec<usize> = h.tokens.iter().map(|t| t.id).collect();
         if ids != ints(&n["tokens"]) {
@@ -276,7 +276,7 @@ fn the_largest_beams_run() {
         let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         let features = session.features(&clip_samples("speech_2s.wav"));
         let enc = session.encode(&features, false).unwrap();
-        let vocab = session.model().hparams.vocab_size;
+        let vocab = session.model().hparams().vocab_size;
         for strategy in strategies {
             // `maes` has its own bound; both maes draw the beam and 2 more candidates from
             // the vocabulary.

@@ -213,7 +213,7 @@ fn check_case(model: &str, head: &str, decoder: DecoderChoice, suffix: &str, cli
             record_steps: true,
         };
         let session = Session::load(&path, threads(2)).unwrap();
-        let pieces = session.model().tokenizer.pieces().to_vec();
+        let pieces = session.model().tokenizer().pieces().to_vec();
         // Pieces of an odd size, so that chunks are cut across pieces.
         let (records, events) = run(session, config, &samples, 3331);
         compare(&name, &nemo, &records, &events, &pieces);

@@ -28,7 +28,7 @@ use path::TokenPath;
 use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
-use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::decoder::nets::{InputGates, JointInput, Nets, PredictInput};
 use crate::hparams::ModelType;
 use crate::model::Model;
 use crate::tokenizer::Token;
@@ -269,22 +269,23 @@ pub struct NBest {
 pub fn transducer_beam(
     backend: &mut Backend,
     model: &Model,
+    gates: &mut InputGates,
     joint_enc: &[f32],
     frames: usize,
     cfg: &BeamConfig,
     boost: Option<&BoostingTree>,
 ) -> Result<Vec<NBest>> {
-    let Some(head) = BeamHead::transducer_of(model.hparams.model_type) else {
+    let Some(head) = BeamHead::transducer_of(model.hparams().model_type) else {
         bail!(
             "{}: this model has no transducer decoder (it is {})",
-            model.path.display(),
-            model.hparams.model_type.name()
+            model.path().display(),
+            model.hparams().model_type.name()
         );
     };
     cfg.check(head)?;
-    check_boost(boost, model.hparams.vocab_size)?;
+    check_boost(boost, model.hparams().vocab_size)?;
     cfg.check_boosting(boost.is_some())?;
-    let nets = Nets::new(model)?;
+    let nets = Nets::new(model, gates)?;
     let input = Projection {
         width: nets.frame_width(joint_enc, frames)?,
         joint_enc,
