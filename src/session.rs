@@ -26,10 +26,11 @@ use std::time::Instant;
 
 pub mod options;
 pub mod pipeline;
+mod speech;
 
 pub use options::{
     BeamPlan, BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, Head, MAX_BEAM_SIZE,
-    MAX_MAES_BEAM_SIZE, Threads,
+    MAX_MAES_BEAM_SIZE, SpeechPlan, SpeechRequest, Threads,
 };
 
 /// What decoding an encoder pass gives.
@@ -58,6 +59,8 @@ pub struct Session {
     progress: Option<Progress>,
     /// Test hook: the encoder's layer time slice ([`Session::set_layer_slice`]).
     layer_slice: Option<usize>,
+    /// Speech detection, made on first use (a backend of its own, as small as its model).
+    vad: Option<crate::vad::Vad>,
 }
 
 /// Told the stage of the utterance being transcribed ("features", "encoder", "decoder") and
@@ -120,16 +123,7 @@ impl Session {
             )));
         }
         let backend = Backend::cpu(threads.get())?;
-        let pp = &model.hparams().preprocessor;
-        let mel = MelConfig {
-            n_fft: pp.n_fft,
-            win_length: pp.win_length,
-            hop_length: pp.hop_length,
-            n_mels: pp.n_mels,
-            preemph: pp.preemph,
-            log_zero_guard: pp.log_zero_guard,
-            normalize_per_feature: pp.normalize_per_feature,
-        };
+        let mel = model.hparams().preprocessor.mel_config();
         Ok(Session {
             input_gates: InputGates::for_model(&model),
             model,
@@ -137,6 +131,7 @@ impl Session {
             mel,
             progress: None,
             layer_slice: None,
+            vad: None,
         })
     }
 
@@ -482,9 +477,18 @@ impl Session {
     }
 
     /// Transcribe 16 kHz mono samples by `opts`: the whole file in one encoder pass and one
-    /// decoder pass (local attention keeps long files linear in time and memory). The samples
-    /// are taken by value so that an hour of audio is freed once its features exist.
+    /// decoder pass (local attention keeps long files linear in time and memory), or with
+    /// speech detection each speech segment so. The samples are taken by value so that an
+    /// hour of audio is freed once its features exist.
     pub fn transcribe(&mut self, samples: Vec<f32>, opts: &DecodeOptions) -> Result<Transcript> {
+        match opts.speech() {
+            Some(speech) => self.transcribe_speech(samples, opts, speech),
+            None => self.transcribe_whole(samples, opts),
+        }
+    }
+
+    /// All of `samples` as one utterance.
+    fn transcribe_whole(&mut self, samples: Vec<f32>, opts: &DecodeOptions) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
         let (decoded, attention) = self.run_stages(samples, opts)?;
         let Decoded {
@@ -524,6 +528,7 @@ impl Session {
             frame_seconds,
             attention,
             times,
+            speech: None,
         })
     }
 

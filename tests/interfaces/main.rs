@@ -10,6 +10,8 @@ mod live_double;
 mod live_nemo;
 mod realtime;
 mod serve;
+mod speech;
 mod stream;
 mod stream_buffered;
 mod vad;
+mod vad_turns;
