@@ -220,14 +220,14 @@ struct StreamArgs {
     vad_model: Option<PathBuf>,
 }
 
+/// `stream --att-context`: a lookahead `L,R`, read by the one attention grammar
+/// (`transcribe --att-context`'s), which also takes `auto` and `full`.
 fn parse_att_context(s: &str) -> Result<[usize; 2], String> {
-    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-    match parts.as_slice() {
-        [l, r] => match (l.parse(), r.parse()) {
-            (Ok(l), Ok(r)) => Ok([l, r]),
-            _ => Err(format!("{s:?}: expected two frame counts L,R such as 70,1")),
-        },
-        _ => Err(format!("{s:?}: expected two frame counts L,R such as 70,1")),
+    match s.parse::<AttentionChoice>()? {
+        AttentionChoice::Local { left, right } => Ok([left, right]),
+        _ => Err(format!(
+            "'{s}': a stream takes a lookahead L,R in encoder frames (e.g. 70,1)"
+        )),
     }
 }
 

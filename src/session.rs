@@ -344,8 +344,8 @@ impl Session {
         let boosting = opts.boosting();
         DecodingSummary {
             head: opts.head().name(),
-            strategy: beam.map_or("greedy_batch".into(), |b| b.config().strategy.to_string()),
-            beam_size: beam.map_or(1, |b| b.config().beam_size),
+            strategy: beam.map_or("greedy_batch".into(), |b| b.config().strategy().to_string()),
+            beam_size: beam.map_or(1, |b| b.config().beam_size()),
             boosted_phrases: boosting.map_or(0, |t| t.phrases()),
             boosting_alpha: boosting.map_or(0.0, |t| t.alpha()),
             confidence: opts
