@@ -13,5 +13,6 @@ mod serve;
 mod speech;
 mod stream;
 mod stream_buffered;
+mod transcribe_diarize;
 mod vad;
 mod vad_turns;
