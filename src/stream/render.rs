@@ -88,6 +88,7 @@ impl<W: Write> EventWriter<W> {
                     word: &w.text,
                     start: millis(w.start),
                     end: millis(w.end),
+                    confidence: w.confidence,
                 })
                 .collect(),
         };
@@ -112,6 +113,9 @@ struct JsonWord<'a> {
     word: &'a str,
     start: f64,
     end: f64,
+    /// When asked for (`--confidence`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confidence: Option<f32>,
 }
 
 /// Seconds rounded to the millisecond: encoder frames are 40 or 80 ms, so nothing is lost, and
