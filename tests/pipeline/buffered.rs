@@ -343,7 +343,7 @@ fn buffered_boosting_and_confidence_carry_across_chunks() {
                 ..BufferedConfig::default()
             };
             let session = Session::load(&path, threads(2)).unwrap();
-            let tree = BoostingTree::new(&session.model().tokenizer(), &boost).unwrap();
+            let tree = BoostingTree::new(session.model().tokenizer(), &boost).unwrap();
             let mut stream = BufferedStream::new(session, config).unwrap();
             stream.set_boost(Some(Arc::new(tree))).unwrap();
             stream.set_confidence(Some(confidence));
