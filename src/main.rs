@@ -238,14 +238,14 @@ struct StreamArgs {
     vad_model: Option<PathBuf>,
 }
 
+/// `stream --att-context`: a lookahead `L,R`, read by the one attention grammar
+/// (`transcribe --att-context`'s), which also takes `auto` and `full`.
 fn parse_att_context(s: &str) -> Result<[usize; 2], String> {
-    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-    match parts.as_slice() {
-        [l, r] => match (l.parse(), r.parse()) {
-            (Ok(l), Ok(r)) => Ok([l, r]),
-            _ => Err(format!("{s:?}: expected two frame counts L,R such as 70,1")),
-        },
-        _ => Err(format!("{s:?}: expected two frame counts L,R such as 70,1")),
+    match s.parse::<AttentionChoice>()? {
+        AttentionChoice::Local { left, right } => Ok([left, right]),
+        _ => Err(format!(
+            "'{s}': a stream takes a lookahead L,R in encoder frames (e.g. 70,1)"
+        )),
     }
 }
 
@@ -393,7 +393,7 @@ fn list_models() -> Result<()> {
     for m in models {
         let desc = Model::load(&m.path)
             .map(|model| {
-                let hp = &model.hparams;
+                let hp = model.hparams();
                 format!(
                     "{} {} x {}, {} mels",
                     hp.model_type.name(),
@@ -449,9 +449,9 @@ fn system_info() -> Result<()> {
 fn info(model: &Path) -> Result<()> {
     let path = resolve_model(model)?;
     let m = Model::load(&path)?;
-    let hp = &m.hparams;
+    let hp = &m.hparams();
     let e = &hp.encoder;
-    outln!("model:        {} ({})", m.name, path.display())?;
+    outln!("model:        {} ({})", m.name(), path.display())?;
     outln!("type:         {}", hp.model_type.name())?;
     outln!(
         "front end:    {} Hz, {} mels, n_fft {}, window {}, hop {}",
@@ -526,9 +526,9 @@ fn info(model: &Path) -> Result<()> {
         hp.blank_id()
     )?;
     let mut by_type: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
-    let names = m.file.tensor_names();
+    let names = m.file().tensor_names();
     for name in names {
-        if let Some(w) = m.file.any_weight(name) {
+        if let Some(w) = m.file().any_weight(name) {
             let kind = match w.layout() {
                 Layout::Plain => w.dtype().name().to_string(),
                 Layout::Panel16 => format!("{} panel16", w.dtype().name()),
@@ -841,7 +841,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
                 if let Some(bar) = &stage_bar {
                     bar.finish_and_clear();
                 }
-                write_outputs(&t, job, outputs, &session.model().name)?;
+                write_outputs(&t, job, outputs, session.model().name())?;
                 Ok(t)
             });
             match result {
@@ -1075,7 +1075,7 @@ fn stream(args: StreamArgs) -> Result<u8> {
     }
     let model = Arc::new(Model::load(&resolve_model(&args.model)?)?);
     let boost = match args.boost.config(args.boost.phrases()?) {
-        Some(cfg) => Some(Arc::new(BoostingTree::new(&model.tokenizer, &cfg)?)),
+        Some(cfg) => Some(Arc::new(BoostingTree::new(model.tokenizer(), &cfg)?)),
         None => None,
     };
     let options = LiveOptions {
@@ -1095,7 +1095,7 @@ fn stream(args: StreamArgs) -> Result<u8> {
         transcriber = Box::new(VadTurns::new(transcriber, vad, params)?);
     }
     if args.verbose {
-        eprintln!("{}: {}", model.name, LiveKind::of(&model).describe());
+        eprintln!("{}: {}", model.name(), LiveKind::of(&model).describe());
         if let Some(p) = turn_params {
             eprintln!(
                 "end of utterance: Silero VAD (VADIterator: threshold {}, min silence {} ms, pad {} ms)",

@@ -9,7 +9,6 @@ use crate::hparams::{EncoderParams, Hparams, TransducerParams, keys};
 use crate::layout::{self, Elem, Layout, Role};
 use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result, bail};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 const F32: &[DType] = &[DType::F32];
@@ -114,35 +113,6 @@ pub struct LstmLayer {
 pub struct PredictionNetwork {
     pub embed: Weight,
     pub lstm: Vec<LstmLayer>,
-    /// Layer 0's input gates `weight_ih_l0 · embed[token]`, a function of the token alone:
-    /// kept per token after its first emission (see [`InputGates`]).
-    pub input_gates: InputGates,
-}
-
-/// Per-token cache of the first LSTM layer's input product, shared by every decoder of the
-/// model. Each emission otherwise streams `weight_ih_l0` (a quarter of the LSTM's weights,
-/// 6.5 MB in f32 for the 0.6b) for a value that only depends on the token; the cached value is
-/// the one the graph computed, so decoding is unchanged. At most `(V + 1) x 4H` floats (10.5
-/// MB for the 0.6b), filled as tokens occur.
-#[derive(Clone, Debug)]
-pub struct InputGates(std::sync::Arc<[std::sync::OnceLock<Box<[f32]>>]>);
-
-impl InputGates {
-    pub fn new(tokens: usize) -> InputGates {
-        InputGates((0..tokens).map(|_| std::sync::OnceLock::new()).collect())
-    }
-
-    pub fn get(&self, token: usize) -> Option<&[f32]> {
-        self.0.get(token)?.get().map(|v| &v[..])
-    }
-
-    /// Keeps `gates` for `token` (a value already kept stays: every computation of it gives
-    /// the same).
-    pub fn keep(&self, token: usize, gates: Vec<f32>) {
-        if let Some(slot) = self.0.get(token) {
-            let _ = slot.set(gates.into_boxed_slice());
-        }
-    }
 }
 
 /// `joint`: enc and pred projections, ReLU, `joint_net.2`.
@@ -156,27 +126,111 @@ pub struct Joint {
     pub n_logits: usize,
 }
 
-/// A loaded model. Weights live in backend buffers (zero-copy over the file mapping).
+/// A transducer's decoder: the prediction network and the joint.
+#[derive(Clone, Debug)]
+pub struct Transducer {
+    pub prediction: PredictionNetwork,
+    pub joint: Joint,
+}
+
+/// The decoder heads over the encoder a model has. A CTC head is `decoder.decoder_layers.0`
+/// (or `ctc_decoder.decoder_layers.0` beside a transducer): a kernel-1 Conv1d.
+#[derive(Clone, Debug)]
+pub enum Heads {
+    Transducer(Transducer),
+    Ctc(Linear),
+    /// A hybrid TDT/RNN-T + CTC model.
+    Hybrid {
+        transducer: Transducer,
+        ctc: Linear,
+    },
+    /// A Sortformer diarization model: its own modules, read from the file by `diar`.
+    Diarization,
+}
+
+impl Heads {
+    pub fn transducer(&self) -> Option<&Transducer> {
+        match self {
+            Heads::Transducer(t) | Heads::Hybrid { transducer: t, .. } => Some(t),
+            Heads::Ctc(_) | Heads::Diarization => None,
+        }
+    }
+
+    pub fn ctc(&self) -> Option<&Linear> {
+        match self {
+            Heads::Ctc(c) | Heads::Hybrid { ctc: c, .. } => Some(c),
+            Heads::Transducer(_) | Heads::Diarization => None,
+        }
+    }
+}
+
+/// A loaded model, read-only once loaded (what decoding keeps per stream lives in the
+/// session). Weights live in backend buffers (zero-copy over the file mapping).
 pub struct Model {
-    pub path: PathBuf,
-    pub name: String,
-    pub hparams: Hparams,
-    pub tokenizer: Tokenizer,
-    /// `preprocessor.featurizer.window` [win_length] and `.fb` [n_mels][n_fft/2+1], on the host.
-    pub window: Vec<f32>,
-    pub filterbank: Vec<f32>,
-    pub encoder: EncoderWeights,
-    pub prediction: Option<PredictionNetwork>,
-    pub joint: Option<Joint>,
-    /// CTC head (`decoder.decoder_layers.0` or `ctc_decoder.decoder_layers.0`): kernel-1 Conv1d.
-    pub ctc: Option<Linear>,
-    pub file: GgufFile,
+    path: PathBuf,
+    name: String,
+    hparams: Hparams,
+    tokenizer: Tokenizer,
+    window: Vec<f32>,
+    filterbank: Vec<f32>,
+    encoder: EncoderWeights,
+    heads: Heads,
+    file: GgufFile,
 }
 
 /// BatchNorm epsilon used by NeMo's conformer conv module.
 const BN_EPS: f64 = 1e-5;
 
 impl Model {
+    /// The GGUF file the model was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The model's name (`general.name`, or the file's stem).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn hparams(&self) -> &Hparams {
+        &self.hparams
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// `preprocessor.featurizer.window` [win_length], on the host.
+    pub fn window(&self) -> &[f32] {
+        &self.window
+    }
+
+    /// `preprocessor.featurizer.fb` [n_mels][n_fft/2+1], on the host.
+    pub fn filterbank(&self) -> &[f32] {
+        &self.filterbank
+    }
+
+    pub fn encoder(&self) -> &EncoderWeights {
+        &self.encoder
+    }
+
+    pub fn heads(&self) -> &Heads {
+        &self.heads
+    }
+
+    pub fn transducer(&self) -> Option<&Transducer> {
+        self.heads.transducer()
+    }
+
+    pub fn ctc(&self) -> Option<&Linear> {
+        self.heads.ctc()
+    }
+
+    /// The mapped file (for modules read from it directly, and page-cache hints).
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
     pub fn load(path: &Path) -> Result<Model> {
         let file = GgufFile::open(path)?;
         let shown = path.display().to_string();
@@ -218,23 +272,33 @@ impl Model {
         check_layer_count(&file, hparams.encoder.n_layers)?;
         // Weights computed on the host come first, in one buffer, so that every layer below is
         // built once and complete.
-        let mut derived = loader.derived_weights(&hparams)?;
-        let pre_encode = loader.pre_encode(&hparams, &mut derived)?;
+        let derived = loader.derived_weights(&hparams)?;
+        let pre_encode = loader.pre_encode(&hparams, &derived)?;
         let layers = (0..hparams.encoder.n_layers)
-            .map(|i| loader.conformer_layer(&hparams.encoder, i, &mut derived))
+            .map(|i| loader.conformer_layer(&hparams.encoder, i, &derived))
             .collect::<Result<Vec<_>>>()?;
 
-        let (prediction, joint) = match &hparams.transducer {
-            Some(t) => (
-                Some(loader.prediction(&hparams, t)?),
-                Some(loader.joint(&hparams, t)?),
-            ),
-            None => (None, None),
+        let transducer = match &hparams.transducer {
+            Some(t) => Some(Transducer {
+                prediction: loader.prediction(&hparams, t)?,
+                joint: loader.joint(&hparams, t)?,
+            }),
+            None => None,
         };
         let ctc = if hparams.model_type.has_ctc() {
             Some(loader.ctc(&hparams)?)
         } else {
             None
+        };
+        let heads = match (transducer, ctc) {
+            (Some(transducer), Some(ctc)) => Heads::Hybrid { transducer, ctc },
+            (Some(t), None) => Heads::Transducer(t),
+            (None, Some(c)) => Heads::Ctc(c),
+            (None, None) if !hparams.model_type.is_asr() => Heads::Diarization,
+            (None, None) => bail!(
+                "{shown}: a {} model without a decoder head",
+                hparams.model_type.name()
+            ),
         };
         Ok(Model {
             path: path.to_path_buf(),
@@ -244,21 +308,21 @@ impl Model {
             window,
             filterbank,
             encoder: EncoderWeights { pre_encode, layers },
-            prediction,
-            joint,
-            ctc,
+            heads,
             file,
         })
     }
 }
 
-fn cwhn_name(conv: &str) -> String {
-    format!("encoder.pre_encode.conv.{conv}.weight.cwhn")
-}
-
-/// A pre-encode pointwise conv's weight as a panel-packed linear (see `derived_weights`).
-fn panel16_name(conv: &str) -> String {
-    format!("encoder.pre_encode.conv.{conv}.weight.panel16")
+/// The weights computed on the host at load ([`Loader::derived_weights`]), each where it
+/// belongs.
+struct Derived {
+    /// Per encoder layer: the depthwise conv's weight [k, d] and bias [d], BatchNorm folded in.
+    folded: Vec<(Weight, Weight)>,
+    /// Pre-encode conv.2 and conv.5, channels-fastest.
+    depthwise: [Weight; 2],
+    /// Pre-encode conv.0, conv.3 and conv.6 panel-packed, where the f32 GEMM takes them so.
+    pointwise: [Option<Weight>; 3],
 }
 
 /// `[c][k]` row-major -> `[k][c]` row-major.
@@ -274,28 +338,14 @@ fn channels_fastest(w: &[f32], c: usize, k: usize) -> Vec<f32> {
 fn on_int8_gemm(name: &str, linear: Linear) -> Result<Linear> {
     let mut host = HostWeights::new();
     let weight = format!("{name}.weight.int8");
-    if host
-        .push_int8_padded(&weight, &linear.weight, linear.bias.as_ref())
-        .is_none()
-    {
+    let Some(slots) = host.push_int8_padded(&weight, &linear.weight, linear.bias.as_ref()) else {
         return Ok(linear);
-    }
-    let mut realised = host.realize()?;
-    let bias = match linear.bias {
-        Some(_) => Some(take(&mut realised, &format!("{weight}.bias"))?),
-        None => None,
     };
+    let realised = host.realize_slots()?;
     Ok(Linear {
-        weight: take(&mut realised, &weight)?,
-        bias,
+        weight: realised.get(slots.weight),
+        bias: slots.bias.map(|b| realised.get(b)),
     })
-}
-
-/// A realised derived weight, moved out of the map.
-fn take(derived: &mut HashMap<String, Weight>, name: &str) -> Result<Weight> {
-    derived
-        .remove(name)
-        .ok_or_else(|| anyhow::anyhow!("internal: derived weight {name} was not realised"))
 }
 
 /// The model's encoder layer count must match the layers the file has weights for: more would
@@ -318,10 +368,6 @@ fn check_layer_count(file: &GgufFile, n_layers: usize) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn fold_name(layer: usize, what: &str) -> String {
-    format!("encoder.layers.{layer}.conv.depthwise_conv.folded_{what}")
 }
 
 /// Typed weight lookups with NeMo's names.
@@ -376,9 +422,12 @@ impl Loader<'_> {
     /// re-laid channels-fastest, and the pre-encode pointwise convs (f32, C x C) panel-packed
     /// for the f32 GEMM (they are matrix products over every (frequency, time) position; the
     /// converter leaves conv weights in torch's layout).
-    fn derived_weights(&self, hp: &Hparams) -> Result<HashMap<String, Weight>> {
+    fn derived_weights(&self, hp: &Hparams) -> Result<Derived> {
         let mut host = HostWeights::new();
         let (d, k) = (hp.encoder.d_model, hp.encoder.conv_kernel);
+        let fold_name =
+            |i: usize, what: &str| format!("encoder.layers.{i}.conv.depthwise_conv.folded_{what}");
+        let mut folded = Vec::with_capacity(hp.encoder.n_layers);
         for i in 0..hp.encoder.n_layers {
             let conv = format!("encoder.layers.{i}.conv");
             let dw = self.w(&format!("{conv}.depthwise_conv.weight"), &[k, 1, d])?;
@@ -386,8 +435,10 @@ impl Loader<'_> {
             if hp.encoder.conv_layer_norm {
                 // Nothing to fold: the LayerNorm's statistics are the frame's own.
                 let bias = dw_bias.map_or_else(|| vec![0.0; d], |b| b.to_host_f32());
-                host.push(&fold_name(i, "weight"), &[k, d], dw.to_host_f32());
-                host.push(&fold_name(i, "bias"), &[d], bias);
+                folded.push((
+                    host.push(&fold_name(i, "weight"), &[k, d], dw.to_host_f32()),
+                    host.push(&fold_name(i, "bias"), &[d], bias),
+                ));
                 continue;
             }
             let bn = |what: &str| -> Result<Vec<f32>> {
@@ -404,25 +455,33 @@ impl Loader<'_> {
                 &bn("running_var")?,
                 k,
             );
-            host.push(&fold_name(i, "weight"), &[k, d], w);
-            host.push(&fold_name(i, "bias"), &[d], b);
+            folded.push((
+                host.push(&fold_name(i, "weight"), &[k, d], w),
+                host.push(&fold_name(i, "bias"), &[d], b),
+            ));
         }
         let c = hp.encoder.subsampling_channels;
-        for conv in ["2", "5"] {
+        let depthwise = ["2", "5"].map(|conv| -> Result<_> {
             let name = format!("encoder.pre_encode.conv.{conv}.weight");
             let w = self.file.weight(&name, &[3, 3, 1, c], F32)?;
-            host.push(
-                &cwhn_name(conv),
+            Ok(host.push(
+                &format!("{name}.cwhn"),
                 &[c, 1, 3, 3],
                 channels_fastest(&w.to_host_f32(), c, 9),
-            );
-        }
+            ))
+        });
+        let [d2, d5] = depthwise;
+        let depthwise = [d2?, d5?];
         // conv.0 (1 -> C, 3 x 3) runs in the stem op (`FusedOps::conv_stem`), which reads its
         // [9, C] panels sixteen channels at a time; conv.3 and conv.6 as [C, C] products;
         // torch's [out, in, kh, kw] is the row-major [m][k] of a Linear.
         // The stem op pads 1 frame on each side: causal subsampling takes the plain convs.
         let stem = !hp.encoder.causal_downsampling;
-        for (conv, side, cin) in [("0", 3, 1), ("3", 1, c), ("6", 1, c)] {
+        let mut pointwise = [None; 3];
+        for (slot, (conv, side, cin)) in [("0", 3, 1), ("3", 1, c), ("6", 1, c)]
+            .into_iter()
+            .enumerate()
+        {
             if conv == "0" && !stem {
                 continue;
             }
@@ -430,44 +489,50 @@ impl Loader<'_> {
             let w = self.file.weight(&name, &[side, side, cin, c], F32)?;
             let k = side * side * cin;
             if layout::choose(Role::Gemm, Elem::F32, &[k, c], Layout::ALL) == Layout::Panel16 {
-                host.push_panel16(&panel16_name(conv), c, k, &w.to_host_f32());
+                pointwise[slot] =
+                    Some(host.push_panel16(&format!("{name}.panel16"), c, k, &w.to_host_f32()));
             }
         }
-        host.realize()
+        let realised = host.realize_slots()?;
+        Ok(Derived {
+            folded: folded
+                .into_iter()
+                .map(|(w, b)| (realised.get(w), realised.get(b)))
+                .collect(),
+            depthwise: depthwise.map(|s| realised.get(s)),
+            pointwise: pointwise.map(|s| s.map(|s| realised.get(s))),
+        })
     }
 
-    fn pre_encode(&self, hp: &Hparams, derived: &mut HashMap<String, Weight>) -> Result<PreEncode> {
+    fn pre_encode(&self, hp: &Hparams, derived: &Derived) -> Result<PreEncode> {
         let c = hp.encoder.subsampling_channels;
         let p = "encoder.pre_encode";
         // The convs shrink the mel axis as they shrink time.
         let f_out = hp.geometry().encoded_len(hp.encoder.feat_in);
-        let depthwise = |derived: &mut HashMap<String, Weight>, conv: &str| -> Result<Conv2d> {
-            Ok(Conv2d {
-                weight: take(derived, &cwhn_name(conv))?,
-                bias: self.w(&format!("{p}.conv.{conv}.bias"), &[c])?,
-            })
-        };
+        let bias = |conv: &str| self.w(&format!("{p}.conv.{conv}.bias"), &[c]);
+        let [d2, d5] = &derived.depthwise;
         // The panel-packed kernel made at load, or the file's own (when C is not a multiple
         // of 16).
-        let packed_or_plain = |derived: &mut HashMap<String, Weight>,
-                               conv: &str,
-                               shape: &[usize]|
-         -> Result<Conv2d> {
-            let prefix = format!("{p}.conv.{conv}");
-            match derived.remove(&panel16_name(conv)) {
-                Some(weight) => Ok(Conv2d {
-                    weight,
-                    bias: self.w(&format!("{prefix}.bias"), &[c])?,
-                }),
-                None => self.conv2d(&prefix, shape, c),
-            }
+        let packed_or_plain = |packed: &Option<Weight>, conv: &str, shape: &[usize]| match packed {
+            Some(weight) => Ok(Conv2d {
+                weight: weight.clone(),
+                bias: bias(conv)?,
+            }),
+            None => self.conv2d(&format!("{p}.conv.{conv}"), shape, c),
         };
+        let [p0, p3, p6] = &derived.pointwise;
         Ok(PreEncode {
-            conv0: packed_or_plain(derived, "0", &[3, 3, 1, c])?,
-            conv2: depthwise(derived, "2")?,
-            conv3: packed_or_plain(derived, "3", &[1, 1, c, c])?,
-            conv5: depthwise(derived, "5")?,
-            conv6: packed_or_plain(derived, "6", &[1, 1, c, c])?,
+            conv0: packed_or_plain(p0, "0", &[3, 3, 1, c])?,
+            conv2: Conv2d {
+                weight: d2.clone(),
+                bias: bias("2")?,
+            },
+            conv3: packed_or_plain(p3, "3", &[1, 1, c, c])?,
+            conv5: Conv2d {
+                weight: d5.clone(),
+                bias: bias("5")?,
+            },
+            conv6: packed_or_plain(p6, "6", &[1, 1, c, c])?,
             out: self.linear(&format!("{p}.out"), c * f_out, hp.encoder.d_model)?,
         })
     }
@@ -477,7 +542,7 @@ impl Loader<'_> {
         &self,
         hp: &EncoderParams,
         i: usize,
-        derived: &mut HashMap<String, Weight>,
+        derived: &Derived,
     ) -> Result<ConformerLayer> {
         let p = format!("encoder.layers.{i}");
         let (d, ff) = (hp.d_model, hp.ff_dim());
@@ -509,8 +574,8 @@ impl Loader<'_> {
             norm_conv: self.norm(&format!("{p}.norm_conv"), d)?,
             conv: ConvModule {
                 pointwise_conv1: self.conv1x1(&format!("{conv}.pointwise_conv1"), d, 2 * d)?,
-                depthwise_conv_folded: take(derived, &fold_name(i, "weight"))?,
-                depthwise_bias_folded: take(derived, &fold_name(i, "bias"))?,
+                depthwise_conv_folded: derived.folded[i].0.clone(),
+                depthwise_bias_folded: derived.folded[i].1.clone(),
                 batch_norm_layer_norm: if hp.conv_layer_norm {
                     Some(self.norm(&format!("{conv}.batch_norm"), d)?)
                 } else {
@@ -549,7 +614,6 @@ impl Loader<'_> {
         Ok(PredictionNetwork {
             embed: self.w(&format!("{p}.embed.weight"), &[h, hp.vocab_size + 1])?,
             lstm,
-            input_gates: InputGates::new(hp.vocab_size + 1),
         })
     }
 

@@ -12,6 +12,7 @@ use crate::decoder::confidence::{ConfidenceConfig, ctc_frames};
 use crate::decoder::ctc::{ctc_greedy, ctc_greedy_boosted, log_softmax_rows};
 use crate::decoder::greedy::{GreedyTransducer, Step};
 use crate::decoder::hypothesis::Hypothesis;
+use crate::decoder::nets::InputGates;
 use crate::encoder::{
     AttentionChoice, Encoded, EncoderState, FeatureImage, Outputs, encode, encode_heads,
 };
@@ -52,6 +53,9 @@ pub struct Session {
     /// Read-only, so one model can serve several sessions (each with its own backend).
     model: Arc<Model>,
     backend: Backend,
+    /// What decoding keeps per token (the transducer's first-layer input products): this
+    /// session's, as its backend is, so that the shared model stays read-only.
+    input_gates: InputGates,
     mel: MelConfig,
     progress: Option<Progress>,
     /// Test hook: the encoder's layer time slice ([`Session::set_layer_slice`]).
@@ -70,7 +74,7 @@ const PREPARE_MAX_SECONDS: f64 = 120.0;
 
 /// The encoder graphs of an utterance of `seconds` (zero features), allocated, not computed.
 fn prepare_encoder(backend: &mut Backend, model: &Model, seconds: f64) -> anyhow::Result<()> {
-    let hp = &model.hparams;
+    let hp = model.hparams();
     if !seconds.is_finite() || seconds <= 0.0 {
         return Ok(());
     }
@@ -82,7 +86,7 @@ fn prepare_encoder(backend: &mut Backend, model: &Model, seconds: f64) -> anyhow
         n_mels: hp.encoder.feat_in,
         n_frames,
     };
-    let outputs = if model.joint.is_some() {
+    let outputs = if model.transducer().is_some() {
         Outputs::JointEnc
     } else {
         Outputs::CtcLogits
@@ -112,16 +116,17 @@ const KEEP_COMPUTE_BUFFER_BYTES: usize = 256 << 20;
 impl Session {
     /// A session over a model shared with others, with its own backend and allocator.
     pub fn new(model: Arc<Model>, threads: Threads) -> Result<Session> {
-        if !model.hparams.model_type.is_asr() {
+        if !model.hparams().model_type.is_asr() {
             return Err(Error::Model(format!(
                 "{} is a Sortformer diarization model, not a speech recognition model (use \
                  `parakeet diarize`)",
-                model.path.display()
+                model.path().display()
             )));
         }
         let backend = Backend::cpu(threads.get())?;
-        let mel = model.hparams.preprocessor.mel_config();
+        let mel = model.hparams().preprocessor.mel_config();
         Ok(Session {
+            input_gates: InputGates::for_model(&model),
             model,
             backend,
             mel,
@@ -143,7 +148,7 @@ impl Session {
         let mut session = Session::new(Arc::new(model), threads)?;
         let Session { model, backend, .. } = &mut session;
         std::thread::scope(|s| {
-            s.spawn(|| model.file.populate());
+            s.spawn(|| model.file().populate());
             if let Some(seconds) = expect_seconds {
                 // A hint: an utterance the buffer cannot be readied for fails (or not) on its
                 // own, with its own error, when it is transcribed.
@@ -151,6 +156,11 @@ impl Session {
             }
         });
         Ok(session)
+    }
+
+    /// The transducer's first-layer input products this session's decoding has kept.
+    pub fn input_gates(&self) -> &InputGates {
+        &self.input_gates
     }
 
     /// The model this session runs (shared: clone the `Arc` to open another session on it).
@@ -166,15 +176,15 @@ impl Session {
     }
 
     pub fn sample_rate(&self) -> u32 {
-        self.model.hparams.preprocessor.sample_rate
+        self.model.hparams().preprocessor.sample_rate
     }
 
     /// NeMo's normalised log-mel features of 16 kHz mono samples.
     pub fn features(&self, samples: &[f32]) -> Features {
         log_mel(
             samples,
-            &self.model.window,
-            &self.model.filterbank,
+            self.model.window(),
+            self.model.filterbank(),
             &self.mel,
         )
     }
@@ -233,9 +243,9 @@ impl Session {
 
     /// The self-attention an utterance of `feature_frames` feature frames gets by `choice`.
     pub fn attention_for(&self, feature_frames: usize, choice: AttentionChoice) -> Attention {
-        let geometry = self.model.hparams.geometry();
+        let geometry = self.model.hparams().geometry();
         choice.resolve(
-            self.model.hparams.encoder.attention,
+            self.model.hparams().encoder.attention,
             geometry.encoded_len(feature_frames),
             geometry.frame_seconds(),
         )
@@ -319,7 +329,7 @@ impl Session {
         boost: Option<(&BoostingTree, &mut u32)>,
         confidence: Option<ConfidenceConfig>,
     ) -> Result<(Hypothesis, Vec<f64>)> {
-        let mut search = GreedyTransducer::new(&self.model)?;
+        let mut search = GreedyTransducer::new(&self.model, &mut self.input_gates)?;
         search.set_confidence(confidence);
         let mut hyp = match hyp {
             Some(h) => h,
@@ -329,7 +339,7 @@ impl Session {
         search.resume(&mut self.backend, joint_enc, frames, &mut hyp, boost)?;
         let scores = match confidence {
             Some(c) => {
-                let hp = &self.model.hparams;
+                let hp = &self.model.hparams();
                 let tdt = hp
                     .transducer
                     .as_ref()
@@ -364,8 +374,8 @@ impl Session {
         let boosting = opts.boosting();
         DecodingSummary {
             head: opts.head().name(),
-            strategy: beam.map_or("greedy_batch".into(), |b| b.config().strategy.to_string()),
-            beam_size: beam.map_or(1, |b| b.config().beam_size),
+            strategy: beam.map_or("greedy_batch".into(), |b| b.config().strategy().to_string()),
+            beam_size: beam.map_or(1, |b| b.config().beam_size()),
             boosted_phrases: boosting.map_or(0, |t| t.phrases()),
             boosting_alpha: boosting.map_or(0.0, |t| t.alpha()),
             confidence: opts
@@ -410,8 +420,8 @@ impl Session {
             });
         }
         let missing = || Error::Internal("the encoder pass lacks the decoder's head".into());
-        let vocab = self.model.hparams.vocab_size;
-        let blank = self.model.hparams.blank_id();
+        let vocab = self.model.hparams().vocab_size;
+        let blank = self.model.hparams().blank_id();
         let boost = opts.boosting().map(|t| &**t);
         if let Some(tree) = boost
             && tree.vocab_size() != vocab
@@ -436,7 +446,7 @@ impl Session {
             (tokens, confidence)
         } else {
             let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
-            let mut search = GreedyTransducer::new(&self.model)?;
+            let mut search = GreedyTransducer::new(&self.model, &mut self.input_gates)?;
             search.set_confidence(confidence);
             let tokens = search.decode(&mut self.backend, joint_enc, enc.frames, boost, trace)?;
             let counts = search.counts();
@@ -470,7 +480,7 @@ impl Session {
         let boost = opts.boosting().map(|t| &**t);
         let nbest = match opts.head() {
             Head::Ctc => {
-                let classes = model.hparams.vocab_size + 1;
+                let classes = model.hparams().vocab_size + 1;
                 let logits = enc.ctc_logits.as_ref().ok_or_else(missing)?;
                 ctc_beam(&log_softmax_rows(logits, classes), classes, cfg, boost)?
             }
@@ -482,7 +492,15 @@ impl Session {
                 };
                 cfg.check(head)?;
                 let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
-                transducer_beam(&mut self.backend, model, joint_enc, enc.frames, cfg, boost)?
+                transducer_beam(
+                    &mut self.backend,
+                    model,
+                    &mut self.input_gates,
+                    joint_enc,
+                    enc.frames,
+                    cfg,
+                    boost,
+                )?
             }
         };
         Ok(nbest)
@@ -509,8 +527,8 @@ impl Session {
             alternatives,
             times,
         } = decoded;
-        let tokenizer = &self.model.tokenizer;
-        let frame_seconds = self.model.hparams.geometry().frame_seconds();
+        let tokenizer = self.model.tokenizer();
+        let frame_seconds = self.model.hparams().geometry().frame_seconds();
         let mut words = tokenizer.words(&tokens, frame_seconds);
         if let (Some(c), Some(tc)) = (opts.confidence(), &token_confidence) {
             let groups = tokenizer.word_groups(&tokens);

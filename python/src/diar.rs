@@ -23,7 +23,7 @@ pub fn load_sortformer(spec: &Path) -> Result<Arc<parakeet::model::Model>, PyErr
         .map_err(|e| py_error(Error::from(e)))?;
     let model = parakeet::model::Model::load(&path).map_err(|e| py_error(Error::model(e)))?;
     Diarizer::check(&model).map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
-    model.file.populate();
+    model.file().populate();
     Ok(Arc::new(model))
 }
 
@@ -156,7 +156,7 @@ pub fn diarize(
         let sortformer = load_sortformer(&spec)?;
         let generation = Generation::of(
             sortformer
-                .hparams
+                .hparams()
                 .sortformer
                 .as_ref()
                 .is_some_and(|p| p.streaming_mode),
@@ -181,7 +181,7 @@ pub fn diarize(
         post.check().map_err(bad)?;
         let threads =
             threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let units = sortformer.hparams.encoder.subsampling_factor;
+        let units = sortformer.hparams().encoder.subsampling_factor;
         let mut diarizer = Diarizer::new(sortformer, threads).map_err(bad)?;
         let (samples, shown) = match input {
             Input::File(path) => {

@@ -171,7 +171,7 @@ impl Model {
                     other => Error::Model(other.to_string()),
                 })?;
             let loaded = Arc::new(parakeet::model::Model::load(&path).map_err(Error::model)?);
-            loaded.file.populate();
+            loaded.file().populate();
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let (workers, threads) = plan_workers(cores, workers, threads);
             let threads = Threads::new(threads)?;
@@ -203,7 +203,7 @@ impl Model {
     /// The model's name (from its GGUF metadata).
     #[getter]
     fn name(&self) -> &str {
-        &self.model.name
+        self.model.name()
     }
 
     /// The GGUF file loaded.
@@ -215,13 +215,13 @@ impl Model {
     /// The sample rate the model runs at (16000); other rates are resampled to it.
     #[getter]
     fn sample_rate(&self) -> u32 {
-        self.model.hparams.preprocessor.sample_rate
+        self.model.hparams().preprocessor.sample_rate
     }
 
     fn __repr__(&self) -> String {
         format!(
             "Model(name={:?}, path={:?}, workers={}, threads={})",
-            self.model.name,
+            self.model.name(),
             self.path.display().to_string(),
             self.workers,
             self.threads
@@ -659,7 +659,11 @@ impl Transcript {
                 let (start, end) = t.token_times(i);
                 Token {
                     id: tok.id,
-                    piece: model.tokenizer.piece(tok.id).unwrap_or_default().to_owned(),
+                    piece: model
+                        .tokenizer()
+                        .piece(tok.id)
+                        .unwrap_or_default()
+                        .to_owned(),
                     frame: tok.frame,
                     duration: tok.duration,
                     start,

@@ -20,7 +20,7 @@ pub(crate) mod weight;
 pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
 pub use state::StateTensors;
-pub use weight::{HostWeights, Weight};
+pub use weight::{HostWeights, PaddedLinear, Realised, Slot, Weight};
 
 use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;

@@ -197,7 +197,8 @@ impl Weight {
 }
 
 /// Weights computed on the host at load time (e.g. BatchNorm folded into a conv), realised once
-/// into their own backend buffer.
+/// into their own backend buffer. Each queued tensor's [`Slot`] finds it among the realised
+/// ones ([`HostWeights::realize_slots`]): a typed handle, not a name looked up at run time.
 #[derive(Default)]
 pub struct HostWeights {
     pending: Vec<(String, Vec<usize>, Data)>,
@@ -211,13 +212,38 @@ enum Data {
     Packed(DType, Layout, Vec<u8>),
 }
 
+/// Where a queued tensor is among the weights [`HostWeights::realize_slots`] gives (in the
+/// order they were queued).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot(usize);
+
+/// The realised weights of one [`HostWeights`], found by the [`Slot`]s its queueing returned.
+pub struct Realised(Vec<Weight>);
+
+impl Realised {
+    /// The weight queued at `slot` (a slot of this set's own [`HostWeights`]: every slot it
+    /// returned is in range).
+    pub fn get(&self, slot: Slot) -> Weight {
+        self.0[slot.0].clone()
+    }
+}
+
+/// The slots of a Linear queued by [`HostWeights::push_int8_padded`].
+#[derive(Clone, Copy, Debug)]
+pub struct PaddedLinear {
+    pub weight: Slot,
+    pub bias: Option<Slot>,
+    /// Rows after padding.
+    pub rows: usize,
+}
+
 impl HostWeights {
     pub fn new() -> HostWeights {
         HostWeights::default()
     }
 
     /// Queue an f32 tensor (`shape` in ggml order).
-    pub fn push(&mut self, name: &str, shape: &[usize], data: Vec<f32>) {
+    pub fn push(&mut self, name: &str, shape: &[usize], data: Vec<f32>) -> Slot {
         assert_eq!(
             shape.iter().product::<usize>(),
             data.len(),
@@ -230,6 +256,7 @@ impl HostWeights {
         );
         self.pending
             .push((name.to_string(), shape.to_vec(), Data::F32(data)));
+        Slot(self.pending.len() - 1)
     }
 
     /// Queue a plain q8_0 or q4_0 Linear weight `w` (`[k, m]`) in the int8 GEMM's layout
@@ -237,13 +264,13 @@ impl HostWeights {
     /// f32 bias (if any) with zeros after it likewise: `[k, m']` and `[m']`. For matrices whose
     /// row count the converter could not repack (the joint's output layer: vocabulary, blank
     /// and durations rows), which ggml would multiply with code compiled for the build's
-    /// baseline. Returns `m'`, or `None` (nothing queued) for any other weight.
+    /// baseline. Returns the slots and `m'`, or `None` (nothing queued) for any other weight.
     pub fn push_int8_padded(
         &mut self,
         name: &str,
         w: &Weight,
         bias: Option<&Weight>,
-    ) -> Option<usize> {
+    ) -> Option<PaddedLinear> {
         let [k, m, one, one2] = w.shape();
         let rows = m.next_multiple_of(layout::Q8_0X8_ROWS);
         let (layout, block_bytes) = match w.dtype() {
@@ -268,26 +295,34 @@ impl HostWeights {
             vec![k, rows],
             Data::Packed(w.dtype(), layout, packed),
         ));
-        if let Some(b) = bias {
+        let weight = Slot(self.pending.len() - 1);
+        let bias = bias.map(|b| {
             let mut values = b.to_host_f32();
             values.resize(rows, 0.0);
-            self.push(&format!("{name}.bias"), &[rows], values);
-        }
-        Some(rows)
+            self.push(&format!("{name}.bias"), &[rows], values)
+        });
+        Some(PaddedLinear { weight, bias, rows })
     }
 
     /// Queue a torch Linear weight `w [m][k]` (row-major), stored panel-packed as the
     /// converter stores the encoder's linears. `m` must be a multiple of 16.
-    pub fn push_panel16(&mut self, name: &str, m: usize, k: usize, w: &[f32]) {
+    pub fn push_panel16(&mut self, name: &str, m: usize, k: usize, w: &[f32]) -> Slot {
         let packed = layout::pack_panels(w, m, k);
-        self.push(name, &[k, m], packed);
         self.panel16.insert(name.to_string());
+        self.push(name, &[k, m], packed)
+    }
+
+    /// [`realize_slots`](Self::realize_slots), each weight under the name it was queued with.
+    pub fn realize(self) -> Result<HashMap<String, Weight>> {
+        let names: Vec<String> = self.pending.iter().map(|(n, ..)| n.clone()).collect();
+        let Realised(weights) = self.realize_slots()?;
+        Ok(names.into_iter().zip(weights).collect())
     }
 
     /// Allocate one CPU buffer for everything queued and upload it.
-    pub fn realize(self) -> Result<HashMap<String, Weight>> {
+    pub fn realize_slots(self) -> Result<Realised> {
         if self.pending.is_empty() {
-            return Ok(HashMap::new());
+            return Ok(Realised(Vec::new()));
         }
         let n = self.pending.len();
         // SAFETY: metadata-only context sized for n tensors; one buffer allocated for all of
@@ -335,25 +370,25 @@ impl HostWeights {
                 sys::ggml_backend_tensor_set(t.as_ptr(), bytes.cast(), 0, len);
             }
             let owner = Arc::new(owner);
-            Ok(self
-                .pending
-                .into_iter()
-                .zip(tensors)
-                .map(|((name, _, data), t)| {
-                    let layout = match data {
-                        Data::Packed(_, layout, _) => layout,
-                        Data::F32(_) if self.panel16.contains(&name) => Layout::Panel16,
-                        Data::F32(_) => Layout::Plain,
-                    };
-                    let w = Weight {
-                        ptr: t,
-                        name: name.as_str().into(),
-                        layout,
-                        _owner: owner.clone(),
-                    };
-                    (name, w)
-                })
-                .collect())
+            Ok(Realised(
+                self.pending
+                    .into_iter()
+                    .zip(tensors)
+                    .map(|((name, _, data), t)| {
+                        let layout = match data {
+                            Data::Packed(_, layout, _) => layout,
+                            Data::F32(_) if self.panel16.contains(&name) => Layout::Panel16,
+                            Data::F32(_) => Layout::Plain,
+                        };
+                        Weight {
+                            ptr: t,
+                            name: name.as_str().into(),
+                            layout,
+                            _owner: owner.clone(),
+                        }
+                    })
+                    .collect(),
+            ))
         }
     }
 }

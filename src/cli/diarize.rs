@@ -186,7 +186,7 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
     if streaming {
         diarizer.check_streaming(&settings)?;
     }
-    let units = diarizer.model().hparams.encoder.subsampling_factor;
+    let units = diarizer.model().hparams().encoder.subsampling_factor;
     let (mut failed, single) = (0, jobs.len() == 1);
     for ((job, _), outputs) in jobs.iter().zip(&outputs) {
         let result = (|| -> Result<()> {

@@ -9,7 +9,7 @@ use super::boosting::{BoostCursor, BoostingTree};
 use super::confidence::{ConfidenceConfig, ScoredStep};
 use super::ctc::argmax;
 use super::hypothesis::Hypothesis;
-use super::nets::{JointInput, NetCounts, Nets, PredictInput};
+use super::nets::{InputGates, JointInput, NetCounts, Nets, PredictInput};
 use crate::backend::Backend;
 use crate::model::Model;
 use crate::tokenizer::Token;
@@ -38,10 +38,11 @@ pub struct GreedyTransducer<'m> {
 }
 
 impl<'m> GreedyTransducer<'m> {
-    pub fn new(model: &'m Model) -> Result<GreedyTransducer<'m>> {
+    /// A search over `model`'s transducer, keeping input products in the session's `gates`.
+    pub fn new(model: &'m Model, gates: &'m mut InputGates) -> Result<GreedyTransducer<'m>> {
         Ok(GreedyTransducer {
-            nets: Nets::new(model)?,
-            max_symbols: model.hparams.max_symbols,
+            nets: Nets::new(model, gates)?,
+            max_symbols: model.hparams().max_symbols,
             confidence: None,
             steps: Vec::new(),
         })

@@ -12,6 +12,38 @@ use super::hypothesis::{Hypothesis, LstmState};
 use crate::backend::{Backend, CaptureId, Graph, Tensor};
 use crate::kernels::FusedOps;
 use crate::model::{Joint, LstmLayer, Model, PredictionNetwork};
+
+/// Per-token cache of the first LSTM layer's input product `weight_ih_l0 · embed[token]`, a
+/// function of the token alone, kept after its first computation. Each emission otherwise
+/// streams `weight_ih_l0` (a quarter of the LSTM's weights, 6.5 MB in f32 for the 0.6b) for a
+/// value that only depends on the token; the kept value is the one the graph computed, so
+/// decoding is unchanged. At most `(V + 1) x 4H` floats (10.5 MB for the 0.6b), filled as
+/// tokens occur. Decoding writes it, so it belongs to a session, not to the shared model.
+#[derive(Clone, Debug, Default)]
+pub struct InputGates(Vec<Option<Box<[f32]>>>);
+
+impl InputGates {
+    /// An empty cache for a model's tokens (none for a model without a transducer).
+    pub fn for_model(model: &Model) -> InputGates {
+        let tokens = match model.transducer() {
+            Some(_) => model.hparams().vocab_size + 1,
+            None => 0,
+        };
+        InputGates(vec![None; tokens])
+    }
+
+    pub fn get(&self, token: usize) -> Option<&[f32]> {
+        self.0.get(token)?.as_deref()
+    }
+
+    /// Keeps `gates` for `token` (a value already kept stays: every computation of it gives
+    /// the same).
+    fn keep(&mut self, token: usize, gates: Vec<f32>) {
+        if let Some(slot @ None) = self.0.get_mut(token) {
+            *slot = Some(gates.into_boxed_slice());
+        }
+    }
+}
 use anyhow::{Result, bail};
 
 /// Graph work done, for `--profile`: per hypothesis, not per graph.
@@ -58,6 +90,7 @@ pub struct JointInput<'a> {
 /// The prediction net and the joint of a transducer model.
 pub struct Nets<'m> {
     pred: &'m PredictionNetwork,
+    gates: &'m mut InputGates,
     joint: &'m Joint,
     blank: usize,
     hidden: usize,
@@ -66,18 +99,22 @@ pub struct Nets<'m> {
 }
 
 impl<'m> Nets<'m> {
-    pub fn new(model: &'m Model) -> Result<Nets<'m>> {
-        let hp = &model.hparams;
-        let (Some(pred), Some(joint), Some(t)) = (&model.prediction, &model.joint, &hp.transducer)
-        else {
+    /// The model's transducer, keeping first-layer input products in `gates` (the session's).
+    pub fn new(model: &'m Model, gates: &'m mut InputGates) -> Result<Nets<'m>> {
+        let hp = model.hparams();
+        let (Some(transducer), Some(t)) = (model.transducer(), &hp.transducer) else {
             bail!(
                 "{}: the model has no transducer decoder",
-                model.path.display()
+                model.path().display()
             );
         };
+        if gates.0.len() != hp.vocab_size + 1 {
+            bail!("internal: an input-gate cache of another model");
+        }
         Ok(Nets {
-            pred,
-            joint,
+            pred: &transducer.prediction,
+            gates,
+            joint: &transducer.joint,
             blank: hp.blank_id(),
             hidden: t.pred_hidden,
             durations: &t.durations,
@@ -146,8 +183,8 @@ impl<'m> Nets<'m> {
     }
 
     /// Feeds each input's token through the prediction net from its state, in one graph.
-    /// The first LSTM layer's input product of a token is kept in the model after its first
-    /// use ([`crate::model::InputGates`]) and read from there after that.
+    /// The first LSTM layer's input product of a token is kept in the session's
+    /// [`InputGates`] after its first use and read from there after that.
     pub fn predict(
         &mut self,
         backend: &mut Backend,
@@ -165,6 +202,7 @@ impl<'m> Nets<'m> {
         extra: &[JointInput],
     ) -> Result<(Vec<Prediction>, Vec<Vec<f32>>)> {
         let (pred, joint, h) = (self.pred, self.joint, self.hidden);
+        let kept = &*self.gates;
         let n = inputs.len();
         if n == 0 {
             return Ok((Vec::new(), self.joint(backend, extra)?));
@@ -209,7 +247,7 @@ impl<'m> Nets<'m> {
                             let gates = match made.iter().find(|&&(t, _)| t == token) {
                                 Some(&(_, gates)) => gates,
                                 None => {
-                                    let (gates, fresh) = input_gates(g, pred, token, h);
+                                    let (gates, fresh) = input_gates(g, pred, kept, token, h);
                                     if fresh {
                                         made.push((token, gates));
                                         fresh_gates.push((token, g.capture("input_gates", gates)));
@@ -266,7 +304,7 @@ impl<'m> Nets<'m> {
             Ok(p)
         })?;
         for (token, id) in fresh_gates {
-            pred.input_gates.keep(token, out.take(id)?);
+            self.gates.keep(token, out.take(id)?);
         }
         if state_ids.len() != pred.lstm.len() {
             bail!("prediction network: missing LSTM state in the graph's results");
@@ -337,10 +375,11 @@ impl<'m> Nets<'m> {
 fn input_gates<'g>(
     g: &mut Graph<'g>,
     pred: &PredictionNetwork,
+    kept: &InputGates,
     token: usize,
     hidden: usize,
 ) -> (Tensor<'g>, bool) {
-    if let Some(gates) = pred.input_gates.get(token) {
+    if let Some(gates) = kept.get(token) {
         return (g.input_f32(gates, &[4 * hidden, 1]), false);
     }
     let id = g.input_i32(&[token as i32], &[1]);

@@ -58,7 +58,7 @@ pub struct SortformerWeights {
 
 impl SortformerWeights {
     fn load(model: &Model, p: &SortformerParams) -> Result<SortformerWeights> {
-        let f = &model.file;
+        let f = model.file();
         let w = |name: &str, shape: &[usize]| f.weight(name, shape, &[DType::F32]);
         let linear = |prefix: &str, n_in: usize, n_out: usize| -> Result<Linear> {
             Ok(Linear {
@@ -72,7 +72,11 @@ impl SortformerWeights {
                 bias: w(&format!("{prefix}.bias"), &[d])?,
             })
         };
-        let (fc, tf, inner) = (model.hparams.encoder.d_model, p.tf_d_model, p.tf_inner_size);
+        let (fc, tf, inner) = (
+            model.hparams().encoder.d_model,
+            p.tf_d_model,
+            p.tf_inner_size,
+        );
         let layers = (0..p.tf_n_layers)
             .map(|i| {
                 // The converter's name (`convert::gguf_name`).
@@ -148,11 +152,11 @@ pub struct Diarizer {
 impl Diarizer {
     /// Refuses a model that is not a Sortformer (a speech recognition model).
     pub fn check(model: &Model) -> Result<()> {
-        if model.hparams.sortformer.is_none() {
+        if model.hparams().sortformer.is_none() {
             bail!(
                 "{} is a {} speech recognition model, not a Sortformer diarization model",
-                model.path.display(),
-                model.hparams.model_type.name()
+                model.path().display(),
+                model.hparams().model_type.name()
             );
         }
         Ok(())
@@ -161,12 +165,12 @@ impl Diarizer {
     /// A diarizer over `model`, which must be a Sortformer.
     pub fn new(model: Arc<Model>, threads: usize) -> Result<Diarizer> {
         Diarizer::check(&model)?;
-        let Some(params) = model.hparams.sortformer.clone() else {
+        let Some(params) = model.hparams().sortformer.clone() else {
             bail!("internal: a Sortformer without its parameters");
         };
-        debug_assert_eq!(model.hparams.model_type, ModelType::Sortformer);
+        debug_assert_eq!(model.hparams().model_type, ModelType::Sortformer);
         let weights = SortformerWeights::load(&model, &params)?;
-        let mel = model.hparams.preprocessor.mel_config();
+        let mel = model.hparams().preprocessor.mel_config();
         Ok(Diarizer {
             model,
             params,
@@ -191,12 +195,12 @@ impl Diarizer {
 
     /// Seconds per output frame (80 ms).
     pub fn frame_seconds(&self) -> f64 {
-        self.model.hparams.geometry().frame_seconds()
+        self.model.hparams().geometry().frame_seconds()
     }
 
     /// Audio samples per output frame.
     pub fn samples_per_frame(&self) -> usize {
-        self.model.hparams.geometry().samples_per_frame()
+        self.model.hparams().geometry().samples_per_frame()
     }
 
     /// NeMo's features of 16 kHz samples: an offline model first scales the waveform by
@@ -205,8 +209,8 @@ impl Diarizer {
         if self.params.streaming_mode {
             return log_mel(
                 samples,
-                &self.model.window,
-                &self.model.filterbank,
+                self.model.window(),
+                self.model.filterbank(),
                 &self.mel,
             );
         }
@@ -215,8 +219,8 @@ impl Diarizer {
         let scaled: Vec<f32> = samples.iter().map(|&x| scale * x).collect();
         log_mel(
             &scaled,
-            &self.model.window,
-            &self.model.filterbank,
+            self.model.window(),
+            self.model.filterbank(),
             &self.mel,
         )
     }
@@ -224,7 +228,7 @@ impl Diarizer {
     /// Output frames of `samples` 16 kHz samples.
     pub fn frames_of(&self, samples: usize) -> usize {
         let feature_frames = self.mel.n_frames(samples);
-        self.model.hparams.geometry().encoded_len(feature_frames)
+        self.model.hparams().geometry().encoded_len(feature_frames)
     }
 
     /// The error for audio too short to give one output frame.
@@ -233,7 +237,7 @@ impl Diarizer {
             bail!(
                 "audio too short to diarize: {samples} samples ({:.3} s), one frame needs at \
                  least {} samples",
-                samples as f64 / self.model.hparams.preprocessor.sample_rate as f64,
+                samples as f64 / self.model.hparams().preprocessor.sample_rate as f64,
                 self.mel.hop_length
             );
         }
@@ -250,7 +254,7 @@ impl Diarizer {
     pub fn forward(&mut self, samples: &[f32], taps: bool) -> Result<Forward> {
         self.check_length(samples.len())?;
         let features = self.features(samples);
-        let hp = &self.model.hparams;
+        let hp = self.model.hparams();
         let attention = AttentionChoice::Full.resolve(
             hp.encoder.attention,
             hp.geometry().encoded_len(features.n_frames),
@@ -298,7 +302,7 @@ impl Diarizer {
     /// the speaker probabilities `[frames][n_spks]` (and, with `taps`, `encoder_proj` and
     /// `transformer_out`).
     fn head(&mut self, x: &[f32], frames: usize, taps: bool) -> Result<(Vec<f32>, Taps)> {
-        let fc = self.model.hparams.encoder.d_model;
+        let fc = self.model.hparams().encoder.d_model;
         if frames == 0 || x.len() != frames * fc {
             bail!(
                 "internal: encoder output of {} values is not {frames} x {fc}",

@@ -175,8 +175,8 @@ impl Diarizer {
         let n_spks = self.params.n_spks;
         let features = self.features(samples);
         let (n_mels, feat_len) = (features.n_mels, features.n_frames);
-        let factor = self.model.hparams.encoder.subsampling_factor;
-        let d = self.model.hparams.encoder.d_model;
+        let factor = self.model.hparams().encoder.subsampling_factor;
+        let d = self.model.hparams().encoder.d_model;
         let mut st = State {
             d,
             n_spks,

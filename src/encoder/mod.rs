@@ -179,7 +179,7 @@ pub fn encode(
     if state.started && state.stream.is_none() {
         bail!("a whole-file encoder state takes one chunk: each utterance needs a fresh state");
     }
-    let hp = &model.hparams.encoder;
+    let hp = &model.hparams().encoder;
     if chunk.n_mels != hp.feat_in {
         bail!(
             "features have {} mel bins, the model expects {}",
@@ -191,12 +191,14 @@ pub fn encode(
         bail!("audio too short: no complete feature frame");
     }
     match outputs {
-        Outputs::JointEnc if model.joint.is_none() => bail!("the model has no transducer joint"),
-        Outputs::CtcLogits if model.ctc.is_none() => bail!("the model has no CTC head"),
+        Outputs::JointEnc if model.transducer().is_none() => {
+            bail!("the model has no transducer joint")
+        }
+        Outputs::CtcLogits if model.ctc().is_none() => bail!("the model has no CTC head"),
         _ => {}
     }
     let t_feat = chunk.n_frames;
-    let subsampled = model.hparams.geometry().encoded_len(t_feat);
+    let subsampled = model.hparams().geometry().encoded_len(t_feat);
     // A later chunk of a stream starts with the previous chunk's last feature frames; their
     // subsampled frames are dropped (NeMo's `drop_extra_pre_encoded`).
     let (drop, cache) = match &state.stream {
@@ -248,7 +250,7 @@ pub fn encode(
     let computed =
         backend.compute_sized(graph_nodes(t_feat, frames, hp.n_layers, layer_slice), |g| {
             let x = g.input_f32_owned(chunk.data, &[hp.feat_in, t_feat, 1, 1]);
-            let mut x = pre_encode_sliced(g, &model.encoder.pre_encode, x, subsampled, hp);
+            let mut x = pre_encode_sliced(g, &model.encoder().pre_encode, x, subsampled, hp);
             if drop > 0 {
                 x = g.rows(x, drop, frames);
             }
@@ -259,7 +261,7 @@ pub fn encode(
                 x = g.scale(x, (hp.d_model as f32).sqrt());
             }
             let pos = pos.map(|p| g.input_f32_owned(p, &[hp.d_model, pos_rows]));
-            for (i, layer) in model.encoder.layers.iter().enumerate() {
+            for (i, layer) in model.encoder().layers.iter().enumerate() {
                 let taps = capture_layers && i == 0;
                 let layer_cache = resident.map(|r| r.layer(g, i, !stored_positions));
                 let positions = match (pos, resident) {
@@ -367,7 +369,7 @@ pub fn encode_heads(
     output: &[f32],
     frames: usize,
 ) -> Result<Encoded> {
-    let d = model.hparams.encoder.d_model;
+    let d = model.hparams().encoder.d_model;
     if frames == 0 || output.len() != frames * d {
         bail!(
             "encoder output of {} values is not {frames} x {d}",
@@ -400,13 +402,13 @@ fn heads<'g>(g: &mut Graph<'g>, model: &Model, x: Tensor<'g>) -> HeadIds {
 
 /// `joint.enc(x)`, when the model has a transducer joint.
 fn joint_enc<'g>(g: &mut Graph<'g>, model: &Model, x: Tensor<'g>) -> Option<Tensor<'g>> {
-    let j = model.joint.as_ref()?;
+    let j = model.transducer().map(|t| &t.joint)?;
     Some(g.linear(x, &j.enc.weight, j.enc.bias.as_ref()))
 }
 
 /// The CTC head's logits, when the model has one.
 fn ctc_logits<'g>(g: &mut Graph<'g>, model: &Model, x: Tensor<'g>) -> Option<Tensor<'g>> {
-    let c = model.ctc.as_ref()?;
+    let c = model.ctc()?;
     Some(g.linear(x, &c.weight, c.bias.as_ref()))
 }
 
@@ -1034,7 +1036,7 @@ pub fn pre_encode_only(
     model: &Model,
     chunk: FeatureImage,
 ) -> Result<(Vec<f32>, usize)> {
-    let hp = &model.hparams.encoder;
+    let hp = &model.hparams().encoder;
     if chunk.n_mels != hp.feat_in || chunk.n_frames == 0 {
         bail!(
             "a chunk of {} frames of {} mels (the model expects {})",
@@ -1044,12 +1046,12 @@ pub fn pre_encode_only(
         );
     }
     let t_feat = chunk.n_frames;
-    let frames = model.hparams.geometry().encoded_len(t_feat);
+    let frames = model.hparams().geometry().encoded_len(t_feat);
     let computed = backend.compute_sized(graph_nodes(t_feat, frames, 0, LAYER_SLICE), |g| {
         let x = g.input_f32_owned(chunk.data, &[hp.feat_in, t_feat, 1, 1]);
         Ok(pre_encode_sliced(
             g,
-            &model.encoder.pre_encode,
+            &model.encoder().pre_encode,
             x,
             frames,
             hp,
@@ -1068,7 +1070,7 @@ pub fn encode_embeddings(
     frames: usize,
     attention: Attention,
 ) -> Result<Vec<f32>> {
-    let hp = &model.hparams.encoder;
+    let hp = &model.hparams().encoder;
     if frames == 0 || embeddings.len() != frames * hp.d_model {
         bail!(
             "embeddings of {} values are not {frames} frames of {}",
@@ -1086,7 +1088,7 @@ pub fn encode_embeddings(
             x = g.scale(x, (hp.d_model as f32).sqrt());
         }
         let table = g.input_f32_owned(table, &[hp.d_model, pos_rows]);
-        for layer in &model.encoder.layers {
+        for layer in &model.encoder().layers {
             let positions = (LayerPositions::Table(table), window);
             x = conformer_layer(g, hp, layer, x, positions, false, None, LAYER_SLICE).0;
         }

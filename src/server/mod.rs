@@ -228,12 +228,12 @@ pub fn serve(args: ServeArgs) -> Result<()> {
                     Ok(Arc::new(m))
                 })
                 .with_context(|| format!("--diar-model {}", spec.display()))?;
-            sortformer.file.populate();
+            sortformer.file().populate();
             Some(sortformer)
         }
     };
     let diarizes = diar_model.is_some();
-    model.file.populate();
+    model.file().populate();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (workers, threads) = plan_workers(cores, args.workers, threads);
     let threads = Threads::new(threads)?;
@@ -282,7 +282,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     };
     let (drain_control, drain) = conn::Drain::new();
     let live_config = realtime::RealtimeConfig {
-        model_name: model.name.clone(),
+        model_name: model.name().to_owned(),
         idle_timeout: seconds(args.stream_idle_seconds),
         write_timeout: limits.io_timeout,
         max_seconds: args.max_stream_seconds,
@@ -328,7 +328,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         let addr = listener.local_addr()?;
         eprintln!(
             "parakeet serve: {} ({}), {workers} worker(s) x {threads_n} thread(s), queue {}, listening on http://{addr}",
-            model.name,
+            model.name(),
             path.display(),
             args.queue
         );
@@ -442,7 +442,7 @@ async fn method_not_allowed() -> ApiError {
 
 fn model_entry(st: &AppState) -> serde_json::Value {
     json!({
-        "id": st.model.name,
+        "id": st.model.name(),
         "object": "model",
         "created": st.model_created,
         "owned_by": "parakeet",
@@ -457,14 +457,14 @@ async fn model_by_id(
     State(st): State<Arc<AppState>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    if id == st.model.name {
+    if id == st.model.name() {
         Json(model_entry(&st)).into_response()
     } else {
         ApiError::new(
             StatusCode::NOT_FOUND,
             format!(
                 "the model {id:?} is not loaded (this server holds {:?})",
-                st.model.name
+                st.model.name()
             ),
             Some("model"),
             Some("model_not_found"),
@@ -482,7 +482,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
         .collect();
     Json(json!({
         "status": "ok",
-        "model": st.model.name,
+        "model": st.model.name(),
         "workers": st.workers,
         "threads_per_worker": st.threads,
         "busy": c.busy.load(Ordering::SeqCst),

@@ -29,18 +29,7 @@ pub enum DecoderChoice {
     Ctc,
 }
 
-/// The largest beam. A beam step's graph holds a few tensors per hypothesis (its prediction
-/// input, its state columns, its joint row), and a graph holds 16,384 nodes with 4,096 kept for
-/// weights: 256 hypotheses stay far inside that for every strategy and model, and a beam search
-/// allocates and compares per hypothesis per frame, so a larger beam only costs time. NeMo's
-/// own configurations use 2 to 16 hypotheses.
-pub const MAX_BEAM_SIZE: usize = 256;
-
-/// The largest beam of NeMo's `maes`: each round expands every hypothesis by up to the beam
-/// plus 2 candidates and feeds them all in one graph, so its graphs grow with the square of
-/// the beam (measured on the tiny RNN-T model: 16 hypotheses fill 90 % of a graph, 20 exceed
-/// it). 8 keeps a quarter of that; NeMo's examples use 4 to 8.
-pub const MAX_MAES_BEAM_SIZE: usize = 8;
+pub use crate::decoder::beam::{MAX_BEAM_SIZE, MAX_MAES_BEAM_SIZE};
 
 /// The finite ranges of the phrase-boosting weights. The boost is `alpha` times a bonus of
 /// `context_score` (scaled by `depth_scaling` and the depth's log) per matched piece: at the
@@ -221,19 +210,19 @@ impl Head {
 
     /// The head `choice` picks on `model`, or why the model has none.
     pub fn of(model: &Model, choice: DecoderChoice) -> Result<Head> {
-        let ty = model.hparams.model_type;
+        let ty = model.hparams().model_type;
         let ctc = match choice {
             DecoderChoice::Ctc => true,
             DecoderChoice::Tdt => false,
             DecoderChoice::Auto => !ty.has_transducer(),
         };
-        if ctc && model.ctc.is_none() {
+        if ctc && model.ctc().is_none() {
             return Err(Error::Options(format!(
                 "--decoder ctc: this model has no CTC head (it is {})",
                 ty.name()
             )));
         }
-        if !ctc && model.joint.is_none() {
+        if !ctc && model.transducer().is_none() {
             return Err(Error::Options(format!(
                 "--decoder tdt: this model has no transducer decoder (it is {}); use --decoder ctc",
                 ty.name()
@@ -305,7 +294,7 @@ impl DecodeOptions {
         let beam = request
             .beam
             .as_ref()
-            .map(|b| beam_plan(head, b, model.hparams.vocab_size))
+            .map(|b| beam_plan(head, b, model.hparams().vocab_size))
             .transpose()?;
         if let Some(c) = &request.confidence {
             check_confidence(model, head, c, beam.is_some())?;
@@ -438,25 +427,11 @@ fn beam_plan(head: Head, b: &BeamRequest, vocab: usize) -> Result<BeamPlan> {
     let strategy = b
         .strategy
         .unwrap_or_else(|| BeamStrategy::default_for(head.beam_head()));
-    if strategy == BeamStrategy::Maes && size > MAX_MAES_BEAM_SIZE {
-        return Err(Error::Options(format!(
-            "--beam {size}: maes takes at most {MAX_MAES_BEAM_SIZE} hypotheses (its steps grow \
-             with the square of the beam)"
-        )));
-    }
-    let mut config = BeamConfig::new(strategy, size);
-    config.score_norm = b.score_norm;
+    let config = BeamConfig::new(strategy, size)
+        .map_err(Error::options)?
+        .with_score_norm(b.score_norm);
     config.check(head.beam_head()).map_err(Error::options)?;
-    // NeMo's `maes` and `maes_batch` draw beam + beta candidates from the vocabulary.
-    let maes = matches!(strategy, BeamStrategy::Maes | BeamStrategy::MaesBatch);
-    if maes && size + config.maes_expansion_beta > vocab {
-        return Err(Error::Options(format!(
-            "--beam {size}: {strategy} draws the beam plus {} candidates from the vocabulary, which \
-             has {vocab} pieces: at most --beam {}",
-            config.maes_expansion_beta,
-            vocab.saturating_sub(config.maes_expansion_beta)
-        )));
-    }
+    config.check_vocabulary(vocab).map_err(Error::options)?;
     Ok(BeamPlan { config, nbest })
 }
 
@@ -467,7 +442,7 @@ fn check_confidence(model: &Model, head: Head, c: &ConfidenceConfig, beam: bool)
                 .into(),
         ));
     }
-    let classes = model.hparams.vocab_size + 1;
+    let classes = model.hparams().vocab_size + 1;
     let range = c.measure.alpha_range(classes);
     if !range.contains(&c.alpha) {
         let why = match c.measure {
@@ -521,7 +496,7 @@ fn boosting_tree(model: &Model, cfg: &BoostingConfig) -> Result<BoostingTree> {
             )));
         }
     }
-    BoostingTree::new(&model.tokenizer, cfg)
+    BoostingTree::new(model.tokenizer(), cfg)
         .map_err(|e| Error::Options(format!("phrase boosting: {e:#}")))
 }
 

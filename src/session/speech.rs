@@ -85,7 +85,7 @@ impl Session {
         opts: &DecodeOptions,
     ) -> Transcript {
         let rate = self.sample_rate() as f64;
-        let frame_seconds = self.model.hparams.geometry().frame_seconds();
+        let frame_seconds = self.model.hparams().geometry().frame_seconds();
         let mut t = Transcript {
             audio_seconds: n_samples as f64 / rate,
             frame_seconds,

@@ -322,7 +322,7 @@ impl BufferedStream {
     /// would round or cannot use, or a head the model lacks.
     pub fn new(session: Session, config: BufferedConfig) -> Result<BufferedStream> {
         let model = session.model().clone();
-        let hp = &model.hparams;
+        let hp = model.hparams();
         let sizes = BufferSizes::new(&config, hp.geometry())?;
         if session.attention_for(sizes.feature_frames, AttentionChoice::Auto)
             != hp.encoder.attention
@@ -341,7 +341,7 @@ impl BufferedStream {
             _ => Head::Transducer,
         };
         let word_start = model
-            .tokenizer
+            .tokenizer()
             .pieces()
             .iter()
             .map(|p| p.starts_with(WORD_MARK))
@@ -371,7 +371,7 @@ impl BufferedStream {
         // The all-zero buffer, encoded once per model and size: it stands for the time before
         // the stream.
         let key = (
-            model.path.clone(),
+            model.path().to_path_buf(),
             head == Head::Ctc,
             sizes.buffer_samples,
             sizes.feature_frames,
@@ -433,7 +433,7 @@ impl BufferedStream {
         let mut mel = self.session.mel_config().clone();
         mel.normalize_per_feature = false;
         let model = self.session.model().clone();
-        let features = log_mel(samples, &model.window, &model.filterbank, &mel);
+        let features = log_mel(samples, model.window(), model.filterbank(), &mel);
         let valid = features.n_frames.min(s.feature_frames);
         if valid == 0 {
             return Ok(Vec::new());
@@ -752,7 +752,7 @@ impl BufferedStream {
                      buffered CTC pipeline decodes by argmax alone (drop --decoder ctc)"
                 );
             }
-            let vocab = self.session.model().hparams.vocab_size;
+            let vocab = self.session.model().hparams().vocab_size;
             if t.vocab_size() != vocab {
                 bail!(
                     "the boosting phrases were tokenised for a {}-piece vocabulary; this model \
@@ -809,7 +809,7 @@ impl BufferedStream {
         let (ids, times) = (&d.tokens[from..to], &d.timesteps[from..to]);
         let model = self.session.model();
         let fs = self.sizes.frame_seconds;
-        let tokenizer = &model.tokenizer;
+        let tokenizer = model.tokenizer();
         let text = ids_to_text(tokenizer, ids);
         let (start, end) = self.refine(ids, times, None, None);
         let words = self.words(ids, times, &d.confidences[from..to]);
@@ -835,7 +835,7 @@ impl BufferedStream {
     /// starts at a piece with the word mark; its end snaps to the next word's start when that
     /// is within 4 frames, and a start before the previous word's end is pushed past it.
     fn words(&self, tokens: &[usize], timesteps: &[f64], confidences: &[f64]) -> Vec<Word> {
-        let tokenizer = &self.session.model().tokenizer;
+        let tokenizer = &self.session.model().tokenizer();
         let fs = self.sizes.frame_seconds;
         let starts_word = |id: usize| self.word_start.get(id).copied().unwrap_or(false);
         let mut bounds: Vec<usize> = (0..tokens.len())
@@ -875,7 +875,7 @@ impl BufferedStream {
         next: Option<(f64, bool)>,
         prev_end: Option<f64>,
     ) -> (f64, f64) {
-        let tokenizer = &self.session.model().tokenizer;
+        let tokenizer = &self.session.model().tokenizer();
         let lone_mark = |id: usize| tokenizer.piece(id) == Some("\u{2581}");
         let (mut start, mut end) = (timesteps[0], timesteps[timesteps.len() - 1]);
         if lone_mark(tokens[0])

@@ -102,9 +102,9 @@ impl CacheAwareStream {
     /// is not cache-aware, a lookahead the model does not have, or a head it lacks.
     pub fn new(session: Session, config: CacheAwareConfig) -> Result<CacheAwareStream> {
         let model = session.model().clone();
-        let hp = &model.hparams;
+        let hp = model.hparams();
         let e = &hp.encoder;
-        let shown = model.path.display();
+        let shown = model.path().display();
         let default = e.att_context_sizes.first().copied();
         let Some(params) = default.and_then(|c| e.streaming(c)) else {
             bail!(
@@ -157,9 +157,9 @@ impl CacheAwareStream {
             },
             _ => HeadState::Transducer(None),
         };
-        let mel = StreamingMel::new(&model.window, &model.filterbank, session.mel_config());
+        let mel = StreamingMel::new(model.window(), model.filterbank(), session.mel_config());
         let markers = model
-            .tokenizer
+            .tokenizer()
             .pieces()
             .iter()
             .enumerate()
@@ -340,7 +340,7 @@ impl CacheAwareStream {
         self.head = match self.head {
             HeadState::Transducer(_) => HeadState::Transducer(None),
             HeadState::Ctc { .. } => HeadState::Ctc {
-                previous: model.hparams.blank_id(),
+                previous: model.hparams().blank_id(),
             },
         };
     }
@@ -360,13 +360,13 @@ impl CacheAwareStream {
         let limit = self.max_utterance_seconds?;
         let (first, last) = (self.tokens.first()?, self.tokens.last()?);
         let frames = last.frame + last.duration.max(1) - first.frame;
-        let span = frames as f64 * self.session.model().hparams.geometry().frame_seconds();
+        let span = frames as f64 * self.session.model().hparams().geometry().frame_seconds();
         if span <= limit {
             return None;
         }
         // A piece with the word mark starts a word; the text cut before it loses only the
         // space the mark stands for.
-        let tokenizer = &self.session.model().tokenizer;
+        let tokenizer = &self.session.model().tokenizer();
         let starts_word = |t: &Token| {
             tokenizer
                 .piece(t.id)
@@ -399,7 +399,7 @@ impl CacheAwareStream {
     /// The utterance so far.
     fn utterance(&self) -> Utterance {
         let model = self.session.model();
-        let fs = model.hparams.geometry().frame_seconds();
+        let fs = model.hparams().geometry().frame_seconds();
         let ids = self.tokens.iter().map(|t| t.id);
         let (start, end) = match (self.tokens.first(), self.tokens.last()) {
             (Some(a), Some(b)) => (
@@ -409,10 +409,10 @@ impl CacheAwareStream {
             _ => (0.0, 0.0),
         };
         Utterance {
-            text: model.tokenizer.detokenize(ids),
+            text: model.tokenizer().detokenize(ids),
             start,
             end,
-            words: model.tokenizer.words(&self.tokens, fs),
+            words: model.tokenizer().words(&self.tokens, fs),
             tokens: self.tokens.clone(),
         }
     }
@@ -420,7 +420,11 @@ impl CacheAwareStream {
     /// Back to the start of a stream (time 0, empty caches).
     fn reset(&mut self) {
         let model = self.session.model().clone();
-        self.mel = StreamingMel::new(&model.window, &model.filterbank, self.session.mel_config());
+        self.mel = StreamingMel::new(
+            model.window(),
+            model.filterbank(),
+            self.session.mel_config(),
+        );
         self.features.clear();
         self.features_base = 0;
         self.next = 0;
@@ -449,7 +453,7 @@ impl LiveTranscriber for CacheAwareStream {
     }
 
     fn chunk_seconds(&self) -> f64 {
-        let pp = &self.session.model().hparams.preprocessor;
+        let pp = &self.session.model().hparams().preprocessor;
         (self.params.shift_size[1] * pp.hop_length) as f64 / pp.sample_rate as f64
     }
 
@@ -483,7 +487,7 @@ impl LiveTranscriber for CacheAwareStream {
                 let least = if self.step == 0 {
                     1
                 } else {
-                    self.session.model().hparams.encoder.subsampling_factor
+                    self.session.model().hparams().encoder.subsampling_factor
                 };
                 if new < least {
                     break;

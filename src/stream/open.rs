@@ -67,7 +67,7 @@ pub enum LiveKind {
 impl LiveKind {
     /// How `model` streams: cache-aware when it has a cache-aware lookahead.
     pub fn of(model: &Model) -> LiveKind {
-        let e = &model.hparams.encoder;
+        let e = &model.hparams().encoder;
         match e.att_context_sizes.first().and_then(|&c| e.streaming(c)) {
             Some(_) => LiveKind::CacheAware,
             None => LiveKind::Buffered,
@@ -104,7 +104,7 @@ impl LiveOptions {
 
     /// Refuses the other kind's settings, naming the model's kind.
     fn check(&self, model: &Model, kind: LiveKind) -> Result<()> {
-        let shown = model.path.display();
+        let shown = model.path().display();
         let buffered_flags = [
             ("--chunk-secs", self.chunk_secs),
             ("--left-secs", self.left_secs),
@@ -136,7 +136,7 @@ impl LiveOptions {
                         "{shown} is an offline model (attention {}), not a cache-aware one: \
                          --att-context {l},{r} picks a cache-aware model's lookahead; an offline \
                          model streams by buffers (--chunk-secs, --left-secs, --right-secs)",
-                        model.hparams.encoder.attention
+                        model.hparams().encoder.attention
                     );
                 }
             }

@@ -11,7 +11,8 @@ pub enum EventFormat {
     /// Finished utterances one a line (on a terminal, the current one is redrawn as it grows).
     #[default]
     Text,
-    /// One JSON object a line: {"type": "partial"|"final", "text", "start", "end", "words"}.
+    /// One JSON object a line: {"type": "partial"|"final", "text", "start", "end", "words"};
+    /// a word is {"word", "start", "end"}, as in `transcribe`'s JSON and OpenAI's.
     Jsonl,
 }
 
@@ -84,7 +85,7 @@ impl<W: Write> EventWriter<W> {
                 .words
                 .iter()
                 .map(|w| JsonWord {
-                    text: &w.text,
+                    word: &w.text,
                     start: millis(w.start),
                     end: millis(w.end),
                     confidence: w.confidence,
@@ -109,7 +110,7 @@ struct JsonEvent<'a> {
 
 #[derive(Serialize)]
 struct JsonWord<'a> {
-    text: &'a str,
+    word: &'a str,
     start: f64,
     end: f64,
     /// When asked for (`--confidence`).
@@ -182,7 +183,7 @@ mod tests {
     #[test]
     fn jsonl_writes_every_event_with_its_words() {
         let out = render(EventFormat::Jsonl, false, &events()[1..3]);
-        let line = r#"{"type":"partial","text":"hello world","start":0.0,"end":0.2,"words":[{"text":"hello","start":0.0,"end":0.1},{"text":"world","start":0.1,"end":0.2}]}"#;
+        let line = r#"{"type":"partial","text":"hello world","start":0.0,"end":0.2,"words":[{"word":"hello","start":0.0,"end":0.1},{"word":"world","start":0.1,"end":0.2}]}"#;
         assert_eq!(
             out,
             format!("{line}\n{}\n", line.replace("partial", "final"))

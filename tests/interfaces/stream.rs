@@ -141,11 +141,11 @@ fn events_render_as_text_or_json_lines() {
     assert_eq!(lines.len(), 4);
     assert_eq!(
         lines[0],
-        r#"{"type":"partial","text":"s1600","start":0.0,"end":0.1,"words":[{"text":"s1600","start":0.0,"end":0.1}]}"#
+        r#"{"type":"partial","text":"s1600","start":0.0,"end":0.1,"words":[{"word":"s1600","start":0.0,"end":0.1}]}"#
     );
     assert_eq!(
         lines[3],
-        r#"{"type":"final","text":"s1600 s3200 s4800","start":0.0,"end":0.3,"words":[{"text":"s1600","start":0.0,"end":0.1},{"text":"s3200","start":0.1,"end":0.2},{"text":"s4800","start":0.2,"end":0.3}]}"#
+        r#"{"type":"final","text":"s1600 s3200 s4800","start":0.0,"end":0.3,"words":[{"word":"s1600","start":0.0,"end":0.1},{"word":"s3200","start":0.1,"end":0.2},{"word":"s4800","start":0.2,"end":0.3}]}"#
     );
 }
 
@@ -434,4 +434,41 @@ fn wavs_hound_cannot_read_stream_through_the_audio_room() {
             assert!(worst <= 1e-6, "{name}: off by {worst}");
         }
     }
+}
+
+/// `stream --att-context` reads lookaheads with `transcribe --att-context`'s grammar: the same
+/// words for a malformed value, spaces around the numbers accepted, and a clear refusal of the
+/// forms only a whole file can take (`auto`, `full`).
+#[test]
+fn att_context_has_one_grammar() {
+    let raw = ["--raw", "s16le", "--rate", "16000"];
+    let malformed = "'7O,1': expected auto, full, or L,R (e.g. 128,128)";
+    for (value, message) in [
+        ("7O,1", malformed),
+        ("70", "'70': expected auto, full, or L,R"),
+        ("0,0", "'0,0': the window must have 1 to 1048576 frames"),
+        ("full", "'full': a stream takes a lookahead L,R"),
+        // Read as a lookahead: the offline model then refuses it by its kind.
+        (" 70 , 13 ", "offline model"),
+    ] {
+        let (code, stderr) =
+            stream_stdin(&[&raw[..], &["--att-context", value]].concat(), &[0; 3200]);
+        assert_eq!(code, 2, "{value:?}: {stderr}");
+        assert!(stderr.contains(message), "{value:?}: {stderr}");
+    }
+    let clip = reference("").join("speech_2s.wav");
+    let model = nemo("tiny_tdt");
+    let out = parakeet_stdin(
+        &[
+            "transcribe",
+            clip.to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+            "--att-context",
+            "7O,1",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(malformed));
 }

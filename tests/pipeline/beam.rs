@@ -6,8 +6,9 @@
 
 use crate::common::*;
 use parakeet::convert::OutType;
-use parakeet::decoder::beam::{BeamStrategy, NBest};
+use parakeet::decoder::beam::{BeamConfig, BeamStrategy, NBest, transducer_beam};
 use parakeet::decoder::boosting::BoostingConfig;
+use parakeet::decoder::nets::InputGates;
 use parakeet::session::{
     BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, MAX_BEAM_SIZE, MAX_MAES_BEAM_SIZE,
     Session,
@@ -51,7 +52,7 @@ fn compare(session: &Session, ours: &[NBest], nemo: &[Value]) -> Result<(), Stri
             ours.iter().map(|h| h.score).collect::<Vec<_>>()
         ));
     }
-    let tokenizer = &session.model().tokenizer;
+    let tokenizer = &session.model().tokenizer();
     for (rank, (h, n)) in ours.iter().zip(nemo).enumerate() {
         let ids: Vec<usize> = h.tokens.iter().map(|t| t.id).collect();
         if ids != ints(&n["tokens"]) {
@@ -269,14 +270,15 @@ fn the_largest_beams_run() {
         (
             "tiny_rnnt",
             DecoderChoice::Auto,
-            &["malsd_batch", "maes", "maes_batch"][..],
+            &["malsd_batch", "maes", "maes_batch", "alsd"][..],
         ),
         ("tiny_ctc", DecoderChoice::Auto, &["beam_batch"][..]),
     ] {
         let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+        // On the 2 s clip `alsd` at the largest beam once returned several times the beam.
         let features = session.features(&clip_samples("speech_2s.wav"));
         let enc = session.encode(&features, false).unwrap();
-        let vocab = session.model().hparams.vocab_size;
+        let vocab = session.model().hparams().vocab_size;
         for strategy in strategies {
             // `maes` has its own bound; both maes draw the beam and 2 more candidates from
             // the vocabulary.
@@ -347,4 +349,47 @@ fn a_long_utterance_decodes_in_the_same_memory() {
     );
     let frames: Vec<usize> = nbest[0].tokens.iter().map(|t| t.frame).collect();
     assert!(frames.is_sorted() && frames.last() < Some(&long.frames));
+}
+
+/// A beam configuration built directly (not through the options) is held to the same bounds
+/// before any graph: the largest `maes_batch` beam the tiny RNN-T's vocabulary allows runs, one
+/// more is refused with the option's words, and a beam beyond a graph cannot be built.
+#[test]
+fn a_beam_built_directly_stays_within_the_graph() {
+    let mut session = Session::load(&gguf("tiny_rnnt", OutType::F32), threads(2)).unwrap();
+    let features = session.features(&clip_samples("speech_2s.wav"));
+    let enc = session.encode(&features, false).unwrap();
+    let model = session.model().clone();
+    let vocab = model.hparams().vocab_size;
+    let joint_enc = enc.joint_enc.as_ref().unwrap();
+    let mut gates = InputGates::for_model(&model);
+    let mut backend = parakeet::backend::Backend::cpu(2).unwrap();
+    let mut run = |size: usize| {
+        let cfg = BeamConfig::new(BeamStrategy::MaesBatch, size).unwrap();
+        transducer_beam(
+            &mut backend,
+            &model,
+            &mut gates,
+            joint_enc,
+            enc.frames,
+            &cfg,
+            None,
+        )
+    };
+    let nbest = run(vocab - 2).unwrap();
+    assert!(
+        !nbest.is_empty() && nbest.len() <= vocab - 2,
+        "{}",
+        nbest.len()
+    );
+    let err = run(vocab - 1).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("at most --beam {}", vocab - 2)),
+        "{err}"
+    );
+    let err = BeamConfig::new(BeamStrategy::MalsdBatch, 100_000).unwrap_err();
+    assert!(
+        err.to_string().contains("--beam 100000: at most 256"),
+        "{err}"
+    );
 }

@@ -121,7 +121,7 @@ fn assert_advance(
 
 fn tokenizer(model: &str) -> Tokenizer {
     let session = Session::load(&gguf(model, OutType::F32), threads(1)).unwrap();
-    session.model().tokenizer.clone()
+    session.model().tokenizer().clone()
 }
 
 #[test]
@@ -192,7 +192,7 @@ fn boosted_greedy_decoding_equals_nemo() {
     for model in MODELS {
         let fx = fixture(model);
         let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
-        let tok = session.model().tokenizer.clone();
+        let tok = session.model().tokenizer().clone();
         for (clip, results) in fx["results"].as_object().unwrap() {
             let samples = clip_samples(clip);
             let features = session.features(&samples);

@@ -224,7 +224,7 @@ fn check_case(model: &str, head: &str, decoder: DecoderChoice, suffix: &str, cli
         let name = format!("{model}_buffered{suffix}_{head}_{setting}");
         let (nemo, config) = reference(&name, decoder);
         let session = Session::load(&path, threads(2)).unwrap();
-        let pieces = session.model().tokenizer.pieces().to_vec();
+        let pieces = session.model().tokenizer().pieces().to_vec();
         // Pieces of an odd size, so that chunks are cut across pieces.
         let (records, events) = run(session, config, &samples, 3331);
         compare(&name, &nemo, &records, &events, &pieces);
@@ -343,7 +343,7 @@ fn buffered_boosting_and_confidence_carry_across_chunks() {
                 ..BufferedConfig::default()
             };
             let session = Session::load(&path, threads(2)).unwrap();
-            let tree = BoostingTree::new(&session.model().tokenizer, &boost).unwrap();
+            let tree = BoostingTree::new(session.model().tokenizer(), &boost).unwrap();
             let mut stream = BufferedStream::new(session, config).unwrap();
             stream.set_boost(Some(Arc::new(tree))).unwrap();
             stream.set_confidence(Some(confidence));

@@ -7,7 +7,7 @@ use parakeet::backend::Backend;
 use parakeet::convert::OutType;
 use parakeet::decoder::ctc::log_softmax_rows;
 use parakeet::decoder::greedy::Step;
-use parakeet::decoder::nets::{JointInput, Nets, PredictInput};
+use parakeet::decoder::nets::{InputGates, JointInput, Nets, PredictInput};
 use parakeet::kernels::FusedOps;
 use parakeet::session::{DecoderChoice, Session};
 use serde_json::Value;
@@ -135,7 +135,7 @@ fn ctc_log_probs_match_nemo() {
             let name = format!("{model}{suffix}");
             let features = session.features(&clip_samples(clip));
             let enc = session.encode(&features, false).unwrap();
-            let classes = session.model().hparams.vocab_size + 1;
+            let classes = session.model().hparams().vocab_size + 1;
             let ours = log_softmax_rows(enc.ctc_logits.as_ref().unwrap(), classes);
             let (_, nemo) = npy(&reference(&name).join("ctc_logprobs.npy"));
             let err = max_abs_err(&ours, &nemo[..ours.len()]);
@@ -145,7 +145,7 @@ fn ctc_log_probs_match_nemo() {
     }
 }
 
-/// The first LSTM layer's input gates kept per token (`PredictionNetwork::input_gates`) are bit
+/// The first LSTM layer's input gates the session keeps per token (`InputGates`) are bit
 /// for bit what the graph computes for that token, and a decode on the warm cache takes the
 /// same tokens as the cold one did (NeMo's).
 #[test]
@@ -157,14 +157,14 @@ fn kept_input_gates_are_the_graphs_product() {
         .transcribe(samples.clone(), &greedy(&session, DecoderChoice::Auto))
         .unwrap();
     let model = session.model().clone();
-    let pred = model.prediction.as_ref().unwrap();
-    let tokens = model.hparams.vocab_size + 1;
+    let pred = &model.transducer().unwrap().prediction;
+    let tokens = model.hparams().vocab_size + 1;
     let kept: Vec<usize> = (0..tokens)
-        .filter(|&t| pred.input_gates.get(t).is_some())
+        .filter(|&t| session.input_gates().get(t).is_some())
         .collect();
     // The start symbol (the blank) and every emitted token.
     let mut expected: Vec<usize> = cold.tokens.iter().map(|t| t.id).collect();
-    expected.push(model.hparams.vocab_size);
+    expected.push(model.hparams().vocab_size);
     expected.sort_unstable();
     expected.dedup();
     assert_eq!(kept, expected, "tokens kept");
@@ -180,7 +180,7 @@ fn kept_input_gates_are_the_graphs_product() {
             })
             .unwrap()
             .output;
-        let kept = pred.input_gates.get(token).unwrap();
+        let kept = session.input_gates().get(token).unwrap();
         assert!(
             fresh
                 .iter()
@@ -206,7 +206,8 @@ fn batched_steps_match_single_steps() {
     let session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(2)).unwrap();
     let model = session.model().clone();
     let mut backend = Backend::cpu(2).unwrap();
-    let mut nets = Nets::new(&model).unwrap();
+    let mut gates = InputGates::for_model(&model);
+    let mut nets = Nets::new(&model, &mut gates).unwrap();
     let start = nets.start(&mut backend).unwrap();
     let mut fed = |nets: &mut Nets, token: usize| {
         let input = PredictInput {

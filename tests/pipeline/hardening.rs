@@ -183,8 +183,8 @@ fn the_rewritten_model_still_loads() {
     let path = scratch("identity").join("same.gguf");
     rewrite(&tdt(), &path, &[]);
     let m = Model::load(&path).unwrap();
-    assert_eq!(m.hparams.encoder.n_layers, 2);
-    let g = m.hparams.geometry();
+    assert_eq!(m.hparams().encoder.n_layers, 2);
+    let g = m.hparams().geometry();
     assert_eq!((g.samples_per_frame(), g.frame_seconds()), (1280, 0.08));
 }
 

@@ -106,7 +106,7 @@ fn four_models_switched_to_local_16_16_match_nemo() {
 fn model_configured_with_local_attention_matches_nemo() {
     let mut session = Session::load(&gguf("tiny_tdt_ctc_local", OutType::F32), threads(2)).unwrap();
     assert_eq!(
-        session.model().hparams.encoder.attention,
+        session.model().hparams().encoder.attention,
         Attention::Local {
             left: 12,
             right: 12

@@ -86,7 +86,7 @@ fn loads_every_reference_model_with_its_hyperparameters() {
     for (name, ty, mels, lstm, xscaling, durations) in expect {
         for out in [OutType::F32, OutType::F16, OutType::Q8_0] {
             let m = Model::load(&gguf(name, out)).unwrap();
-            let hp = &m.hparams;
+            let hp = &m.hparams();
             assert_eq!(hp.model_type, ty, "{name}");
             assert_eq!(hp.preprocessor.n_mels, mels, "{name}");
             let pred_layers = hp.transducer.as_ref().map_or(0, |t| t.pred_layers);
@@ -98,9 +98,9 @@ fn loads_every_reference_model_with_its_hyperparameters() {
                 (hp.encoder.d_model, hp.encoder.n_layers, hp.vocab_size),
                 (64, 2, 48)
             );
-            assert_eq!(m.tokenizer.len(), 48);
-            assert_eq!(m.window.len(), 400);
-            assert_eq!(m.filterbank.len(), mels * 257);
+            assert_eq!(m.tokenizer().len(), 48);
+            assert_eq!(m.window().len(), 400);
+            assert_eq!(m.filterbank().len(), mels * 257);
         }
     }
 }
@@ -175,11 +175,19 @@ fn rewritten_model_is_identical_in_use() {
     rewrite(&gguf("tiny_ctc", OutType::F32), &path, None, None);
     let a = Model::load(&path).unwrap();
     let b = Model::load(&gguf("tiny_ctc", OutType::F32)).unwrap();
-    assert_eq!(a.tokenizer.pieces(), b.tokenizer.pieces());
-    assert_eq!(a.filterbank, b.filterbank);
+    assert_eq!(a.tokenizer().pieces(), b.tokenizer().pieces());
+    assert_eq!(a.filterbank(), b.filterbank());
     assert_eq!(
-        a.encoder.layers[1].self_attn.linear_q.weight.to_host_f32(),
-        b.encoder.layers[1].self_attn.linear_q.weight.to_host_f32()
+        a.encoder().layers[1]
+            .self_attn
+            .linear_q
+            .weight
+            .to_host_f32(),
+        b.encoder().layers[1]
+            .self_attn
+            .linear_q
+            .weight
+            .to_host_f32()
     );
 }
 
@@ -195,10 +203,10 @@ fn a_file_without_the_sentencepiece_model_loads_but_cannot_encode() {
     );
     let old = Model::load(&path).unwrap();
     let new = Model::load(&gguf("tiny_tdt", OutType::F32)).unwrap();
-    assert_eq!(old.tokenizer.pieces(), new.tokenizer.pieces());
-    assert_eq!(old.tokenizer.detokenize([6, 24]), "then");
-    assert!(!old.tokenizer.can_encode());
-    let e = old.tokenizer.encode("then").unwrap_err().to_string();
+    assert_eq!(old.tokenizer().pieces(), new.tokenizer().pieces());
+    assert_eq!(old.tokenizer().detokenize([6, 24]), "then");
+    assert!(!old.tokenizer().can_encode());
+    let e = old.tokenizer().encode("then").unwrap_err().to_string();
     assert!(e.contains("no SentencePiece model"), "{e}");
-    assert_eq!(new.tokenizer.encode("then").unwrap(), [6, 24]);
+    assert_eq!(new.tokenizer().encode("then").unwrap(), [6, 24]);
 }

@@ -16,7 +16,7 @@ pub const STREAM_MODELS: [&str; 2] = ["tiny_stream_rnnt", "tiny_stream_tdt_ctc"]
 #[test]
 fn streaming_models_convert_with_their_streaming_hyperparameters() {
     let session = Session::load(&gguf("tiny_stream_rnnt", OutType::F32), threads(1)).unwrap();
-    let e = &session.model().hparams.encoder;
+    let e = &session.model().hparams().encoder;
     assert_eq!(
         e.attention,
         Attention::Chunked {
@@ -26,7 +26,7 @@ fn streaming_models_convert_with_their_streaming_hyperparameters() {
     );
     assert_eq!(e.att_context_sizes, [[70, 13], [70, 6], [70, 1], [70, 0]]);
     assert!(e.causal_downsampling && e.causal_conv() && e.conv_layer_norm);
-    assert!(!session.model().hparams.preprocessor.normalize_per_feature);
+    assert!(!session.model().hparams().preprocessor.normalize_per_feature);
     // NeMo's streaming_cfg for each lookahead (result.json of the streaming references).
     let result = json(&reference("tiny_stream_rnnt_stream").join("result.json"));
     for &[l, r] in &e.att_context_sizes {
@@ -52,7 +52,10 @@ fn streaming_models_convert_with_their_streaming_hyperparameters() {
         );
     }
     let hybrid = Session::load(&gguf("tiny_stream_tdt_ctc", OutType::F32), threads(1)).unwrap();
-    assert_eq!(hybrid.model().hparams.encoder.att_context_sizes, [[70, 13]]);
+    assert_eq!(
+        hybrid.model().hparams().encoder.att_context_sizes,
+        [[70, 13]]
+    );
 }
 
 /// Whole files as NeMo's `transcribe` runs them (default lookahead): every dumped layer within

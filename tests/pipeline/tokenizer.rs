@@ -65,8 +65,8 @@ fn the_tiny_models_tokenizer_survives_conversion() {
     let direct = Tokenizer::with_sentencepiece(archive.tokenizer_model().unwrap()).unwrap();
     check(&direct, "spe_bpe_v48", &refs);
     let model = Model::load(&gguf("tiny_tdt", OutType::F32)).unwrap();
-    assert_eq!(model.tokenizer.pieces(), direct.pieces());
-    check(&model.tokenizer, "spe_bpe_v48", &refs);
+    assert_eq!(model.tokenizer().pieces(), direct.pieces());
+    check(model.tokenizer(), "spe_bpe_v48", &refs);
 }
 
 #[test]
@@ -77,7 +77,7 @@ fn boosting_phrases_get_nemos_ids() {
         let m = Model::load(&gguf(model, OutType::F32)).unwrap();
         for (phrase, ids) in phrases {
             assert_eq!(
-                &m.tokenizer.encode(phrase).unwrap(),
+                &m.tokenizer().encode(phrase).unwrap(),
                 ids,
                 "{model}: {phrase}"
             );

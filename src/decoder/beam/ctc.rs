@@ -147,7 +147,7 @@ mod tests {
     fn folds_repeats_and_sums_beta() {
         // Two frames, classes 0, 1, blank: "1 1" folds to one token.
         let lp = [-5.0f32, -0.1, -5.0, -5.0, -0.1, -5.0];
-        let mut cfg = BeamConfig::new(BeamStrategy::BeamBatch, 2);
+        let mut cfg = BeamConfig::new(BeamStrategy::BeamBatch, 2).unwrap();
         cfg.beam_beta = 0.5;
         let nbest = ctc_beam(&lp, 3, &cfg, None).unwrap();
         let ids: Vec<usize> = nbest[0].tokens.iter().map(|t| t.id).collect();

@@ -13,8 +13,12 @@
 use super::toolkit::{
     first_best, log_add_exp, merge_into_first, sort_best_first, sort_worst_first,
 };
-use super::{BeamConfig, NBest, Projection, TokenPath, extend_hash, log_softmax, rank_f64, top_k};
+use super::{
+    BeamConfig, NBest, Projection, TokenPath, TransducerSearch, extend_hash, log_softmax, rank_f64,
+    top_k,
+};
 use crate::backend::Backend;
+use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
 use crate::tokenizer::Token;
@@ -205,47 +209,54 @@ fn best_n(mut hyps: Vec<Hyp>, n: usize) -> Vec<Hyp> {
     hyps
 }
 
-pub(super) fn search(
-    backend: &mut Backend,
-    mut nets: Nets,
-    input: Projection,
-    cfg: &BeamConfig,
-) -> Result<Vec<NBest>> {
-    let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
-    if blank < cfg.beam_size + cfg.maes_expansion_beta {
-        bail!(
-            "maes: beam size {} + expansion beta {} exceed the vocabulary ({blank})",
-            cfg.beam_size,
-            cfg.maes_expansion_beta
-        );
+/// NeMo's `maes`, TDT and RNN-T.
+pub(super) struct Maes;
+
+impl TransducerSearch for Maes {
+    fn search(
+        &self,
+        backend: &mut Backend,
+        mut nets: Nets,
+        input: Projection,
+        cfg: &BeamConfig,
+        _boost: Option<&BoostingTree>,
+    ) -> Result<Vec<NBest>> {
+        let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
+        if blank < cfg.beam_size + cfg.maes_expansion_beta {
+            bail!(
+                "maes: beam size {} + expansion beta {} exceed the vocabulary ({blank})",
+                cfg.beam_size,
+                cfg.maes_expansion_beta
+            );
+        }
+        let start = Hyp {
+            hyp: nets.start(backend)?,
+            older: Vec::new(),
+            unfed: None,
+            tokens: TokenPath::default(),
+            hash: 0,
+            score: 0.0,
+            frame: 0,
+            logits: None,
+        };
+        let mut search = Search {
+            nets,
+            backend,
+            frames: input.frames,
+            input,
+            blank,
+            classes,
+            durations,
+            cfg,
+        };
+        let kept = if durations.is_empty() {
+            search_rnnt(&mut search, start)?
+        } else {
+            search_tdt(&mut search, start)?
+        };
+        let ranked = kept.into_iter().map(|h| (h.tokens, h.score)).collect();
+        Ok(rank_f64(ranked, cfg.score_norm))
     }
-    let start = Hyp {
-        hyp: nets.start(backend)?,
-        older: Vec::new(),
-        unfed: None,
-        tokens: TokenPath::default(),
-        hash: 0,
-        score: 0.0,
-        frame: 0,
-        logits: None,
-    };
-    let mut search = Search {
-        nets,
-        backend,
-        frames: input.frames,
-        input,
-        blank,
-        classes,
-        durations,
-        cfg,
-    };
-    let kept = if durations.is_empty() {
-        search_rnnt(&mut search, start)?
-    } else {
-        search_tdt(&mut search, start)?
-    };
-    let ranked = kept.into_iter().map(|h| (h.tokens, h.score)).collect();
-    Ok(rank_f64(ranked, cfg.score_norm))
 }
 
 fn search_rnnt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {

@@ -12,7 +12,8 @@
 //! `malsd_batch` (late pruning, `lm_weighted_full`), with NeMo's 1e-6 clamp of this search.
 
 use super::{
-    BeamConfig, NBest, Projection, TokenPath, extend_hash, fuse_boost, log_softmax, rank, top_k,
+    BeamConfig, NBest, Projection, TokenPath, TransducerSearch, extend_hash, fuse_boost,
+    log_softmax, rank, top_k,
 };
 use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
@@ -48,141 +49,148 @@ impl Slot {
     }
 }
 
-pub(super) fn search(
-    backend: &mut Backend,
-    mut nets: Nets,
-    input: Projection,
-    cfg: &BeamConfig,
-    boost: Option<&BoostingTree>,
-) -> Result<Vec<NBest>> {
-    let frames = input.frames;
-    let blank = nets.blank();
-    let beam = cfg.beam_size;
-    let expansions = cfg.beam_size + cfg.maes_expansion_beta;
-    let gamma = cfg.maes_expansion_gamma as f32;
-    let start = Slot {
-        hyp: nets.start(backend)?,
-        score: 0.0,
-        hash: 0,
-        prefix_hash: 0,
-        next_timestamp: 0,
-        tokens: TokenPath::default(),
-        boost_state: boost.map_or(0, BoostingTree::start),
-    };
-    let mut slots = vec![
-        Slot {
-            score: DEAD,
-            ..start.clone()
+/// NeMo's RNN-T `maes_batch`.
+pub(super) struct MaesBatch;
+
+impl TransducerSearch for MaesBatch {
+    fn search(
+        &self,
+        backend: &mut Backend,
+        mut nets: Nets,
+        input: Projection,
+        cfg: &BeamConfig,
+        boost: Option<&BoostingTree>,
+    ) -> Result<Vec<NBest>> {
+        let frames = input.frames;
+        let blank = nets.blank();
+        let beam = cfg.beam_size;
+        let expansions = cfg.beam_size + cfg.maes_expansion_beta;
+        let gamma = cfg.maes_expansion_gamma as f32;
+        let start = Slot {
+            hyp: nets.start(backend)?,
+            score: 0.0,
+            hash: 0,
+            prefix_hash: 0,
+            next_timestamp: 0,
+            tokens: TokenPath::default(),
+            boost_state: boost.map_or(0, BoostingTree::start),
         };
-        beam
-    ];
-    slots[0] = start;
-    // Whether any label was added yet (NeMo skips prefix search on an empty beam).
-    let mut started = false;
-    let mut bonus = vec![0.0f32; blank];
-    let mut bonus_next = vec![0u32; blank];
-    for t in 0..frames {
-        let enc = input.at(t);
-        let mut logps = feed_and_join(&mut nets, backend, &mut slots, &[], enc)?;
-        let mut fused = |slot: &Slot, lp: &[f32]| -> Vec<f32> {
-            let mut row = lp.to_vec();
-            if let Some(tree) = boost {
-                tree.advance_all(slot.boost_state, &mut bonus, &mut bonus_next);
-                // NeMo's `combine_scores` clamps with 1e-6 here.
-                fuse_boost(&mut row, &bonus, tree.alpha(), 1e-6);
-            }
-            row
-        };
-        let updated: Vec<Vec<f32>> = slots.iter().zip(&logps).map(|(s, l)| fused(s, l)).collect();
-        if started {
-            prefix_search(&mut slots, &updated, blank);
-        }
-        let mut expanding = vec![true; beam];
-        let mut round = 0;
-        while expanding.iter().any(|&e| e) && round < cfg.maes_num_steps {
-            // Each slot's proposals: (label or None for a carried-over slot, score).
-            let mut labels: Vec<Option<usize>> = Vec::with_capacity(beam * expansions);
-            let mut probs: Vec<f32> = Vec::with_capacity(beam * expansions);
-            for (i, slot) in slots.iter().enumerate() {
-                let row = if boost.is_some() {
-                    fused(slot, &logps[i])
-                } else {
-                    logps[i].clone()
-                };
-                let top = top_k(&row, expansions);
-                let mut p: Vec<f32> = top.iter().map(|&k| slot.score + row[k]).collect();
-                let max = p.iter().copied().fold(DEAD, f32::max);
-                for x in &mut p {
-                    if *x <= max - gamma {
-                        *x = DEAD;
-                    }
+        let mut slots = vec![
+            Slot {
+                score: DEAD,
+                ..start.clone()
+            };
+            beam
+        ];
+        slots[0] = start;
+        // Whether any label was added yet (NeMo skips prefix search on an empty beam).
+        let mut started = false;
+        let mut bonus = vec![0.0f32; blank];
+        let mut bonus_next = vec![0u32; blank];
+        for t in 0..frames {
+            let enc = input.at(t);
+            let mut logps = feed_and_join(&mut nets, backend, &mut slots, &[], enc)?;
+            let mut fused = |slot: &Slot, lp: &[f32]| -> Vec<f32> {
+                let mut row = lp.to_vec();
+                if let Some(tree) = boost {
+                    tree.advance_all(slot.boost_state, &mut bonus, &mut bonus_next);
+                    // NeMo's `combine_scores` clamps with 1e-6 here.
+                    fuse_boost(&mut row, &bonus, tree.alpha(), 1e-6);
                 }
-                if !expanding[i] {
-                    p.fill(DEAD);
-                }
-                labels.extend(top.iter().map(|&k| expanding[i].then_some(k)));
-                probs.extend(p);
+                row
+            };
+            let updated: Vec<Vec<f32>> =
+                slots.iter().zip(&logps).map(|(s, l)| fused(s, l)).collect();
+            if started {
+                prefix_search(&mut slots, &updated, blank);
             }
-            remove_duplicates(&slots, &labels, &mut probs, expansions, blank);
-            for (i, slot) in slots.iter().enumerate() {
-                if !expanding[i] {
-                    probs[i * expansions + expansions - 1] = slot.score;
-                }
-            }
-            let chosen = top_k(&probs, beam);
-            let mut next: Vec<Slot> = Vec::with_capacity(beam);
-            let mut extended: Vec<bool> = Vec::with_capacity(beam);
-            for &c in &chosen {
-                let parent = &slots[c / expansions];
-                let mut slot = Slot {
-                    score: probs[c],
-                    ..parent.clone()
-                };
-                let label = labels[c];
-                match label {
-                    Some(l) if l == blank => slot.next_timestamp += 1,
-                    Some(l) => {
-                        slot.tokens = slot.tokens.push(Token {
-                            id: l,
-                            frame: slot.next_timestamp,
-                            duration: 0,
-                        });
-                        slot.prefix_hash = slot.hash;
-                        slot.hash = extend_hash(slot.hash, l);
-                        slot.hyp.last = Some(l);
-                        if let Some(tree) = boost {
-                            slot.boost_state = tree.advance(slot.boost_state, l).1;
+            let mut expanding = vec![true; beam];
+            let mut round = 0;
+            while expanding.iter().any(|&e| e) && round < cfg.maes_num_steps {
+                // Each slot's proposals: (label or None for a carried-over slot, score).
+                let mut labels: Vec<Option<usize>> = Vec::with_capacity(beam * expansions);
+                let mut probs: Vec<f32> = Vec::with_capacity(beam * expansions);
+                for (i, slot) in slots.iter().enumerate() {
+                    let row = if boost.is_some() {
+                        fused(slot, &logps[i])
+                    } else {
+                        logps[i].clone()
+                    };
+                    let top = top_k(&row, expansions);
+                    let mut p: Vec<f32> = top.iter().map(|&k| slot.score + row[k]).collect();
+                    let max = p.iter().copied().fold(DEAD, f32::max);
+                    for x in &mut p {
+                        if *x <= max - gamma {
+                            *x = DEAD;
                         }
                     }
-                    None => {}
+                    if !expanding[i] {
+                        p.fill(DEAD);
+                    }
+                    labels.extend(top.iter().map(|&k| expanding[i].then_some(k)));
+                    probs.extend(p);
                 }
-                extended.push(matches!(label, Some(l) if l != blank));
-                next.push(slot);
+                remove_duplicates(&slots, &labels, &mut probs, expansions, blank);
+                for (i, slot) in slots.iter().enumerate() {
+                    if !expanding[i] {
+                        probs[i * expansions + expansions - 1] = slot.score;
+                    }
+                }
+                let chosen = top_k(&probs, beam);
+                let mut next: Vec<Slot> = Vec::with_capacity(beam);
+                let mut extended: Vec<bool> = Vec::with_capacity(beam);
+                for &c in &chosen {
+                    let parent = &slots[c / expansions];
+                    let mut slot = Slot {
+                        score: probs[c],
+                        ..parent.clone()
+                    };
+                    let label = labels[c];
+                    match label {
+                        Some(l) if l == blank => slot.next_timestamp += 1,
+                        Some(l) => {
+                            slot.tokens = slot.tokens.push(Token {
+                                id: l,
+                                frame: slot.next_timestamp,
+                                duration: 0,
+                            });
+                            slot.prefix_hash = slot.hash;
+                            slot.hash = extend_hash(slot.hash, l);
+                            slot.hyp.last = Some(l);
+                            if let Some(tree) = boost {
+                                slot.boost_state = tree.advance(slot.boost_state, l).1;
+                            }
+                        }
+                        None => {}
+                    }
+                    extended.push(matches!(label, Some(l) if l != blank));
+                    next.push(slot);
+                }
+                slots = next;
+                started = true;
+                logps = feed_and_join(&mut nets, backend, &mut slots, &extended, enc)?;
+                for (e, &x) in expanding.iter_mut().zip(&extended) {
+                    *e &= x;
+                }
+                round += 1;
             }
-            slots = next;
-            started = true;
-            logps = feed_and_join(&mut nets, backend, &mut slots, &extended, enc)?;
-            for (e, &x) in expanding.iter_mut().zip(&extended) {
-                *e &= x;
+            for (i, slot) in slots.iter_mut().enumerate() {
+                if expanding[i] {
+                    slot.score += logps[i][blank];
+                    slot.next_timestamp += 1;
+                }
             }
-            round += 1;
         }
-        for (i, slot) in slots.iter_mut().enumerate() {
-            if expanding[i] {
-                slot.score += logps[i][blank];
-                slot.next_timestamp += 1;
-            }
-        }
+        let hyps = slots
+            .into_iter()
+            .filter(Slot::live)
+            .map(|s| NBest {
+                tokens: s.tokens.to_vec(),
+                score: s.score,
+            })
+            .collect();
+        Ok(rank(hyps, cfg.score_norm))
     }
-    let hyps = slots
-        .into_iter()
-        .filter(Slot::live)
-        .map(|s| NBest {
-            tokens: s.tokens.to_vec(),
-            score: s.score,
-        })
-        .collect();
-    Ok(rank(hyps, cfg.score_norm))
 }
 
 /// Feeds the new label of every live slot `fed` marks (none when `fed` is empty) and returns every live slot's label

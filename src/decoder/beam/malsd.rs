@@ -11,7 +11,8 @@
 //! the non-blank probability) and the blank's log-probability is scaled by 1 + alpha.
 
 use super::{
-    BeamConfig, NBest, Projection, TokenPath, extend_hash, fuse_boost, log_softmax, rank, top_k,
+    BeamConfig, NBest, Projection, TokenPath, TransducerSearch, extend_hash, fuse_boost,
+    log_softmax, rank, top_k,
 };
 use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
@@ -48,154 +49,162 @@ struct Candidate {
     score: f32,
 }
 
-pub(super) fn search(
-    backend: &mut Backend,
-    mut nets: Nets,
-    input: Projection,
-    cfg: &BeamConfig,
-    boost: Option<&BoostingTree>,
-) -> Result<Vec<NBest>> {
-    let frames = input.frames;
-    let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
-    let tdt = !durations.is_empty();
-    let beam = cfg.beam_size;
-    let enc = |t: usize| input.at(t);
-    let mut slots = vec![Slot {
-        hyp: nets.start(backend)?,
-        tokens: TokenPath::default(),
-        hash: 0,
-        on_frame: 0,
-        logits: None,
-        unfed: None,
-        boost_state: boost.map_or(0, BoostingTree::start),
-    }];
-    let mut fusion = boost.map(|tree| Fusion::new(tree, blank));
-    let active = |s: &Slot| s.hyp.frame < frames;
-    while slots.iter().any(active) {
-        // The joint for every active hypothesis whose logits the last prediction step did not
-        // already give, in one graph.
-        let need: Vec<usize> = (0..slots.len())
-            .filter(|&i| active(&slots[i]) && slots[i].logits.is_none())
-            .collect();
-        let inputs: Vec<JointInput> = need
-            .iter()
-            .map(|&i| JointInput {
-                enc: enc(slots[i].hyp.frame),
-                pred_out: &slots[i].hyp.pred_out,
-            })
-            .collect();
-        let outputs = nets.joint(backend, &inputs)?;
-        for (&i, logits) in need.iter().zip(outputs) {
-            slots[i].logits = Some(logits);
-        }
+/// NeMo's `malsd_batch`, TDT and RNN-T.
+pub(super) struct MalsdBatch;
 
-        let mut candidates = Vec::with_capacity(slots.len() * beam);
-        for (i, slot) in slots.iter().enumerate() {
-            if active(slot) {
-                let shape = (blank, classes, durations.len());
-                propose(slot, i, cfg, shape, fusion.as_mut(), &mut candidates)?;
-            } else {
-                // Past the last frame: carried over as it is.
-                candidates.push(Candidate {
-                    parent: i,
-                    label: None,
-                    duration: 0,
-                    score: slot.hyp.score,
-                });
+impl TransducerSearch for MalsdBatch {
+    fn search(
+        &self,
+        backend: &mut Backend,
+        mut nets: Nets,
+        input: Projection,
+        cfg: &BeamConfig,
+        boost: Option<&BoostingTree>,
+    ) -> Result<Vec<NBest>> {
+        let frames = input.frames;
+        let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
+        let tdt = !durations.is_empty();
+        let beam = cfg.beam_size;
+        let enc = |t: usize| input.at(t);
+        let mut slots = vec![Slot {
+            hyp: nets.start(backend)?,
+            tokens: TokenPath::default(),
+            hash: 0,
+            on_frame: 0,
+            logits: None,
+            unfed: None,
+            boost_state: boost.map_or(0, BoostingTree::start),
+        }];
+        let mut fusion = boost.map(|tree| Fusion::new(tree, blank));
+        let active = |s: &Slot| s.hyp.frame < frames;
+        while slots.iter().any(active) {
+            // The joint for every active hypothesis whose logits the last prediction step did not
+            // already give, in one graph.
+            let need: Vec<usize> = (0..slots.len())
+                .filter(|&i| active(&slots[i]) && slots[i].logits.is_none())
+                .collect();
+            let inputs: Vec<JointInput> = need
+                .iter()
+                .map(|&i| JointInput {
+                    enc: enc(slots[i].hyp.frame),
+                    pred_out: &slots[i].hyp.pred_out,
+                })
+                .collect();
+            let outputs = nets.joint(backend, &inputs)?;
+            for (&i, logits) in need.iter().zip(outputs) {
+                slots[i].logits = Some(logits);
             }
-        }
-        let scores: Vec<f32> = candidates.iter().map(|c| c.score).collect();
-        let best = top_k(&scores, beam);
 
-        let mut next: Vec<Slot> = Vec::with_capacity(best.len());
-        for c in best.into_iter().map(|k| &candidates[k]) {
-            if c.score == f32::NEG_INFINITY {
-                continue;
-            }
-            let parent = &slots[c.parent];
-            let mut slot = Slot {
-                hyp: parent.hyp.clone(),
-                tokens: parent.tokens.clone(),
-                hash: parent.hash,
-                on_frame: parent.on_frame,
-                logits: None,
-                unfed: None,
-                boost_state: parent.boost_state,
-            };
-            slot.hyp.score = c.score;
-            let advance = if tdt { durations[c.duration] } else { 0 };
-            match c.label {
-                None => {}
-                Some(label) if label == blank => {
-                    slot.hyp.frame += if tdt { advance } else { 1 };
-                    slot.on_frame = 0;
-                }
-                Some(label) => {
-                    slot.tokens = slot.tokens.push(Token {
-                        id: label,
-                        frame: slot.hyp.frame,
-                        duration: advance,
+            let mut candidates = Vec::with_capacity(slots.len() * beam);
+            for (i, slot) in slots.iter().enumerate() {
+                if active(slot) {
+                    let shape = (blank, classes, durations.len());
+                    propose(slot, i, cfg, shape, fusion.as_mut(), &mut candidates)?;
+                } else {
+                    // Past the last frame: carried over as it is.
+                    candidates.push(Candidate {
+                        parent: i,
+                        label: None,
+                        duration: 0,
+                        score: slot.hyp.score,
                     });
-                    slot.hash = extend_hash(slot.hash, label);
-                    slot.hyp.last = Some(label);
-                    slot.hyp.frame += advance;
-                    slot.on_frame = if advance > 0 { 0 } else { slot.on_frame + 1 };
-                    slot.unfed = Some(label);
-                    if let Some(tree) = boost {
-                        slot.boost_state = tree.advance(slot.boost_state, label).1;
+                }
+            }
+            let scores: Vec<f32> = candidates.iter().map(|c| c.score).collect();
+            let best = top_k(&scores, beam);
+
+            let mut next: Vec<Slot> = Vec::with_capacity(best.len());
+            for c in best.into_iter().map(|k| &candidates[k]) {
+                if c.score == f32::NEG_INFINITY {
+                    continue;
+                }
+                let parent = &slots[c.parent];
+                let mut slot = Slot {
+                    hyp: parent.hyp.clone(),
+                    tokens: parent.tokens.clone(),
+                    hash: parent.hash,
+                    on_frame: parent.on_frame,
+                    logits: None,
+                    unfed: None,
+                    boost_state: parent.boost_state,
+                };
+                slot.hyp.score = c.score;
+                let advance = if tdt { durations[c.duration] } else { 0 };
+                match c.label {
+                    None => {}
+                    Some(label) if label == blank => {
+                        slot.hyp.frame += if tdt { advance } else { 1 };
+                        slot.on_frame = 0;
+                    }
+                    Some(label) => {
+                        slot.tokens = slot.tokens.push(Token {
+                            id: label,
+                            frame: slot.hyp.frame,
+                            duration: advance,
+                        });
+                        slot.hash = extend_hash(slot.hash, label);
+                        slot.hyp.last = Some(label);
+                        slot.hyp.frame += advance;
+                        slot.on_frame = if advance > 0 { 0 } else { slot.on_frame + 1 };
+                        slot.unfed = Some(label);
+                        if let Some(tree) = boost {
+                            slot.boost_state = tree.advance(slot.boost_state, label).1;
+                        }
                     }
                 }
+                next.push(slot);
             }
-            next.push(slot);
-        }
-        slots = recombine(next, tdt);
+            slots = recombine(next, tdt);
 
-        // The prediction net for every new label and the joint at the frame every active
-        // hypothesis looks at next, in one graph.
-        let unfed: Vec<usize> = (0..slots.len())
-            .filter(|&i| slots[i].unfed.is_some())
-            .collect();
-        let moved: Vec<usize> = (0..slots.len())
-            .filter(|&i| slots[i].unfed.is_none() && slots[i].logits.is_none() && active(&slots[i]))
-            .collect();
-        let extra: Vec<JointInput> = moved
-            .iter()
-            .map(|&i| JointInput {
-                enc: enc(slots[i].hyp.frame),
-                pred_out: &slots[i].hyp.pred_out,
+            // The prediction net for every new label and the joint at the frame every active
+            // hypothesis looks at next, in one graph.
+            let unfed: Vec<usize> = (0..slots.len())
+                .filter(|&i| slots[i].unfed.is_some())
+                .collect();
+            let moved: Vec<usize> = (0..slots.len())
+                .filter(|&i| {
+                    slots[i].unfed.is_none() && slots[i].logits.is_none() && active(&slots[i])
+                })
+                .collect();
+            let extra: Vec<JointInput> = moved
+                .iter()
+                .map(|&i| JointInput {
+                    enc: enc(slots[i].hyp.frame),
+                    pred_out: &slots[i].hyp.pred_out,
+                })
+                .collect();
+            let inputs: Vec<PredictInput> = unfed
+                .iter()
+                .map(|&i| {
+                    let s = &slots[i];
+                    PredictInput {
+                        token: s.unfed.unwrap_or(blank),
+                        state: &s.hyp.state,
+                        next_enc: active(s).then(|| enc(s.hyp.frame)),
+                    }
+                })
+                .collect();
+            let (predictions, joints) = nets.predict_and_join(backend, &inputs, &extra)?;
+            for (&i, logits) in moved.iter().zip(joints) {
+                slots[i].logits = Some(logits);
+            }
+            for (&i, p) in unfed.iter().zip(predictions) {
+                let s = &mut slots[i];
+                s.hyp.state = p.state;
+                s.hyp.pred_out = p.pred_out;
+                s.logits = p.logits;
+                s.unfed = None;
+            }
+        }
+        let hyps = slots
+            .into_iter()
+            .map(|s| NBest {
+                tokens: s.tokens.to_vec(),
+                score: s.hyp.score,
             })
             .collect();
-        let inputs: Vec<PredictInput> = unfed
-            .iter()
-            .map(|&i| {
-                let s = &slots[i];
-                PredictInput {
-                    token: s.unfed.unwrap_or(blank),
-                    state: &s.hyp.state,
-                    next_enc: active(s).then(|| enc(s.hyp.frame)),
-                }
-            })
-            .collect();
-        let (predictions, joints) = nets.predict_and_join(backend, &inputs, &extra)?;
-        for (&i, logits) in moved.iter().zip(joints) {
-            slots[i].logits = Some(logits);
-        }
-        for (&i, p) in unfed.iter().zip(predictions) {
-            let s = &mut slots[i];
-            s.hyp.state = p.state;
-            s.hyp.pred_out = p.pred_out;
-            s.logits = p.logits;
-            s.unfed = None;
-        }
+        Ok(rank(hyps, cfg.score_norm))
     }
-    let hyps = slots
-        .into_iter()
-        .map(|s| NBest {
-            tokens: s.tokens.to_vec(),
-            score: s.hyp.score,
-        })
-        .collect();
-    Ok(rank(hyps, cfg.score_norm))
 }
 
 /// The extensions of active slot `index` that compete for the beam, in NeMo's candidate

@@ -28,13 +28,40 @@ use path::TokenPath;
 use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
-use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::decoder::nets::{InputGates, JointInput, Nets, PredictInput};
 use crate::hparams::ModelType;
 use crate::model::Model;
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 use std::fmt;
 use std::str::FromStr;
+
+/// The largest beam. A beam step's graph holds a few tensors per hypothesis (its prediction
+/// input, its state columns, its joint row), and a graph holds 16,384 nodes with 4,096 kept for
+/// weights: 256 hypotheses stay far inside that for every strategy and model, and a beam search
+/// allocates and compares per hypothesis per frame, so a larger beam only costs time. NeMo's
+/// own configurations use 2 to 16 hypotheses.
+pub const MAX_BEAM_SIZE: usize = 256;
+
+/// The largest beam of NeMo's `maes`: each round expands every hypothesis by up to the beam
+/// plus 2 candidates and feeds them all in one graph, so its graphs grow with the square of
+/// the beam (measured on the tiny RNN-T model: 16 hypotheses fill 90 % of a graph, 20 exceed
+/// it). 8 keeps a quarter of that; NeMo's examples use 4 to 8.
+pub const MAX_MAES_BEAM_SIZE: usize = 8;
+
+/// One transducer beam strategy: its own search over the shared nets, from the start
+/// hypothesis to NeMo's N-best list, best first. `boost` is `None` unless the strategy
+/// boosts ([`BeamStrategy::boosts`]).
+trait TransducerSearch: Sync {
+    fn search(
+        &self,
+        backend: &mut Backend,
+        nets: Nets,
+        input: Projection,
+        cfg: &BeamConfig,
+        boost: Option<&BoostingTree>,
+    ) -> Result<Vec<NBest>>;
+}
 
 /// A beam search, by NeMo's name for it (`decoding.strategy`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,13 +130,29 @@ impl BeamStrategy {
         }
     }
 
-    /// The strategies NeMo 3.0 accepts for a head.
+    /// The strategies NeMo 3.0 accepts for a head: CTC's one, or those with a search for
+    /// the transducer.
     pub fn nemo_accepts(self, head: BeamHead) -> bool {
-        use BeamStrategy::*;
         match head {
-            BeamHead::Tdt => matches!(self, Beam | Maes | MalsdBatch),
-            BeamHead::Rnnt => matches!(self, Beam | Tsd | Alsd | Maes | MalsdBatch | MaesBatch),
-            BeamHead::Ctc => matches!(self, BeamBatch),
+            BeamHead::Ctc => self == BeamStrategy::BeamBatch,
+            _ => self.transducer_search(head).is_some(),
+        }
+    }
+
+    /// This strategy's search on a transducer `head`, if NeMo runs it there.
+    fn transducer_search(self, head: BeamHead) -> Option<&'static dyn TransducerSearch> {
+        use BeamStrategy::*;
+        let rnnt = head == BeamHead::Rnnt;
+        match self {
+            _ if head == BeamHead::Ctc => None,
+            MalsdBatch => Some(&malsd::MalsdBatch),
+            Maes => Some(&maes::Maes),
+            Beam if rnnt => Some(&rnnt_default::RnntBeam),
+            Beam => Some(&tdt_default::TdtBeam),
+            Tsd if rnnt => Some(&rnnt_sync::Tsd),
+            Alsd if rnnt => Some(&rnnt_sync::Alsd),
+            MaesBatch if rnnt => Some(&maes_batch::MaesBatch),
+            Tsd | Alsd | MaesBatch | BeamBatch => None,
         }
     }
 
@@ -155,40 +198,58 @@ impl FromStr for BeamStrategy {
     }
 }
 
-/// A beam search's settings, NeMo's `decoding.beam` with NeMo's defaults.
+/// A beam search's settings, NeMo's `decoding.beam` with NeMo's defaults. Built only by
+/// [`BeamConfig::new`], which bounds the beam, and read-only after that (but for the ranking,
+/// [`BeamConfig::with_score_norm`]): no beam reaches a graph beyond its capacity.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BeamConfig {
-    pub strategy: BeamStrategy,
-    /// Hypotheses kept (`beam_size`).
-    pub beam_size: usize,
+    strategy: BeamStrategy,
+    /// Hypotheses kept (`beam_size`), 1 to [`MAX_BEAM_SIZE`].
+    beam_size: usize,
     /// Rank the N-best by score per emitted token (NeMo's `score_norm`, default true;
     /// NeMo's CTC `beam_batch` always ranks by the raw score).
-    pub score_norm: bool,
+    score_norm: bool,
     /// Labels a transducer hypothesis may emit on one frame before a blank is forced
     /// (`max_symbols_per_step`, batched strategies).
-    pub max_symbols_per_step: usize,
+    max_symbols_per_step: usize,
     /// `maes` / `maes_batch`: expansion steps per frame.
-    pub maes_num_steps: usize,
+    maes_num_steps: usize,
     /// `maes`: prefix search depth.
-    pub maes_prefix_alpha: usize,
+    maes_prefix_alpha: usize,
     /// `maes`: extra candidates considered beyond the beam.
-    pub maes_expansion_beta: usize,
+    maes_expansion_beta: usize,
     /// `maes`: log-probability margin of a candidate to the best one.
-    pub maes_expansion_gamma: f64,
+    maes_expansion_gamma: f64,
     /// `tsd`: most label expansions per frame.
-    pub tsd_max_sym_exp_per_step: usize,
+    tsd_max_sym_exp_per_step: usize,
     /// `alsd`: longest output, as a fraction of the frames.
-    pub alsd_max_target_len: f64,
+    alsd_max_target_len: f64,
     /// CTC `beam_batch`: score added per emitted token (NeMo's `beam_beta`, default 1.0).
-    pub beam_beta: f32,
+    beam_beta: f32,
     /// CTC `beam_batch`: candidates this far below the step's best are dropped.
-    pub beam_threshold: f32,
+    beam_threshold: f32,
 }
 
 impl BeamConfig {
-    /// `strategy` with `beam_size` hypotheses and NeMo's defaults for the rest.
-    pub fn new(strategy: BeamStrategy, beam_size: usize) -> BeamConfig {
-        BeamConfig {
+    /// `strategy` with `beam_size` hypotheses and NeMo's defaults for the rest, or why a beam
+    /// of that size cannot run (in the words the `--beam` option is checked with).
+    pub fn new(strategy: BeamStrategy, beam_size: usize) -> Result<BeamConfig> {
+        if beam_size == 0 {
+            bail!("--beam 0: a beam search keeps at least one hypothesis");
+        }
+        if beam_size > MAX_BEAM_SIZE {
+            bail!(
+                "--beam {beam_size}: at most {MAX_BEAM_SIZE} hypotheses (NeMo's configurations use \
+                 2 to 16)"
+            );
+        }
+        if strategy == BeamStrategy::Maes && beam_size > MAX_MAES_BEAM_SIZE {
+            bail!(
+                "--beam {beam_size}: maes takes at most {MAX_MAES_BEAM_SIZE} hypotheses (its steps \
+                 grow with the square of the beam)"
+            );
+        }
+        Ok(BeamConfig {
             strategy,
             beam_size,
             score_norm: true,
@@ -201,14 +262,29 @@ impl BeamConfig {
             alsd_max_target_len: 1.0,
             beam_beta: 1.0,
             beam_threshold: 20.0,
-        }
+        })
+    }
+
+    /// These settings, ranking the N-best list by score per token or not (NeMo's
+    /// `score_norm`).
+    pub fn with_score_norm(self, score_norm: bool) -> BeamConfig {
+        BeamConfig { score_norm, ..self }
+    }
+
+    pub fn strategy(&self) -> BeamStrategy {
+        self.strategy
+    }
+
+    pub fn beam_size(&self) -> usize {
+        self.beam_size
+    }
+
+    pub fn score_norm(&self) -> bool {
+        self.score_norm
     }
 
     /// Why these settings cannot run on `head`, if they cannot: checked before any graph.
     pub fn check(&self, head: BeamHead) -> Result<()> {
-        if self.beam_size == 0 {
-            bail!("beam size 0: a beam search keeps at least one hypothesis");
-        }
         if !self.strategy.nemo_accepts(head) {
             bail!(
                 "beam strategy {} does not run on a {} decoder; NeMo's strategies for it: {}",
@@ -233,6 +309,24 @@ impl BeamConfig {
         }
         if head != BeamHead::Ctc && self.max_symbols_per_step == 0 {
             bail!("max_symbols_per_step must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// Why these settings cannot search a vocabulary of `vocab` pieces (the blank aside), if
+    /// they cannot: NeMo's `maes` and `maes_batch` draw the beam plus `maes_expansion_beta`
+    /// candidates from it.
+    pub fn check_vocabulary(&self, vocab: usize) -> Result<()> {
+        let maes = matches!(self.strategy, BeamStrategy::Maes | BeamStrategy::MaesBatch);
+        let beta = self.maes_expansion_beta;
+        if maes && self.beam_size + beta > vocab {
+            bail!(
+                "--beam {}: {} draws the beam plus {beta} candidates from the vocabulary, which \
+                 has {vocab} pieces: at most --beam {}",
+                self.beam_size,
+                self.strategy,
+                vocab.saturating_sub(beta)
+            );
         }
         Ok(())
     }
@@ -269,39 +363,37 @@ pub struct NBest {
 pub fn transducer_beam(
     backend: &mut Backend,
     model: &Model,
+    gates: &mut InputGates,
     joint_enc: &[f32],
     frames: usize,
     cfg: &BeamConfig,
     boost: Option<&BoostingTree>,
 ) -> Result<Vec<NBest>> {
-    let Some(head) = BeamHead::transducer_of(model.hparams.model_type) else {
+    let Some(head) = BeamHead::transducer_of(model.hparams().model_type) else {
         bail!(
             "{}: this model has no transducer decoder (it is {})",
-            model.path.display(),
-            model.hparams.model_type.name()
+            model.path().display(),
+            model.hparams().model_type.name()
         );
     };
     cfg.check(head)?;
-    check_boost(boost, model.hparams.vocab_size)?;
+    cfg.check_vocabulary(model.hparams().vocab_size)?;
+    check_boost(boost, model.hparams().vocab_size)?;
     cfg.check_boosting(boost.is_some())?;
-    let nets = Nets::new(model)?;
+    let Some(search) = cfg.strategy.transducer_search(head) else {
+        bail!(
+            "beam strategy {} does not run on a {} decoder",
+            cfg.strategy,
+            head.name()
+        );
+    };
+    let nets = Nets::new(model, gates)?;
     let input = Projection {
         width: nets.frame_width(joint_enc, frames)?,
         joint_enc,
         frames,
     };
-    match cfg.strategy {
-        BeamStrategy::MalsdBatch => malsd::search(backend, nets, input, cfg, boost),
-        BeamStrategy::Beam if head == BeamHead::Tdt => {
-            tdt_default::search(backend, nets, input, cfg)
-        }
-        BeamStrategy::Beam => rnnt_default::search(backend, nets, input, cfg),
-        BeamStrategy::Maes => maes::search(backend, nets, input, cfg),
-        BeamStrategy::Tsd => rnnt_sync::tsd(backend, nets, input, cfg),
-        BeamStrategy::Alsd => rnnt_sync::alsd(backend, nets, input, cfg),
-        BeamStrategy::MaesBatch => maes_batch::search(backend, nets, input, cfg, boost),
-        other => bail!("internal: beam strategy {other} passed its check but has no search"),
-    }
+    search.search(backend, nets, input, cfg, boost)
 }
 
 /// A transducer search's input: the encoder projection, `frames` rows of `width` values
@@ -467,15 +559,80 @@ mod tests {
 
     #[test]
     fn checks_say_what_is_wrong() {
-        let err = |s, n, head| BeamConfig::new(s, n).check(head).unwrap_err().to_string();
-        assert!(err(BeamStrategy::MalsdBatch, 0, BeamHead::Tdt).contains("beam size 0"));
+        let err = |s, n, head| {
+            BeamConfig::new(s, n)
+                .and_then(|c| c.check(head))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(BeamStrategy::MalsdBatch, 0, BeamHead::Tdt).contains("--beam 0"));
         assert!(err(BeamStrategy::MalsdBatch, 4, BeamHead::Ctc).contains("does not run on a CTC"));
         assert!(err(BeamStrategy::Tsd, 4, BeamHead::Tdt).contains("does not run on a TDT"));
         assert!(err(BeamStrategy::BeamBatch, 4, BeamHead::Rnnt).contains("RNN-T"));
         for head in [BeamHead::Tdt, BeamHead::Rnnt, BeamHead::Ctc] {
             BeamConfig::new(BeamStrategy::default_for(head), 4)
+                .unwrap()
                 .check(head)
                 .unwrap();
+        }
+    }
+
+    /// A beam beyond what a graph holds cannot be built, whatever builds it (not only the
+    /// options' checks): `--beam 100000` once reached a ggml assertion.
+    #[test]
+    fn no_config_holds_a_beam_beyond_the_bounds() {
+        for (strategy, size, words) in [
+            (BeamStrategy::MalsdBatch, MAX_BEAM_SIZE + 1, "at most 256"),
+            (
+                BeamStrategy::MalsdBatch,
+                100_000,
+                "--beam 100000: at most 256",
+            ),
+            (BeamStrategy::BeamBatch, usize::MAX, "at most 256"),
+            (
+                BeamStrategy::Maes,
+                MAX_MAES_BEAM_SIZE + 1,
+                "maes takes at most 8",
+            ),
+        ] {
+            let err = BeamConfig::new(strategy, size).unwrap_err().to_string();
+            assert!(err.contains(words), "{strategy} {size}: {err}");
+        }
+        assert_eq!(
+            BeamConfig::new(BeamStrategy::Alsd, MAX_BEAM_SIZE)
+                .unwrap()
+                .beam_size(),
+            MAX_BEAM_SIZE
+        );
+        let maes = BeamConfig::new(BeamStrategy::MaesBatch, 47).unwrap();
+        assert!(
+            maes.check_vocabulary(48)
+                .unwrap_err()
+                .to_string()
+                .contains("at most --beam 46")
+        );
+        maes.check_vocabulary(49).unwrap();
+    }
+
+    /// Every strategy NeMo accepts on a transducer has its search, and none other does.
+    #[test]
+    fn each_transducer_strategy_has_one_search() {
+        for (strategy, _) in STRATEGY_NAMES {
+            for head in [BeamHead::Tdt, BeamHead::Rnnt] {
+                let expected = match head {
+                    BeamHead::Tdt => matches!(
+                        strategy,
+                        BeamStrategy::Beam | BeamStrategy::Maes | BeamStrategy::MalsdBatch
+                    ),
+                    _ => strategy != BeamStrategy::BeamBatch,
+                };
+                assert_eq!(
+                    strategy.transducer_search(head).is_some(),
+                    expected,
+                    "{strategy}"
+                );
+            }
+            assert!(strategy.transducer_search(BeamHead::Ctc).is_none());
         }
     }
 

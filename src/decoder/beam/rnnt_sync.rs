@@ -6,8 +6,12 @@
 //! and run one prediction and one joint graph per step for the whole beam.
 
 use super::toolkit::{log_add_exp, merge_into_first, sort_best_first};
-use super::{BeamConfig, NBest, Projection, TokenPath, extend_hash, log_softmax, rank_f64, top_k};
+use super::{
+    BeamConfig, NBest, Projection, TokenPath, TransducerSearch, extend_hash, log_softmax, rank_f64,
+    top_k,
+};
 use crate::backend::Backend;
+use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
 use crate::tokenizer::Token;
@@ -125,100 +129,120 @@ fn finish(hyps: Vec<Hyp>, cfg: &BeamConfig) -> Vec<NBest> {
     )
 }
 
-pub(super) fn tsd(
-    backend: &mut Backend,
-    mut nets: Nets,
-    input: Projection,
-    cfg: &BeamConfig,
-) -> Result<Vec<NBest>> {
-    let blank = nets.blank();
-    let beam = cfg.beam_size.min(blank);
-    let mut kept = vec![start(&mut nets, backend)?];
-    for t in 0..input.frames {
-        let mut ended: Vec<Hyp> = Vec::new();
-        let mut expanding = std::mem::take(&mut kept);
-        for _ in 0..cfg.tsd_max_sym_exp_per_step {
-            let enc = vec![input.at(t); expanding.len()];
-            let logp = score_all(&mut nets, backend, &mut expanding, &enc)?;
-            let known = ended.len();
-            for (h, lp) in expanding.iter().zip(&logp) {
-                let score = h.score + lp[blank] as f64;
-                match ended[..known].iter().position(|e| e.same_tokens(h)) {
-                    Some(at) => ended[at].score = log_add_exp(ended[at].score, score),
-                    None => ended.push(Hyp { score, ..h.clone() }),
+/// NeMo's RNN-T `tsd`.
+pub(super) struct Tsd;
+
+impl TransducerSearch for Tsd {
+    fn search(
+        &self,
+        backend: &mut Backend,
+        mut nets: Nets,
+        input: Projection,
+        cfg: &BeamConfig,
+        _boost: Option<&BoostingTree>,
+    ) -> Result<Vec<NBest>> {
+        let blank = nets.blank();
+        let beam = cfg.beam_size.min(blank);
+        let mut kept = vec![start(&mut nets, backend)?];
+        for t in 0..input.frames {
+            let mut ended: Vec<Hyp> = Vec::new();
+            let mut expanding = std::mem::take(&mut kept);
+            for _ in 0..cfg.tsd_max_sym_exp_per_step {
+                let enc = vec![input.at(t); expanding.len()];
+                let logp = score_all(&mut nets, backend, &mut expanding, &enc)?;
+                let known = ended.len();
+                for (h, lp) in expanding.iter().zip(&logp) {
+                    let score = h.score + lp[blank] as f64;
+                    match ended[..known].iter().position(|e| e.same_tokens(h)) {
+                        Some(at) => ended[at].score = log_add_exp(ended[at].score, score),
+                        None => ended.push(Hyp { score, ..h.clone() }),
+                    }
                 }
-            }
-            let mut next = Vec::with_capacity(expanding.len() * beam);
-            for (h, lp) in expanding.iter().zip(&logp) {
-                for k in top_k(&lp[..blank], beam) {
-                    next.push(h.child(k, t, h.score + lp[k] as f64));
+                let mut next = Vec::with_capacity(expanding.len() * beam);
+                for (h, lp) in expanding.iter().zip(&logp) {
+                    for k in top_k(&lp[..blank], beam) {
+                        next.push(h.child(k, t, h.score + lp[k] as f64));
+                    }
                 }
+                expanding = best_n(next, beam);
             }
-            expanding = best_n(next, beam);
+            kept = best_n(ended, beam);
         }
-        kept = best_n(ended, beam);
+        Ok(finish(kept, cfg))
     }
-    Ok(finish(kept, cfg))
 }
 
-pub(super) fn alsd(
-    backend: &mut Backend,
-    mut nets: Nets,
-    input: Projection,
-    cfg: &BeamConfig,
-) -> Result<Vec<NBest>> {
-    let blank = nets.blank();
-    let beam = cfg.beam_size.min(blank);
-    let frames = input.frames;
-    let u_max = (cfg.alsd_max_target_len * frames as f64) as usize;
-    let mut kept = vec![start(&mut nets, backend)?];
-    // Only tokens and score: up to a beam of these per step of the last frame, an hour's
-    // worth of decoder states would not fit.
-    let mut finished: Vec<(TokenPath, f64)> = Vec::new();
-    for step in 0..frames + u_max {
-        // Each hypothesis looks at frame step - (its labels); past the last frame it drops.
-        let mut live: Vec<Hyp> = Vec::new();
-        let mut at: Vec<usize> = Vec::new();
-        for h in std::mem::take(&mut kept) {
-            let t = step - h.tokens.len().min(step);
-            if t < frames {
-                live.push(h);
-                at.push(t);
+/// NeMo's RNN-T `alsd`.
+pub(super) struct Alsd;
+
+impl TransducerSearch for Alsd {
+    fn search(
+        &self,
+        backend: &mut Backend,
+        mut nets: Nets,
+        input: Projection,
+        cfg: &BeamConfig,
+        _boost: Option<&BoostingTree>,
+    ) -> Result<Vec<NBest>> {
+        let blank = nets.blank();
+        let beam = cfg.beam_size.min(blank);
+        let frames = input.frames;
+        let u_max = (cfg.alsd_max_target_len * frames as f64) as usize;
+        let mut kept = vec![start(&mut nets, backend)?];
+        // Only tokens and score: up to a beam of these per step of the last frame, an hour's
+        // worth of decoder states would not fit.
+        let mut finished: Vec<(TokenPath, f64)> = Vec::new();
+        for step in 0..frames + u_max {
+            // Each hypothesis looks at frame step - (its labels); past the last frame it drops.
+            let mut live: Vec<Hyp> = Vec::new();
+            let mut at: Vec<usize> = Vec::new();
+            for h in std::mem::take(&mut kept) {
+                let t = step - h.tokens.len().min(step);
+                if t < frames {
+                    live.push(h);
+                    at.push(t);
+                }
             }
-        }
-        if live.is_empty() {
-            break;
-        }
-        let enc: Vec<&[f32]> = at.iter().map(|&t| input.at(t)).collect();
-        let logp = score_all(&mut nets, backend, &mut live, &enc)?;
-        let mut next: Vec<Hyp> = Vec::new();
-        for ((h, lp), &t) in live.iter().zip(&logp).zip(&at) {
-            let ended = Hyp {
-                score: h.score + lp[blank] as f64,
-                ..h.clone()
-            };
-            if t == frames - 1 {
-                finished.push((ended.tokens.clone(), ended.score));
+            if live.is_empty() {
+                break;
             }
-            next.push(ended);
-            for k in top_k(&lp[..blank], beam) {
-                next.push(h.child(k, step, h.score + lp[k] as f64));
+            let enc: Vec<&[f32]> = at.iter().map(|&t| input.at(t)).collect();
+            let logp = score_all(&mut nets, backend, &mut live, &enc)?;
+            let mut next: Vec<Hyp> = Vec::new();
+            for ((h, lp), &t) in live.iter().zip(&logp).zip(&at) {
+                let ended = Hyp {
+                    score: h.score + lp[blank] as f64,
+                    ..h.clone()
+                };
+                if t == frames - 1 {
+                    finished.push((ended.tokens.clone(), ended.score));
+                }
+                next.push(ended);
+                for k in top_k(&lp[..blank], beam) {
+                    next.push(h.child(k, step, h.score + lp[k] as f64));
+                }
             }
+            kept = recombine(best_n(next, beam));
         }
-        kept = recombine(best_n(next, beam));
+        Ok(if finished.is_empty() {
+            // NeMo returns the last beam as it stands (best score first) when no hypothesis
+            // reached the last frame.
+            kept.into_iter()
+                .map(|h| NBest {
+                    tokens: h.tokens.to_vec(),
+                    score: h.score as f32,
+                })
+                .collect()
+        } else {
+            // NeMo returns every hypothesis that reached the last frame, one per step for each of
+            // up to a beam of them: at a large beam, many times the beam. The beam's best are
+            // the list's (ranked as NeMo ranks it), as every other strategy's list holds at most
+            // the beam.
+            let mut ranked = rank_f64(finished, cfg.score_norm);
+            ranked.truncate(beam);
+            ranked
+        })
     }
-    Ok(if finished.is_empty() {
-        // NeMo returns the last beam as it stands (best score first) when no hypothesis
-        // reached the last frame.
-        kept.into_iter()
-            .map(|h| NBest {
-                tokens: h.tokens.to_vec(),
-                score: h.score as f32,
-            })
-            .collect()
-    } else {
-        rank_f64(finished, cfg.score_norm)
-    })
 }
 
 /// NeMo's `recombine_hypotheses`: a later hypothesis with the same labels adds its
