@@ -10,6 +10,7 @@ mod live_double;
 mod live_nemo;
 mod realtime;
 mod serve;
+mod signals;
 mod stream;
 mod stream_buffered;
 mod vad;

@@ -9,7 +9,7 @@ use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
 use parakeet::stream::pump::{PumpOptions, pump};
 use parakeet::stream::render::{EventFormat, EventWriter};
 use std::io::{Read, Write};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -214,6 +214,7 @@ fn a_stream_past_max_seconds_ends_with_a_final_and_says_so() {
     let options = PumpOptions {
         realtime: false,
         max_seconds: Some(0.25),
+        stop: None,
     };
     let summary = pump(source.as_mut(), &mut transcriber, &options, &mut |e| {
         events.push(e.clone());
@@ -253,6 +254,7 @@ fn realtime_paces_a_file_at_the_speakers_pace() {
         &PumpOptions {
             realtime: true,
             max_seconds: None,
+            stop: None,
         },
     );
     let paced = start.elapsed().as_secs_f64();
@@ -269,11 +271,7 @@ fn parakeet_stdin(args: &[&str], stdin: &[u8]) -> Output {
     static CALLS: AtomicUsize = AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
     let cache = scratch_dir("stream", &format!("cache-{call}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
-        .args(args)
-        .env("PARAKEET_CACHE", &cache)
-        .env("GGML_NO_BACKTRACE", "1")
-        .env_remove("PARAKEET_MODEL")
+    let mut child = parakeet_command(args, &cache)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
