@@ -8,6 +8,7 @@ use std::ops::RangeInclusive;
 use anyhow::{Result, anyhow, bail, ensure};
 
 use crate::audio::TARGET_RATE;
+use crate::audio::mel::MelConfig;
 use crate::gguf::GgufFile;
 use crate::gguf::GgufWriter;
 
@@ -291,6 +292,21 @@ pub struct PreprocessorParams {
     pub log_zero_guard: f32,
     /// NeMo's `per_feature` normalisation (false: `NA`, raw log-mel).
     pub normalize_per_feature: bool,
+}
+
+impl PreprocessorParams {
+    /// The log-mel front end these settings describe (every model family computes it alike).
+    pub fn mel_config(&self) -> MelConfig {
+        MelConfig {
+            n_fft: self.n_fft,
+            win_length: self.win_length,
+            hop_length: self.hop_length,
+            n_mels: self.n_mels,
+            preemph: self.preemph,
+            log_zero_guard: self.log_zero_guard,
+            normalize_per_feature: self.normalize_per_feature,
+        }
+    }
 }
 
 /// FastConformer settings (NeMo's `encoder`).

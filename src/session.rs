@@ -116,16 +116,7 @@ impl Session {
             )));
         }
         let backend = Backend::cpu(threads.get())?;
-        let pp = &model.hparams.preprocessor;
-        let mel = MelConfig {
-            n_fft: pp.n_fft,
-            win_length: pp.win_length,
-            hop_length: pp.hop_length,
-            n_mels: pp.n_mels,
-            preemph: pp.preemph,
-            log_zero_guard: pp.log_zero_guard,
-            normalize_per_feature: pp.normalize_per_feature,
-        };
+        let mel = model.hparams.preprocessor.mel_config();
         Ok(Session {
             model,
             backend,

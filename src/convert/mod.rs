@@ -55,7 +55,7 @@ pub mod fuzz {
 /// 0.6b on the AMD Zen 5 kind, 1 thread, process CPU time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum OutType {
-    /// Exact; 2.36 GiB for the 0.6b, about 1.8x q8_0's time (our f32 panel GEMM).
+    /// Exact; 2357 MiB for the 0.6b, about 1.8x q8_0's time (our f32 panel GEMM).
     #[value(name = "f32")]
     F32,
     /// ggml's f16 (round to nearest); about half of f32's size, on ggml's f16 kernels.

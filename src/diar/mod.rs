@@ -150,16 +150,7 @@ impl Diarizer {
         };
         debug_assert_eq!(model.hparams.model_type, ModelType::Sortformer);
         let weights = SortformerWeights::load(&model, &params)?;
-        let pp = &model.hparams.preprocessor;
-        let mel = MelConfig {
-            n_fft: pp.n_fft,
-            win_length: pp.win_length,
-            hop_length: pp.hop_length,
-            n_mels: pp.n_mels,
-            preemph: pp.preemph,
-            log_zero_guard: pp.log_zero_guard,
-            normalize_per_feature: pp.normalize_per_feature,
-        };
+        let mel = model.hparams.preprocessor.mel_config();
         Ok(Diarizer {
             model,
             params,

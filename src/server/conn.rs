@@ -6,7 +6,10 @@
 //! could hold the server; this loop drives hyper's HTTP/1 connections itself.
 
 use axum::Router;
+use hyper::Request;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
+use hyper::service::{Service as _, service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
@@ -14,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 /// How long connections may wait, and how many there may be.
 #[derive(Clone, Copy, Debug)]
@@ -27,6 +30,11 @@ pub struct Limits {
     /// After the shutdown signal, the most time given to requests and streams in flight.
     pub shutdown_deadline: Duration,
 }
+
+/// A connection's place under `--max-connections`. Every request carries it (as an extension),
+/// so that a live stream, which outlives its HTTP connection once upgraded, keeps holding it.
+#[derive(Clone, Debug)]
+pub struct ConnSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
 
 /// What every connection and live stream holds: the shutdown signal, and (by being alive) a
 /// claim that the server waits for on shutdown.
@@ -140,12 +148,17 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let mut drain = drain.clone();
         let app = app.clone();
+        let slot = ConnSlot(Arc::new(slot));
         tokio::spawn(async move {
-            let _slot = slot;
+            let app = TowerToHyperService::new(app);
+            let service = service_fn(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(slot.clone());
+                app.call(request)
+            });
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.io_timeout)
-                .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app))
+                .serve_connection(TokioIo::new(tcp), service)
                 .with_upgrades();
             tokio::pin!(conn);
             tokio::select! {

@@ -35,7 +35,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// `parakeet serve` options.
 #[derive(clap::Args, Debug, Clone)]
@@ -51,14 +51,15 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Requests transcribed at once, each by a worker with its own compute buffers (default:
-    /// one per 4 cores).
-    #[arg(long)]
+    /// one per 4 cores; at most 256).
+    #[arg(long, value_parser = count(1, 256))]
     pub workers: Option<usize>,
     /// Compute threads per worker (default: the cores divided among the workers).
     #[arg(short, long)]
     pub threads: Option<usize>,
-    /// Requests that may wait for a free worker; beyond that the answer is 503 + Retry-After.
-    #[arg(long, default_value_t = 16)]
+    /// Requests that may wait for a free worker (0 to 65536); beyond that the answer is 503 +
+    /// Retry-After.
+    #[arg(long, default_value_t = 16, value_parser = count(0, 1 << 16))]
     pub queue: usize,
     /// Largest request body accepted, in MiB (413 beyond; at most 1048576, a TiB).
     #[arg(long, value_name = "MIB", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
@@ -79,16 +80,18 @@ pub struct ServeArgs {
     pub shutdown_seconds: f64,
     /// A worker whose compute buffer grew past this many MiB (a very long request) gets a
     /// fresh backend afterwards, releasing that memory.
-    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub release_buffer_mb: u64,
-    /// Live streams (WebSocket connections at /v1/realtime) at once; more are refused.
-    #[arg(long, default_value_t = 8)]
+    /// Live streams (WebSocket connections at /v1/realtime) at once (1 to 65536); more are
+    /// refused.
+    #[arg(long, default_value_t = 8, value_parser = count(1, 1 << 16))]
     pub max_streams: usize,
     /// A live stream that sends no audio for this long is closed (other events and pings do
     /// not count).
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = positive_seconds)]
     pub stream_idle_seconds: f64,
-    /// Longest audio one live stream may send, in seconds.
+    /// Longest audio one live stream may send, in seconds; also the longest it may stay
+    /// connected (a stream that trickles audio cannot hold its place for ever).
     #[arg(long, value_name = "SECONDS", default_value_t = 3600.0, value_parser = positive_seconds)]
     pub max_stream_seconds: f64,
     /// Confidence for verbose_json's words (`probability`); `--confidence none` turns it off.
@@ -97,6 +100,14 @@ pub struct ServeArgs {
     /// Phrases every request boosts; a request adds its own with `boost` form fields.
     #[command(flatten)]
     pub boost: BoostArgs,
+}
+
+/// A count flag within `min..=max` (as `usize`).
+fn count(min: usize, max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone {
+    move |s: &str| match s.trim().parse::<usize>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a whole number from {min} to {max}")),
+    }
 }
 
 /// A duration flag: a finite number of seconds above zero, and at most a year (a `Duration`
@@ -176,9 +187,6 @@ struct AudioSeconds(f64);
 pub fn serve(args: ServeArgs) -> Result<()> {
     let confidence = args.confidence.resolve(true)?;
     let boost_phrases = args.boost.phrases()?;
-    if args.workers == Some(0) {
-        anyhow::bail!("--workers 0: at least 1 worker is needed");
-    }
     let threads = match args.threads {
         Some(n) => {
             let (t, warning) = Threads::resolve(Some(n))?;
@@ -300,15 +308,16 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         anyhow::Ok(finished)
     });
     match finished {
-        Ok(true) => {
+        Ok(true) if state.pool.counters.busy.load(Ordering::SeqCst) == 0 => {
             // Every connection and stream is closed, so every handler is done; the pool
-            // (dropped with the last state reference) joins its idle workers.
+            // (dropped with the last state reference) joins its idle workers (jobs still
+            // queued are those of clients gone, which the workers skip).
             drop(state);
             drop(rt);
             eprintln!("parakeet serve: stopped");
         }
-        Ok(false) => {
-            // Work still runs past the deadline: neither wait for the workers (the pool joins
+        Ok(_) => {
+            // Work still runs past the deadline (or for a client already gone): neither wait for the workers (the pool joins
             // them on drop, so it is never dropped) nor for the runtime's tasks.
             std::mem::forget(state);
             rt.shutdown_background();
@@ -672,6 +681,10 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
 /// bytes, so that the client, still sending, reads the 413 instead of a connection reset.
 const DRAIN_LIMIT: usize = 256 << 20;
 
+/// The slowest average upload accepted (after the first `--io-timeout-seconds`): 8 KiB/s, a
+/// 64 kbit/s line (the largest upload by default, 100 MiB, may take up to 3.6 hours).
+const MIN_BODY_BYTES_PER_SECOND: f64 = 8192.0;
+
 /// The whole request body, at most `max_upload` bytes; each part must come within the I/O
 /// timeout, and a shutdown cuts the upload.
 async fn read_body(mut body: Body, st: &AppState) -> Result<Bytes, ApiError> {
@@ -679,18 +692,34 @@ async fn read_body(mut body: Body, st: &AppState) -> Result<Bytes, ApiError> {
     let mut stop = st.stop.clone();
     let mut buf = Vec::new();
     let mut total = 0usize;
+    let started = tokio::time::Instant::now();
     loop {
+        // Each read within the timeout, and the whole body at no less than the minimum rate
+        // after the first timeout's grace: a trickle cannot hold a connection for ever.
+        let by_rate = started
+            + st.io_timeout
+            + Duration::from_secs_f64(total as f64 / MIN_BODY_BYTES_PER_SECOND);
+        let by_read = tokio::time::Instant::now() + st.io_timeout;
         let frame = tokio::select! {
-            frame = tokio::time::timeout(st.io_timeout, body.frame()) => match frame {
+            frame = tokio::time::timeout_at(by_rate.min(by_read), body.frame()) => match frame {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
                 Err(_) => {
-                    return Err(ApiError::new(
-                        StatusCode::REQUEST_TIMEOUT,
+                    let why = if by_rate < by_read {
+                        format!(
+                            "the request body arrives too slowly: {total} bytes in {:.0} s, below this server's minimum of {} KiB/s",
+                            started.elapsed().as_secs_f64(),
+                            MIN_BODY_BYTES_PER_SECOND as usize >> 10
+                        )
+                    } else {
                         format!(
                             "the request body stalled: nothing arrived for {} s (--io-timeout-seconds)",
                             st.io_timeout.as_secs_f64()
-                        ),
+                        )
+                    };
+                    return Err(ApiError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        why,
                         None,
                         Some("request_timeout"),
                     ));

@@ -97,6 +97,12 @@ impl<S: 'static> Pool<S> {
         let counters = self.counters.clone();
         let task: Task<S> = Box::new(move |state: &mut S, renew: &dyn Fn(&mut S, bool)| {
             counters.queued.fetch_sub(1, Ordering::SeqCst);
+            if reply.is_closed() {
+                // The requester went away while the job waited (its client closed the
+                // connection): nobody would read the result.
+                counters.accepted.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
             counters.busy.fetch_add(1, Ordering::SeqCst);
             let result = catch_unwind(AssertUnwindSafe(|| job(state)));
             // Before replying, so that a client holding its answer finds the worker ready.
@@ -187,6 +193,29 @@ mod tests {
 
     fn block_on<T>(rx: oneshot::Receiver<T>) -> T {
         rx.blocking_recv().expect("worker dropped the reply")
+    }
+
+    #[test]
+    fn a_queued_job_whose_requester_left_is_skipped() {
+        let pool = Pool::new(1, 4, |_| Ok(()), |_, _| false).unwrap();
+        let gate = Arc::new(Barrier::new(2));
+        let g = gate.clone();
+        let first = pool.submit(move |_: &mut ()| {
+            g.wait();
+        });
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        let gone = pool.submit(move |_: &mut ()| {
+            r.fetch_add(1, Ordering::SeqCst);
+        });
+        // The second requester goes away while its job waits behind the first.
+        drop(gone.unwrap());
+        gate.wait();
+        block_on(first.unwrap()).unwrap();
+        let after = pool.submit(|_: &mut ()| 7);
+        assert_eq!(block_on(after.unwrap()), Ok(7));
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert_eq!(pool.counters.accepted.load(Ordering::SeqCst), 0);
     }
 
     #[test]

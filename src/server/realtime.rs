@@ -27,12 +27,12 @@
 
 use crate::audio::decode::{MAX_SAMPLE_RATE, MIN_SAMPLE_RATE};
 use crate::audio::resample::StreamResampler;
-use crate::server::conn::Drain;
+use crate::server::conn::{ConnSlot, Drain};
 use crate::stream::{LiveTranscriber, StreamEvent};
 use anyhow::Result;
 use axum::Router;
-use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
@@ -111,6 +111,7 @@ enum Dialect {
 
 async fn upgrade(
     State(live): State<Arc<Live>>,
+    slot: Option<Extension<ConnSlot>>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
@@ -123,6 +124,8 @@ async fn upgrade(
         .max_frame_size(MAX_FRAME_BYTES)
         .max_write_buffer_size(MAX_WRITE_BUFFER)
         .on_upgrade(move |socket| async move {
+            // The stream keeps its connection's place under --max-connections until it ends.
+            let _slot = slot;
             let id = live.next_session.fetch_add(1, Ordering::Relaxed) + 1;
             let mut conn = Connection::new(live.clone(), socket, id, dialect);
             let reason = conn.run().await;
@@ -246,10 +249,19 @@ impl Connection {
         }
         // Idle is measured on audio: pings and other events do not keep a stream alive.
         let mut idle_since = Instant::now();
+        // Wall time is bounded too, so that a trickle of audio cannot hold a stream's place.
+        let expires = Instant::now() + Duration::from_secs_f64(live.config.max_seconds);
         loop {
             let received = self.received;
             let message = tokio::select! {
                 m = self.socket.recv() => m,
+                () = tokio::time::sleep_until(expires) => {
+                    let msg = format!(
+                        "the stream has been open for {} s, the most this server allows (--max-stream-seconds): reconnect to go on",
+                        live.config.max_seconds
+                    );
+                    return self.refuse("session_expired", &msg).await;
+                }
                 () = tokio::time::sleep_until(idle_since + live.config.idle_timeout) => {
                     let msg = format!(
                         "no audio for {} s: the connection is closed (--stream-idle-seconds)",

@@ -104,6 +104,12 @@ impl BufferSizes {
         let sr = geometry.sample_rate as f64;
         let window_stride = geometry.hop_length as f64 / sr;
         let stride = window_stride * geometry.subsampling_factor as f64;
+        // NeMo counts frames as ceil(secs / stride) in floating point; a size is accepted
+        // when that count is whole, which for some multiples of the stride it is not.
+        let whole = |secs: f64| {
+            let exact = secs / stride;
+            exact.ceil() - exact <= 1e-6
+        };
         let check = |name: &str, secs: f64, zero_ok: bool| -> Result<usize> {
             if !secs.is_finite() || secs < 0.0 || (secs == 0.0 && !zero_ok) {
                 bail!(
@@ -111,15 +117,26 @@ impl BufferSizes {
                     if zero_ok { "0 or more" } else { "more than 0" }
                 );
             }
+            if secs > MAX_SIZE_SECS {
+                bail!("{name} {secs} s: at most {MAX_SIZE_SECS} s");
+            }
             let exact = secs / stride;
             let frames = exact.ceil();
-            if frames - exact > 1e-6 {
+            if !whole(secs) {
+                let near: Vec<String> = [exact.floor() - 1.0, exact.floor(), frames, frames + 1.0]
+                    .iter()
+                    .map(|f| round9(f * stride))
+                    .filter(|&c| c > 0.0 && c != secs && whole(c))
+                    .map(|c| format!("{c}"))
+                    .collect();
                 bail!(
-                    "{name} {secs} s is not a whole number of {:.0} ms encoder frames: NeMo \
-                     would round it up to {frames} frames ({} s); give a multiple of {} s",
+                    "{name} {secs} s is not a whole number of {:.0} ms encoder frames as NeMo \
+                     computes it ({secs} / {} = {exact} in floating point): NeMo would round it \
+                     up to {frames} frames ({} s); sizes near it that NeMo takes whole: {} s",
                     stride * 1000.0,
+                    round9(stride),
                     round9(frames * stride),
-                    round9(stride)
+                    near.join(", ")
                 );
             }
             Ok(frames as usize)
@@ -155,6 +172,9 @@ impl BufferSizes {
         })
     }
 }
+
+/// The longest chunk or context accepted (the sizes stay far from overflowing a count).
+const MAX_SIZE_SECS: f64 = 3600.0;
 
 fn round9(x: f64) -> f64 {
     (x * 1e9).round() / 1e9
@@ -1062,13 +1082,15 @@ impl LiveTranscriber for BufferedStream {
         let size = self.sizes.chunk_samples;
         let mut rest = samples;
         while !rest.is_empty() {
-            let take = (size - self.pending.len()).min(rest.len());
-            self.pending.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
+            // A full request waits for the next sample: only then is it known not to be the
+            // last one, which NeMo decodes through its right context to the end.
             if self.pending.len() == size {
                 let chunk = std::mem::take(&mut self.pending);
                 events.extend(self.step(&chunk, size, false)?);
             }
+            let take = (size - self.pending.len()).min(rest.len());
+            self.pending.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
         }
         Ok(events)
     }
@@ -1076,13 +1098,14 @@ impl LiveTranscriber for BufferedStream {
     fn finish(&mut self) -> Result<Vec<StreamEvent>> {
         let mut events = Vec::new();
         if !self.pending.is_empty() {
-            // The last request: zero-padded to a whole chunk, its valid length remembered.
+            // The last request: zero-padded to a whole chunk (a full one where the input ends
+            // on a chunk's border), its valid length remembered.
             let valid = self.pending.len();
             let mut chunk = std::mem::take(&mut self.pending);
             chunk.resize(self.sizes.chunk_samples, 0.0);
             events.extend(self.step(&chunk, valid, true)?);
         } else if let Some(u) = self.utterance() {
-            // The input ended on a chunk's border: what was committed ends the utterance.
+            // No audio since the last request was decoded as the last one.
             events.push(StreamEvent::Final(u));
         }
         self.reset();
@@ -1168,6 +1191,20 @@ mod tests {
         );
         assert!(sizes(f64::NAN, 1.6, 1.6).is_err());
         assert!(sizes(4.8, 0.0, 0.0).is_ok());
+        // 0.56 s is 7 strides, but 0.56 / 0.08 is 7.000000000000001 in floating point, which
+        // NeMo rounds up to 8 frames: say so, and name sizes it takes whole.
+        let e = sizes(0.56, 1.6, 1.6).unwrap_err().to_string();
+        assert!(
+            e.contains("7.000000000000001") && e.contains("8 frames"),
+            "{e}"
+        );
+        assert!(e.contains("0.48, 0.64, 0.72 s"), "{e}");
+        assert!(sizes(0.48, 1.6, 1.6).is_ok() && sizes(0.64, 1.6, 1.6).is_ok());
+        // Sizes that would overflow a count are refused, not wrapped.
+        for huge in [1e300, 3600.08] {
+            let e = sizes(huge, 1.6, 1.6).unwrap_err().to_string();
+            assert!(e.contains("at most 3600 s"), "{e}");
+        }
     }
 
     #[test]

@@ -96,6 +96,26 @@ pub struct SpeechSegment {
     pub end: usize,
 }
 
+/// The package's bookkeeping inside one stretch of speech; 0 means "not set" for the three
+/// positions, as in the package, and all four are cleared together whenever speech ends or is cut.
+#[derive(Default)]
+struct Marks {
+    temp_end: i64,
+    prev_end: i64,
+    next_start: i64,
+    /// (silence start, silence length) of every silence long enough for a max-speech cut.
+    possible_ends: Vec<(i64, i64)>,
+}
+
+impl Marks {
+    fn clear(&mut self) {
+        self.temp_end = 0;
+        self.prev_end = 0;
+        self.next_start = 0;
+        self.possible_ends.clear();
+    }
+}
+
 /// Speech segments from `probs` (one per window of `window` samples, the last window
 /// zero-padded) of a signal of `n_samples` samples at `rate` Hz.
 pub fn speech_segments(
@@ -116,23 +136,21 @@ pub fn speech_segments(
     let best_cut = params.use_max_poss_sil_at_max_speech;
 
     let mut triggered = false;
-    // 0 means "not set" for these three, as in the package.
-    let (mut temp_end, mut prev_end, mut next_start) = (0i64, 0i64, 0i64);
-    let mut possible_ends: Vec<(i64, i64)> = Vec::new();
+    let mut m = Marks::default();
     let mut start: Option<i64> = None;
     let mut segs: Vec<(i64, i64)> = Vec::new();
 
     for (i, &p) in probs.iter().enumerate() {
         let p = p as f64;
         let s = (window * i) as i64;
-        if p >= threshold && temp_end != 0 {
-            let sil = s - temp_end;
+        if p >= threshold && m.temp_end != 0 {
+            let sil = s - m.temp_end;
             if sil as f64 > min_sil_max {
-                possible_ends.push((temp_end, sil));
+                m.possible_ends.push((m.temp_end, sil));
             }
-            temp_end = 0;
-            if next_start < prev_end {
-                next_start = s;
+            m.temp_end = 0;
+            if m.next_start < m.prev_end {
+                m.next_start = s;
             }
         }
         if p >= threshold && !triggered {
@@ -143,72 +161,60 @@ pub fn speech_segments(
         if let Some(st) = start.filter(|_| triggered)
             && (s - st) as f64 > max_speech
         {
-            if best_cut && !possible_ends.is_empty() {
+            if best_cut && !m.possible_ends.is_empty() {
                 // The longest silence, the first of equals.
-                let mut best = possible_ends[0];
-                for &e in &possible_ends[1..] {
+                let mut best = m.possible_ends[0];
+                for &e in &m.possible_ends[1..] {
                     if e.1 > best.1 {
                         best = e;
                     }
                 }
                 let (end, dur) = best;
                 segs.push((st, end));
-                next_start = end + dur;
-                if next_start < end + s {
-                    start = Some(next_start);
+                m.next_start = end + dur;
+                if m.next_start < end + s {
+                    start = Some(m.next_start);
                 } else {
                     start = None;
                     triggered = false;
                 }
-                prev_end = 0;
-                next_start = 0;
-                temp_end = 0;
-                possible_ends.clear();
-            } else if prev_end != 0 {
-                segs.push((st, prev_end));
+                m.clear();
+            } else if m.prev_end != 0 {
+                segs.push((st, m.prev_end));
                 start = None;
-                if next_start < prev_end {
+                if m.next_start < m.prev_end {
                     triggered = false;
                 } else {
-                    start = Some(next_start);
+                    start = Some(m.next_start);
                 }
-                prev_end = 0;
-                next_start = 0;
-                temp_end = 0;
-                possible_ends.clear();
+                m.clear();
             } else {
                 segs.push((st, s));
                 start = None;
-                prev_end = 0;
-                next_start = 0;
-                temp_end = 0;
+                m.clear();
                 triggered = false;
-                possible_ends.clear();
                 continue;
             }
         }
         if p < neg && triggered {
-            if temp_end == 0 {
-                temp_end = s;
+            if m.temp_end == 0 {
+                m.temp_end = s;
             }
-            let sil_now = s - temp_end;
+            let sil_now = s - m.temp_end;
             if !best_cut && sil_now as f64 > min_sil_max {
-                prev_end = temp_end;
+                m.prev_end = m.temp_end;
             }
             if (sil_now as f64) < min_silence {
                 continue;
             }
             if let Some(st) = start
-                && (temp_end - st) as f64 > min_speech
+                && (m.temp_end - st) as f64 > min_speech
             {
-                segs.push((st, temp_end));
+                segs.push((st, m.temp_end));
             }
             start = None;
-            prev_end = 0;
-            next_start = 0;
-            temp_end = 0;
+            m.clear();
             triggered = false;
-            possible_ends.clear();
         }
     }
     let n = n_samples as i64;

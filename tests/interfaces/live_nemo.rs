@@ -3,19 +3,15 @@
 //! (tests/fixtures/reference/tiny_stream_tdt_ctc_stream, lookahead [70,13], the 10 s clip).
 
 use crate::common::*;
-use base64::Engine;
 use parakeet::convert::OutType;
 use parakeet::model::Model;
-use parakeet::server::realtime::{RealtimeConfig, TranscriberFactory};
+use parakeet::server::realtime::TranscriberFactory;
 use parakeet::session::DecoderChoice;
 use parakeet::stream::open::{LiveOptions, open_live};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
-use tungstenite::Message;
-use tungstenite::stream::MaybeTlsStream;
 
 pub(crate) const MODEL: &str = "tiny_stream_tdt_ctc";
 
@@ -164,52 +160,8 @@ fn the_websocket_gives_nemos_streaming_text() {
         ..LiveOptions::default()
     };
     let factory: TranscriberFactory = Arc::new(move || open_live(&model, &options));
-    let config = RealtimeConfig {
-        model_name: MODEL.into(),
-        idle_timeout: Duration::from_secs(20),
-        write_timeout: Duration::from_secs(20),
-        max_seconds: 60.0,
-        max_streams: 2,
-        drain: parakeet::server::conn::Drain::new().1,
-    };
-    let addr = crate::realtime::start(config, factory);
-    let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime")).unwrap();
-    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    }
-    let send = |ws: &mut tungstenite::WebSocket<_>, v: Value| {
-        ws.send(Message::Text(v.to_string().into())).unwrap()
-    };
-    send(
-        &mut ws,
-        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
-    );
-    for piece in clip_s16le().chunks(6400) {
-        let audio = base64::engine::general_purpose::STANDARD.encode(piece);
-        send(
-            &mut ws,
-            json!({"type": "input_audio_buffer.append", "audio": audio}),
-        );
-    }
-    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
-    let (mut deltas, mut completed) = (String::new(), None);
-    while completed.is_none() {
-        let Ok(Message::Text(t)) = ws.read() else {
-            continue;
-        };
-        let event: Value = serde_json::from_str(t.as_str()).unwrap();
-        match event["type"].as_str().unwrap() {
-            "conversation.item.input_audio_transcription.delta" => {
-                deltas.push_str(event["delta"].as_str().unwrap())
-            }
-            "conversation.item.input_audio_transcription.completed" => {
-                completed = Some(event["transcript"].as_str().unwrap().to_owned())
-            }
-            "error" => panic!("{event}"),
-            _ => {}
-        }
-    }
+    let (deltas, completed) = crate::realtime::transcribe_clip(MODEL, factory);
     let (_, nemo_final) = nemo_texts("rnnt");
-    assert_eq!(completed.unwrap(), nemo_final);
+    assert_eq!(completed, nemo_final);
     assert_eq!(deltas, nemo_final);
 }

@@ -47,6 +47,57 @@ pub(crate) fn start(config: RealtimeConfig, factory: TranscriberFactory) -> Sock
     addr
 }
 
+/// Asks for 16 kHz pcm and appends the 10 s clip in 0.2 s pieces.
+pub(crate) fn send_clip(ws: &mut Client) {
+    send(
+        ws,
+        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
+    );
+    for piece in crate::live_nemo::clip_s16le().chunks(6400) {
+        let audio = base64::engine::general_purpose::STANDARD.encode(piece);
+        send(
+            ws,
+            json!({"type": "input_audio_buffer.append", "audio": audio}),
+        );
+    }
+}
+
+/// Streams the 10 s clip (s16le at 16 kHz, in 0.2 s appends) through a real model's factory
+/// and commits: the concatenated deltas and the completed transcript.
+pub(crate) fn transcribe_clip(model_name: &str, factory: TranscriberFactory) -> (String, String) {
+    let config = RealtimeConfig {
+        model_name: model_name.into(),
+        idle_timeout: Duration::from_secs(20),
+        write_timeout: Duration::from_secs(20),
+        max_seconds: 60.0,
+        max_streams: 2,
+        drain: Drain::new().1,
+    };
+    let mut ws = connect(start(config, factory));
+    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    }
+    send_clip(&mut ws);
+    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    let mut deltas = String::new();
+    loop {
+        let Ok(Message::Text(t)) = ws.read() else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(t.as_str()).unwrap();
+        match event["type"].as_str().unwrap() {
+            "conversation.item.input_audio_transcription.delta" => {
+                deltas.push_str(event["delta"].as_str().unwrap())
+            }
+            "conversation.item.input_audio_transcription.completed" => {
+                return (deltas, event["transcript"].as_str().unwrap().to_owned());
+            }
+            "error" => panic!("{event}"),
+            _ => {}
+        }
+    }
+}
+
 /// A factory of doubles with a word every 1600 samples (0.1 s at 16 kHz).
 fn doubles(eou_after: Option<usize>, alive: &Arc<AtomicUsize>) -> TranscriberFactory {
     let alive = alive.clone();
@@ -362,9 +413,9 @@ fn a_client_gone_mid_stream_frees_its_state_and_others_go_on() {
 #[test]
 fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_with_an_error() {
     let alive = Arc::new(AtomicUsize::new(0));
+    // The length limit also bounds a stream's wall time: long enough here for the appends.
     let limits = RealtimeConfig {
-        idle_timeout: Duration::from_millis(300),
-        max_seconds: 0.1,
+        max_seconds: 10.0,
         max_streams: 1,
         ..config()
     };
@@ -374,12 +425,16 @@ fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_wi
     let mut busy = connect(addr);
     assert_eq!(error_code(&mut busy).0, "server_busy");
     assert!(next(&mut busy).is_none());
-    append(&mut ws, 1601);
+    append(&mut ws, 160_001);
     assert_eq!(error_code(&mut ws).0, "audio_too_long");
     assert!(next(&mut ws).is_none());
     // Its slot is free once its transcriber is gone.
     wait_until_alive(&alive, 0, "the refused stream was never freed");
-    let mut idle = connect(addr);
+    let limits = RealtimeConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..config()
+    };
+    let mut idle = connect(start(limits, doubles(None, &alive)));
     until(&mut idle, "session.created");
     let (code, e) = error_code(&mut idle);
     assert_eq!(code, "idle_timeout", "{e}");
@@ -401,7 +456,7 @@ fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_wi
 }
 
 /// Reads events until one of type `kind`, the server's close, or `limit`; the event if seen.
-fn wait_for(ws: &mut Client, kind: &str, limit: Duration) -> Option<Value> {
+pub(crate) fn wait_for(ws: &mut Client, kind: &str, limit: Duration) -> Option<Value> {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         match ws.read() {

@@ -583,14 +583,7 @@ fn sigterm_finishes_the_request_in_flight_and_exits_0() {
         assert!(Instant::now() < deadline, "the request never started");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let pid = server.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    sigterm(&server);
     let r = in_flight.join().unwrap();
     assert_eq!((r.status, r.body.as_str()), (200, want.as_str()));
     let status = server.child.wait().unwrap();
@@ -674,7 +667,6 @@ fn serve_checks_its_decoding_and_thread_flags_as_transcribe_does() {
         ),
         (&["--confidence-alpha", "100"][..], "--confidence-alpha 100"),
         (&["--threads", "0"][..], "--threads 0: at least 1 thread"),
-        (&["--workers", "0"][..], "--workers 0"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
             .args(["serve", "-m", model.to_str().unwrap(), "--port", "0"])
@@ -801,6 +793,82 @@ fn silent_and_stalled_clients_are_cut_and_connections_are_capped() {
     }
 }
 
+/// A body that keeps arriving, but too slowly (10 bytes every 0.2 s), is cut with a 408 once
+/// it falls below the minimum rate, not when the client is done.
+#[test]
+fn a_trickled_body_is_cut_at_the_minimum_rate() {
+    use std::io::Write;
+    let server = Server::start(&["--io-timeout-seconds", "1"]);
+    let mut tcp = std::net::TcpStream::connect(&server.addr).unwrap();
+    tcp.write_all(HALF_A_BODY.as_bytes()).unwrap();
+    let began = Instant::now();
+    let reader = {
+        let mut tcp = tcp.try_clone().unwrap();
+        std::thread::spawn(move || read_until_closed(&mut tcp, Duration::from_secs(20)))
+    };
+    while !reader.is_finished() && began.elapsed() < Duration::from_secs(20) {
+        if tcp.write_all(b"0123456789").is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (said, closed) = reader.join().unwrap();
+    assert!(closed && said.starts_with("HTTP/1.1 408"), "{said:?}");
+    assert!(said.contains("too slowly"), "{said}");
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
+}
+
+/// A live stream keeps its connection's place under --max-connections after the upgrade.
+#[test]
+fn live_streams_count_against_max_connections() {
+    let server = Server::start(&["--max-connections", "1", "--io-timeout-seconds", "30"]);
+    let (ws, _) = tungstenite::connect(format!("ws://{}/v1/realtime", server.addr)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let r = server.get("/health");
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("--max-connections"), "{}", r.body);
+    drop(ws);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ureq::get(&server.url("/health")).call().is_err() {
+        assert!(Instant::now() < deadline, "the closed stream kept its slot");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A stream that trickles audio (one sample a second, never idle) is closed once it has been
+/// open --max-stream-seconds of wall time.
+#[test]
+fn a_trickling_live_stream_expires() {
+    use serde_json::json;
+    use tungstenite::Message;
+    let server = Server::start(&["--max-stream-seconds", "2", "--stream-idle-seconds", "30"]);
+    let (mut ws, _) = tungstenite::connect(format!("ws://{}/v1/realtime", server.addr)).unwrap();
+    if let tungstenite::stream::MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+    }
+    let began = Instant::now();
+    let error = loop {
+        assert!(began.elapsed() < Duration::from_secs(15), "never expired");
+        let one = json!({"type": "input_audio_buffer.append", "audio": "AAA="});
+        ws.send(Message::Text(one.to_string().into()))
+            .expect("closed without an error event");
+        if let Some(e) = crate::realtime::wait_for(&mut ws, "error", Duration::from_secs(1)) {
+            break e;
+        }
+    };
+    assert_eq!(error["error"]["code"], "session_expired", "{error}");
+    assert!(
+        began.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        began.elapsed()
+    );
+}
+
 #[cfg(unix)]
 #[test]
 fn sigterm_with_a_client_holding_half_a_body_exits_at_once() {
@@ -881,6 +949,11 @@ fn serve_limits_are_checked_at_start_up() {
         ("--io-timeout-seconds", "-1"),
         ("--shutdown-seconds", "NaN"),
         ("--max-connections", "0"),
+        ("--workers", "0"),
+        ("--workers", "1000000"),
+        ("--queue", "18446744073709551615"),
+        ("--max-streams", "0"),
+        ("--release-buffer-mb", "17592186044416"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
             .args(["serve", "-m", "no-such-model.gguf", "--port", "0"])
@@ -929,7 +1002,6 @@ fn too_many_boost_phrases_are_refused() {
 #[cfg(unix)]
 #[test]
 fn sigterm_completes_live_streams_and_closes_them() {
-    use base64::Engine;
     use serde_json::json;
     use tungstenite::Message;
     let model = gguf(crate::live_nemo::MODEL, OutType::F32);
@@ -938,14 +1010,8 @@ fn sigterm_completes_live_streams_and_closes_them() {
     if let tungstenite::stream::MaybeTlsStream::Plain(s) = ws.get_mut() {
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     }
+    crate::realtime::send_clip(&mut ws);
     let mut send = |v: Value| ws.send(Message::Text(v.to_string().into())).unwrap();
-    send(
-        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
-    );
-    for piece in crate::live_nemo::clip_s16le().chunks(6400) {
-        let audio = base64::engine::general_purpose::STANDARD.encode(piece);
-        send(json!({"type": "input_audio_buffer.append", "audio": audio}));
-    }
     // Events are handled in order: once this is answered, every append was heard.
     send(json!({"type": "session.update", "session": {}}));
     let events = |ws: &mut tungstenite::WebSocket<_>| loop {

@@ -4,18 +4,14 @@
 //! and the other kind's flags are one clear error.
 
 use crate::common::*;
-use base64::Engine;
 use parakeet::convert::OutType;
 use parakeet::model::Model;
-use parakeet::server::realtime::{RealtimeConfig, TranscriberFactory};
+use parakeet::server::realtime::TranscriberFactory;
 use parakeet::stream::open::{LiveOptions, open_live};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
-use tungstenite::Message;
-use tungstenite::stream::MaybeTlsStream;
 
 /// NeMo's final texts for a fixture (`<model>_buffered_<head>_<setting>`, the 10 s clip).
 fn nemo_finals(name: &str) -> Vec<String> {
@@ -77,14 +73,6 @@ fn finals_of(out: &Output) -> (Vec<String>, String) {
     (finals, stderr)
 }
 
-fn clip_s16le() -> Vec<u8> {
-    let mut reader = hound::WavReader::open(fixtures().join("audio/speech_10s.wav")).unwrap();
-    reader
-        .samples::<i16>()
-        .flat_map(|s| s.unwrap().to_le_bytes())
-        .collect()
-}
-
 #[test]
 fn an_offline_model_streams_by_buffers_with_nemos_finals() {
     let wav = fixtures().join("audio/speech_10s.wav");
@@ -110,7 +98,11 @@ fn an_offline_model_streams_by_buffers_with_nemos_finals() {
     assert_eq!(finals, nemo_finals("tiny_tdt_buffered_rnnt_c1.6_l1.6_r1.6"));
     // A raw pipe; a hybrid's CTC head.
     let raw = ["-", "--raw", "s16le", "--rate", "16000"];
-    let (finals, _) = finals_of(&stream_cmd("tiny_rnnt", &raw, Some(&clip_s16le())));
+    let (finals, _) = finals_of(&stream_cmd(
+        "tiny_rnnt",
+        &raw,
+        Some(&crate::live_nemo::clip_s16le()),
+    ));
     assert_eq!(
         finals,
         nemo_finals("tiny_rnnt_buffered_rnnt_c4.8_l1.6_r1.6")
@@ -198,48 +190,7 @@ fn the_websocket_streams_an_offline_model_with_nemos_final() {
         ..LiveOptions::default()
     };
     let factory: TranscriberFactory = Arc::new(move || open_live(&model, &options));
-    let config = RealtimeConfig {
-        model_name: "tiny_tdt".into(),
-        idle_timeout: Duration::from_secs(20),
-        write_timeout: Duration::from_secs(20),
-        max_seconds: 60.0,
-        max_streams: 2,
-        drain: parakeet::server::conn::Drain::new().1,
-    };
-    let addr = crate::realtime::start(config, factory);
-    let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime")).unwrap();
-    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    }
-    let send = |ws: &mut tungstenite::WebSocket<_>, v: Value| {
-        ws.send(Message::Text(v.to_string().into())).unwrap()
-    };
-    send(
-        &mut ws,
-        json!({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}),
-    );
-    for piece in clip_s16le().chunks(6400) {
-        let audio = base64::engine::general_purpose::STANDARD.encode(piece);
-        send(
-            &mut ws,
-            json!({"type": "input_audio_buffer.append", "audio": audio}),
-        );
-    }
-    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
-    let mut completed = None;
-    while completed.is_none() {
-        let Ok(Message::Text(t)) = ws.read() else {
-            continue;
-        };
-        let event: Value = serde_json::from_str(t.as_str()).unwrap();
-        match event["type"].as_str().unwrap() {
-            "conversation.item.input_audio_transcription.completed" => {
-                completed = Some(event["transcript"].as_str().unwrap().to_owned())
-            }
-            "error" => panic!("{event}"),
-            _ => {}
-        }
-    }
+    let (_, completed) = crate::realtime::transcribe_clip("tiny_tdt", factory);
     let nemo = nemo_finals("tiny_tdt_buffered_rnnt_c4.8_l1.6_r1.6");
-    assert_eq!(completed.unwrap(), nemo.join(" "));
+    assert_eq!(completed, nemo.join(" "));
 }

@@ -68,18 +68,10 @@ fn json_carries_samples_and_every_flag_reaches_the_algorithm() {
     ]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    let got: Vec<(u64, u64)> = v["segments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            (
-                s["start_sample"].as_u64().unwrap(),
-                s["end_sample"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(got, reference("sonnet1_librivox_16k", "split_max"));
+    assert_eq!(
+        sample_spans(&v),
+        reference("sonnet1_librivox_16k", "split_max")
+    );
     assert_eq!(v["sample_rate"], 16000);
     assert_eq!(v["probabilities"].as_array().unwrap().len(), 1665);
     // The legacy cut.
@@ -96,18 +88,21 @@ fn json_carries_samples_and_every_flag_reaches_the_algorithm() {
     ]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    let got: Vec<(u64, u64)> = v["segments"]
+    assert_eq!(
+        sample_spans(&v),
+        reference("sonnet1_librivox_16k", "split_legacy")
+    );
+}
+
+/// The `(start_sample, end_sample)` of every segment of `parakeet vad -f json`'s output.
+fn sample_spans(v: &serde_json::Value) -> Vec<(u64, u64)> {
+    let sample = |s: &serde_json::Value, key: &str| s[key].as_u64().unwrap();
+    v["segments"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| {
-            (
-                s["start_sample"].as_u64().unwrap(),
-                s["end_sample"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(got, reference("sonnet1_librivox_16k", "split_legacy"));
+        .map(|s| (sample(s, "start_sample"), sample(s, "end_sample")))
+        .collect()
 }
 
 #[test]
@@ -116,15 +111,7 @@ fn eight_khz_runs_the_8k_net() {
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["sample_rate"], 8000);
-    let seg = &v["segments"][0];
-    let want = reference("ldc93s1_8k_s16", "default")[0];
-    assert_eq!(
-        (
-            seg["start_sample"].as_u64().unwrap(),
-            seg["end_sample"].as_u64().unwrap()
-        ),
-        want
-    );
+    assert_eq!(sample_spans(&v), reference("ldc93s1_8k_s16", "default"));
 }
 
 #[test]

@@ -264,3 +264,41 @@ fn buffered_cases_cover_every_reference() {
     }
     assert_eq!(covered, std::fs::read_dir(&dir).unwrap().count());
 }
+
+/// Audio that ends exactly on a chunk's border ends on a full request, which NeMo decodes as
+/// the last one (through its right context to the end of the audio); the requests before it are
+/// NeMo's own, as in the full clip.
+#[test]
+fn audio_ending_on_a_chunk_border_is_decoded_to_its_end() {
+    let samples = clip_samples("speech_10s.wav");
+    // Two 4.8 s requests at NeMo's default sizes.
+    let cut = &samples[..2 * 76800];
+    for (model, head, decoder) in [
+        ("tiny_tdt", "rnnt", DecoderChoice::Auto),
+        ("tiny_ctc", "ctc", DecoderChoice::Auto),
+    ] {
+        let name = format!("{model}_buffered_{head}_c4.8_l1.6_r1.6");
+        let nemo = json(&fixtures().join("buffered").join(format!("{name}.json")));
+        let config = BufferedConfig {
+            chunk_secs: 4.8,
+            left_secs: 1.6,
+            right_secs: 1.6,
+            decoder,
+            record_steps: true,
+        };
+        let session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+        let (records, events) = run(session, config, cut, 3331);
+        assert_eq!(records.len(), 2, "{name}");
+        assert!(!records[0].is_last && records[1].is_last, "{name}");
+        assert_eq!(records[1].valid_samples, 8 * 16000, "{name}");
+        let first = &nemo["steps"][0];
+        assert_eq!(
+            records[0].committed,
+            ints(&first["committed"]),
+            "{name}: the first request is NeMo's"
+        );
+        // The right context of the last request (8.0-9.6 s) is decoded, not dropped.
+        let last = finals(&events).last().copied().cloned().unwrap();
+        assert!(last.end > 8.0, "{name}: the last word ends at {}", last.end);
+    }
+}

@@ -8,7 +8,7 @@ use parakeet::decoder::confidence::{Aggregation, ConfidenceConfig, Measure};
 use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, Session};
 use serde_json::Value;
 
-/// The tolerance; random tiny models give confidences down to ~1e-20, so absolute.
+/// Confidence within this of NeMo's; random tiny models give values down to ~1e-20, so absolute.
 const TOLERANCE: f64 = 1e-5;
 
 fn floats(v: &Value) -> Vec<f64> {
