@@ -18,7 +18,9 @@ use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
 use parakeet::stream::open::{LiveKind, LiveOptions, open_live};
 use parakeet::stream::pump::{PumpOptions, pump};
 use parakeet::stream::render::{EventFormat, EventWriter};
+use parakeet::stream::turns::{TurnParams, VadTurns};
 use parakeet::transcript::{StageTimes, Transcript};
+use parakeet::vad::VadModel;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -137,6 +139,17 @@ struct TranscribeArgs {
     boost: BoostArgs,
     #[command(flatten)]
     beam: BeamArgs,
+    /// Transcribe only speech: Silero VAD (built in) finds it, as the silero-vad package's
+    /// get_speech_timestamps does with the speech-detection flags below, and each speech
+    /// segment is transcribed on its own; times stay the input's, and cues never span two
+    /// segments. Silence is not encoded.
+    #[arg(long)]
+    vad: bool,
+    /// With --vad: a Silero VAD GGUF to use instead of the built-in model (v6.2).
+    #[arg(long, value_name = "FILE", requires = "vad")]
+    vad_model: Option<PathBuf>,
+    #[command(flatten, next_help_heading = "Speech detection (with --vad)")]
+    speech: parakeet::cli::vad::SpeechArgs,
 }
 
 #[derive(Args)]
@@ -197,6 +210,15 @@ struct StreamArgs {
     /// next one goes on from there; 0: never cut.
     #[arg(long, value_name = "S", default_value_t = parakeet::stream::DEFAULT_MAX_UTTERANCE_SECONDS)]
     max_utterance_seconds: f64,
+    /// End each utterance where Silero VAD (built in) finds the end of speech, as the
+    /// silero-vad package's VADIterator does; the silence between utterances is not transcribed.
+    #[arg(long)]
+    vad: bool,
+    #[command(flatten)]
+    turn: parakeet::cli::vad::TurnArgs,
+    /// With --vad: a Silero VAD GGUF to use instead of the built-in model (v6.2).
+    #[arg(long, value_name = "FILE", requires = "vad")]
+    vad_model: Option<PathBuf>,
 }
 
 fn parse_att_context(s: &str) -> Result<[usize; 2], String> {
@@ -683,6 +705,8 @@ impl TranscribePlan {
             .resolve(shows_confidence && beam.is_none())?;
         let boost = args.boost.config(args.boost.phrases()?);
         let (threads, warning) = Threads::resolve(args.threads)?;
+        let speech =
+            parakeet::cli::vad::speech_request(args.vad, &args.speech, args.vad_model.as_deref())?;
         let (mut jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
         if jobs.is_empty() {
             bail!(
@@ -727,6 +751,7 @@ impl TranscribePlan {
                 confidence,
                 boost,
                 beam,
+                speech,
             },
         })
     }
@@ -883,11 +908,17 @@ fn write_outputs(
         model: model_name.to_owned(),
         audio_path: job.path.display().to_string(),
         audio_seconds: t.audio_seconds,
-        timings: vec![
-            ("features".into(), t.times.features.as_secs_f64()),
-            ("encoder".into(), t.times.encoder.as_secs_f64()),
-            ("decoder".into(), t.times.decoder.as_secs_f64()),
-        ],
+        timings: t
+            .speech
+            .as_ref()
+            .map(|_| ("vad".to_string(), t.times.vad.as_secs_f64()))
+            .into_iter()
+            .chain([
+                ("features".into(), t.times.features.as_secs_f64()),
+                ("encoder".into(), t.times.encoder.as_secs_f64()),
+                ("decoder".into(), t.times.decoder.as_secs_f64()),
+            ])
+            .collect(),
     };
     for (format, path) in outputs {
         output::check_not_input(path, &job.path)?;
@@ -919,7 +950,7 @@ fn transcribe_one(
         Input::Path(&job.path)
     };
     let shown = input.name();
-    let samples = pipeline::load_samples(input, Limits::default())?;
+    let samples = pipeline::load_samples_for(input, Limits::default(), options)?;
     profile.read += t0.elapsed();
     if let Some(dir) = &args.dump_layers {
         dump_layers(session, &samples, options, dir)
@@ -1052,6 +1083,7 @@ fn stream(args: StreamArgs) -> Result<u8> {
             "--max-utterance-seconds must be 0 (never cut) or a positive number of seconds (got {cut})"
         );
     }
+    let turns = stream_turns(&args)?;
     let (threads, warning) = Threads::resolve(args.threads)?;
     if let Some(w) = warning {
         eprintln!("warning: {w}");
@@ -1067,8 +1099,18 @@ fn stream(args: StreamArgs) -> Result<u8> {
         max_utterance_seconds: (cut > 0.0).then_some(cut),
     };
     let mut transcriber = open_live(&model, &options)?;
+    let turn_params = turns.as_ref().map(|(_, p)| *p);
+    if let Some((vad, params)) = turns {
+        transcriber = Box::new(VadTurns::new(transcriber, vad, params)?);
+    }
     if args.verbose {
         eprintln!("{}: {}", model.name, LiveKind::of(&model).describe());
+        if let Some(p) = turn_params {
+            eprintln!(
+                "end of utterance: Silero VAD (VADIterator: threshold {}, min silence {} ms, pad {} ms)",
+                p.threshold, p.min_silence_ms, p.speech_pad_ms
+            );
+        }
         if LiveKind::of(&model) == LiveKind::Buffered {
             let b = options.buffered();
             eprintln!(
@@ -1108,6 +1150,26 @@ fn stream(args: StreamArgs) -> Result<u8> {
         return Ok(EXIT_FAILED_INPUTS);
     }
     Ok(0)
+}
+
+/// `stream --vad`'s model and checked parameters (`None` without --vad, whose parameters it
+/// refuses).
+fn stream_turns(args: &StreamArgs) -> Result<Option<(Arc<VadModel>, TurnParams)>> {
+    let params = args.turn.params()?;
+    if !args.vad {
+        let d = TurnParams::default();
+        for (flag, given, default) in [
+            ("--threshold", params.threshold, d.threshold),
+            ("--min-silence-ms", params.min_silence_ms, d.min_silence_ms),
+            ("--speech-pad-ms", params.speech_pad_ms, d.speech_pad_ms),
+        ] {
+            if given != default {
+                bail!("{flag} {given} sets the VAD's end of utterance: it needs --vad");
+            }
+        }
+        return Ok(None);
+    }
+    Ok(Some((VadModel::load(args.vad_model.as_deref())?, params)))
 }
 
 /// The `stream` command's input: a file, standard input (`-`) or the default microphone.
@@ -1171,6 +1233,9 @@ fn print_profile(p: &Profile, session: &Session, wall: Duration) {
     eprintln!("stage                  time (ms)");
     eprintln!("model load          {:>12.1}", ms(p.load));
     eprintln!("audio read+resample {:>12.1}", ms(p.read));
+    if !p.stages.vad.is_zero() {
+        eprintln!("vad                 {:>12.1}", ms(p.stages.vad));
+    }
     eprintln!("features            {:>12.1}", ms(p.stages.features));
     let attention: Vec<String> = p.attention.iter().map(|a| a.to_string()).collect();
     eprintln!(

@@ -4,7 +4,7 @@
 //! Every rendering works in whole milliseconds, so the formats agree with each other to the
 //! millisecond and a file can be compared exactly with another rendering of the same transcript.
 
-use crate::tokenizer::{Word, token_span};
+use crate::tokenizer::Word;
 use crate::transcript::Transcript;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
@@ -128,10 +128,17 @@ pub fn render(format: Format, t: &Transcript, meta: &OutputMeta) -> String {
     match format {
         Format::Txt => format!("{}\n", t.text.trim()),
         Format::Json => render_json(t, meta),
-        Format::Srt => render_srt(&segments(&t.words)),
-        Format::Vtt => render_vtt(&segments(&t.words)),
-        Format::Tsv => render_tsv(&segments(&t.words)),
+        Format::Srt => render_srt(&transcript_segments(t)),
+        Format::Vtt => render_vtt(&transcript_segments(t)),
+        Format::Tsv => render_tsv(&transcript_segments(t)),
     }
+}
+
+/// A transcript's cues: [`segments`] of its words, and with speech detection never one across
+/// two speech segments (a cue starts with each).
+pub fn transcript_segments(t: &Transcript) -> Vec<Segment> {
+    let starts: Vec<usize> = t.speech.iter().flatten().map(|s| s.first_word).collect();
+    cues(&t.words, &starts)
 }
 
 /// Groups words into subtitle cues. A cue ends after a word that ends a sentence, before a
@@ -142,7 +149,12 @@ pub fn render(format: Format, t: &Transcript, meta: &OutputMeta) -> String {
 /// starts strictly increase, each cue lasts at least 1 ms, and a cue ends no later than the
 /// next one starts (a word span can reach one frame past the next word's start).
 pub fn segments(words: &[Word]) -> Vec<Segment> {
-    let groups = group_words(words);
+    cues(words, &[])
+}
+
+/// [`segments`], with a new cue at each word index of `starts` (ascending).
+fn cues(words: &[Word], starts: &[usize]) -> Vec<Segment> {
+    let groups = group_words(words, starts);
     let mut starts: Vec<u64> = Vec::with_capacity(groups.len());
     for g in &groups {
         let raw = g.iter().map(|w| to_ms(w.start)).min().unwrap_or(0);
@@ -400,18 +412,27 @@ fn timestamp(ms: u64, sep: char) -> String {
     format!("{h:02}:{m:02}:{s:02}{sep}{ms:03}")
 }
 
-/// Words split into cues by the rules of [`segments`]; words without text are skipped.
-fn group_words(words: &[Word]) -> Vec<Vec<&Word>> {
+/// Words split into cues by the rules of [`segments`] and before each word index of
+/// `starts`; words without text are skipped.
+fn group_words<'a>(words: &'a [Word], starts: &[usize]) -> Vec<Vec<&'a Word>> {
     let mut groups: Vec<Vec<&Word>> = Vec::new();
-    for w in words.iter().filter(|w| !w.text.trim().is_empty()) {
+    // Set when a start is passed, even on a skipped word; cleared by the next cue.
+    let mut forced = false;
+    for (i, w) in words.iter().enumerate() {
+        forced |= starts.binary_search(&i).is_ok();
+        if w.text.trim().is_empty() {
+            continue;
+        }
         let breaks = match groups.last().and_then(|g| g.last().map(|prev| (g, prev))) {
             None => true,
             Some((g, prev)) => {
-                ends_sentence(&prev.text)
+                forced
+                    || ends_sentence(&prev.text)
                     || w.start - prev.end > MAX_PAUSE_SECONDS
                     || !fits(&format!("{} {}", join_words(g), clean(&w.text)))
             }
         };
+        forced = false;
         if breaks {
             groups.push(vec![w]);
         } else if let Some(g) = groups.last_mut() {
@@ -594,6 +615,9 @@ struct JsonOutput<'a> {
     tokens: Vec<JsonToken<'a>>,
     words: Vec<JsonWord<'a>>,
     segments: Vec<Segment>,
+    /// With speech detection, the speech segments transcribed (seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speech: Option<Vec<JsonSpeech>>,
     /// A beam search's other hypotheses, best first (absent for greedy decoding).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     alternatives: Vec<JsonAlternative<'a>>,
@@ -653,6 +677,12 @@ struct JsonToken<'a> {
 }
 
 #[derive(Serialize)]
+struct JsonSpeech {
+    start: f64,
+    end: f64,
+}
+
+#[derive(Serialize)]
 struct JsonWord<'a> {
     word: &'a str,
     start: f64,
@@ -678,7 +708,7 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
         .enumerate()
         .map(|(i, tok)| {
             // As the decoder times words: a token covers at least one frame.
-            let (start, end) = token_span(tok, t.frame_seconds);
+            let (start, end) = t.token_times(i);
             JsonToken {
                 id: tok.id,
                 piece: t.pieces.get(i).map_or("", String::as_str),
@@ -738,7 +768,16 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
         decoding,
         tokens,
         words,
-        segments: segments(&t.words),
+        segments: transcript_segments(t),
+        speech: t.speech.as_ref().map(|spans| {
+            spans
+                .iter()
+                .map(|s| JsonSpeech {
+                    start: round_ms(s.start),
+                    end: round_ms(s.end),
+                })
+                .collect()
+        }),
         alternatives,
         timings: JsonTimings(&meta.timings),
     };

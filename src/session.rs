@@ -25,10 +25,11 @@ use std::time::Instant;
 
 pub mod options;
 pub mod pipeline;
+mod speech;
 
 pub use options::{
     BeamPlan, BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, Head, MAX_BEAM_SIZE,
-    MAX_MAES_BEAM_SIZE, Threads,
+    MAX_MAES_BEAM_SIZE, SpeechPlan, SpeechRequest, Threads,
 };
 
 /// What decoding an encoder pass gives.
@@ -54,6 +55,8 @@ pub struct Session {
     progress: Option<Progress>,
     /// Test hook: the encoder's layer time slice ([`Session::set_layer_slice`]).
     layer_slice: Option<usize>,
+    /// Speech detection, made on first use (a backend of its own, as small as its model).
+    vad: Option<crate::vad::Vad>,
 }
 
 /// Told the stage of the utterance being transcribed ("features", "encoder", "decoder") and
@@ -123,6 +126,7 @@ impl Session {
             mel,
             progress: None,
             layer_slice: None,
+            vad: None,
         })
     }
 
@@ -455,9 +459,18 @@ impl Session {
     }
 
     /// Transcribe 16 kHz mono samples by `opts`: the whole file in one encoder pass and one
-    /// decoder pass (local attention keeps long files linear in time and memory). The samples
-    /// are taken by value so that an hour of audio is freed once its features exist.
+    /// decoder pass (local attention keeps long files linear in time and memory), or with
+    /// speech detection each speech segment so. The samples are taken by value so that an
+    /// hour of audio is freed once its features exist.
     pub fn transcribe(&mut self, samples: Vec<f32>, opts: &DecodeOptions) -> Result<Transcript> {
+        match opts.speech() {
+            Some(speech) => self.transcribe_speech(samples, opts, speech),
+            None => self.transcribe_whole(samples, opts),
+        }
+    }
+
+    /// All of `samples` as one utterance.
+    fn transcribe_whole(&mut self, samples: Vec<f32>, opts: &DecodeOptions) -> Result<Transcript> {
         let audio_seconds = samples.len() as f64 / self.sample_rate() as f64;
         let (decoded, attention) = self.run_stages(samples, opts)?;
         let Decoded {
@@ -497,6 +510,7 @@ impl Session {
             frame_seconds,
             attention,
             times,
+            speech: None,
         })
     }
 

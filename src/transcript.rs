@@ -2,12 +2,14 @@
 //! the time went.
 
 use crate::hparams::Attention;
-use crate::tokenizer::{Token, Word};
+use crate::tokenizer::{Token, Word, token_span};
 use std::time::Duration;
 
 /// Where the time went for one utterance.
 #[derive(Clone, Debug, Default)]
 pub struct StageTimes {
+    /// Speech detection (zero without it).
+    pub vad: Duration,
     pub features: Duration,
     pub encoder: Duration,
     pub decoder: Duration,
@@ -20,6 +22,7 @@ pub struct StageTimes {
 impl StageTimes {
     /// Accumulate another utterance's times.
     pub fn add(&mut self, o: &StageTimes) {
+        self.vad += o.vad;
         self.features += o.features;
         self.encoder += o.encoder;
         self.decoder += o.decoder;
@@ -50,6 +53,36 @@ pub struct Transcript {
     /// A beam search's N best, best first (the first is this transcript); empty for greedy.
     pub alternatives: Vec<Alternative>,
     pub times: StageTimes,
+    /// With speech detection, the speech segments transcribed, in order (none found: empty);
+    /// `None`: the whole input was one utterance.
+    pub speech: Option<Vec<SpeechSpan>>,
+}
+
+/// A speech segment a transcript was made of: where it lies in the input and where its
+/// tokens and words begin. Its tokens' frames count from its start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpeechSpan {
+    /// Seconds of the input.
+    pub start: f64,
+    pub end: f64,
+    /// Index of its first token in [`Transcript::tokens`] (of the next segment's when it has
+    /// none), and of its first word in [`Transcript::words`].
+    pub first_token: usize,
+    pub first_word: usize,
+}
+
+impl Transcript {
+    /// Token `i`'s start and end in seconds of the input (a token covers at least one frame).
+    pub fn token_times(&self, i: usize) -> (f64, f64) {
+        let (start, end) = token_span(&self.tokens[i], self.frame_seconds);
+        let offset = self.speech.as_deref().map_or(0.0, |spans| {
+            // The last segment starting at or before the token: segments without tokens share
+            // their first token with the next one, which comes later.
+            let k = spans.partition_point(|s| s.first_token <= i);
+            k.checked_sub(1).map_or(0.0, |k| spans[k].start)
+        });
+        (start + offset, end + offset)
+    }
 }
 
 /// Which decoding ran: what a JSON output reports beside the text.

@@ -17,7 +17,6 @@ use parakeet::server::plan_workers;
 use parakeet::server::pool::{JobFailure, Pool};
 use parakeet::session::pipeline::{self, Limits};
 use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, Session, Threads};
-use parakeet::tokenizer::token_span;
 use pyo3::create_exception;
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyOSError, PyTypeError, PyUserWarning, PyValueError,
@@ -422,6 +421,7 @@ impl Model {
             .map_err(py_error)?,
             boost: boost.config(phrases),
             beam: beam.request().map_err(py_error)?,
+            speech: None,
         };
         DecodeOptions::new(&self.model, &request).map_err(py_error)
     }
@@ -591,23 +591,28 @@ impl Transcript {
         t: parakeet::transcript::Transcript,
         model: &parakeet::model::Model,
     ) -> PyResult<Transcript> {
+        let tokens: Vec<Token> = t
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, tok)| {
+                let (start, end) = t.token_times(i);
+                Token {
+                    id: tok.id,
+                    piece: model.tokenizer.piece(tok.id).unwrap_or_default().to_owned(),
+                    frame: tok.frame,
+                    duration: tok.duration,
+                    start,
+                    end,
+                    confidence: t.token_confidence.as_ref().and_then(|c| c.get(i).copied()),
+                }
+            })
+            .collect();
         let words = t.words.into_iter().map(|w| Word {
             text: w.text,
             start: w.start,
             end: w.end,
             confidence: w.confidence,
-        });
-        let tokens = t.tokens.iter().enumerate().map(|(i, tok)| {
-            let (start, end) = token_span(tok, t.frame_seconds);
-            Token {
-                id: tok.id,
-                piece: model.tokenizer.piece(tok.id).unwrap_or_default().to_owned(),
-                frame: tok.frame,
-                duration: tok.duration,
-                start,
-                end,
-                confidence: t.token_confidence.as_ref().and_then(|c| c.get(i).copied()),
-            }
         });
         let alternatives = t.alternatives.into_iter().map(|a| Alternative {
             text: a.text,

@@ -76,12 +76,37 @@ pub fn check_samples(samples: &[f32], first: u64, sample_rate: u32) -> Result<()
     Ok(())
 }
 
+/// Audio that decodes to no samples at all (a WAV with an empty `data` chunk): an error for
+/// transcription, zero speech for voice activity detection, which finds it in the error chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoSamples {
+    /// The rate the header declares.
+    pub sample_rate: u32,
+}
+
+impl std::fmt::Display for NoSamples {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("contains no audio samples")
+    }
+}
+
+impl std::error::Error for NoSamples {}
+
+impl NoSamples {
+    /// The empty audio `e` reports, if that is its failure.
+    pub fn find(e: &anyhow::Error) -> Option<NoSamples> {
+        e.chain()
+            .find_map(|c| c.downcast_ref::<NoSamples>())
+            .copied()
+    }
+}
+
 impl Audio {
     fn new(samples: Vec<f32>, sample_rate: u32, channels_in: u16) -> Result<Self> {
-        if samples.is_empty() {
-            bail!("contains no audio samples");
-        }
         check_sample_rate(sample_rate)?;
+        if samples.is_empty() {
+            return Err(NoSamples { sample_rate }.into());
+        }
         check_samples(&samples, 0, sample_rate)?;
         let duration_s = samples.len() as f64 / f64::from(sample_rate);
         Ok(Self {

@@ -20,7 +20,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-pub use decode::{Audio, decode_bytes};
+pub use decode::{Audio, NoSamples, decode_bytes};
 pub use resample::TARGET_RATE;
 
 /// File extensions (lower case) recognised as audio when walking a directory.

@@ -3,18 +3,59 @@
 
 use crate::audio;
 use crate::output::write_atomic;
+use crate::session::SpeechRequest;
+use crate::stream::turns::TurnParams;
 use crate::vad::{SampleRate, SpeechParams, SpeechSegment, Vad, VadModel, speech_segments};
 use anyhow::{Context, Result, bail};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-/// The parameters of `get_speech_timestamps`, with the package's defaults.
+/// The parameters speech detection shares with the streaming `VADIterator` (`stream --vad`),
+/// with the package's defaults.
 #[derive(clap::Args, Clone, Debug)]
-pub struct SpeechArgs {
+pub struct TurnArgs {
     /// A window at or above this speech probability is speech.
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     pub threshold: f64,
+    /// Silence shorter than this does not end speech.
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 100.0
+    )]
+    pub min_silence_ms: f64,
+    /// Added to both ends of every speech segment (in segments, a gap shorter than twice this
+    /// is split in the middle).
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "MS",
+        default_value_t = 30.0
+    )]
+    pub speech_pad_ms: f64,
+}
+
+impl TurnArgs {
+    /// The checked parameters of the streaming `VADIterator`.
+    pub fn params(&self) -> Result<TurnParams> {
+        let p = TurnParams {
+            threshold: self.threshold,
+            min_silence_ms: self.min_silence_ms,
+            speech_pad_ms: self.speech_pad_ms,
+        };
+        p.validate(["threshold", "min-silence-ms", "speech-pad-ms"])
+            .map_err(|e| anyhow::anyhow!("--{e:#}"))?;
+        Ok(p)
+    }
+}
+
+/// The parameters of `get_speech_timestamps`, with the package's defaults.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpeechArgs {
+    #[command(flatten)]
+    pub turn: TurnArgs,
     /// Speech ends below this probability [default: threshold - 0.15, at least 0.01].
     #[arg(long, allow_negative_numbers = true)]
     pub neg_threshold: Option<f64>,
@@ -30,22 +71,6 @@ pub struct SpeechArgs {
     /// [default: no limit].
     #[arg(long, allow_negative_numbers = true, value_name = "S")]
     pub max_speech_s: Option<f64>,
-    /// Silence shorter than this does not end speech.
-    #[arg(
-        long,
-        allow_negative_numbers = true,
-        value_name = "MS",
-        default_value_t = 100.0
-    )]
-    pub min_silence_ms: f64,
-    /// Added to both ends of every segment (a gap shorter than twice this is split in the middle).
-    #[arg(
-        long,
-        allow_negative_numbers = true,
-        value_name = "MS",
-        default_value_t = 30.0
-    )]
-    pub speech_pad_ms: f64,
     /// A silence at least this long is a place where --max-speech-s may cut.
     #[arg(
         long,
@@ -64,18 +89,39 @@ impl SpeechArgs {
     /// The checked parameters.
     pub fn params(&self) -> Result<SpeechParams> {
         let p = SpeechParams {
-            threshold: self.threshold,
+            threshold: self.turn.threshold,
             neg_threshold: self.neg_threshold,
             min_speech_ms: self.min_speech_ms,
             max_speech_s: self.max_speech_s.unwrap_or(f64::INFINITY),
-            min_silence_ms: self.min_silence_ms,
-            speech_pad_ms: self.speech_pad_ms,
+            min_silence_ms: self.turn.min_silence_ms,
+            speech_pad_ms: self.turn.speech_pad_ms,
             min_silence_at_max_speech_ms: self.min_silence_at_max_speech_ms,
             use_max_poss_sil_at_max_speech: !self.legacy_max_speech_split,
         };
         p.validate().map_err(|e| anyhow::anyhow!("--{e:#}"))?;
         Ok(p)
     }
+}
+
+/// `transcribe --vad`'s request: `None` without `--vad` (and then none of the
+/// speech-detection flags may differ from their defaults: they would do nothing), else the
+/// checked parameters and the `--vad-model` file's model.
+pub fn speech_request(
+    vad: bool,
+    args: &SpeechArgs,
+    model: Option<&Path>,
+) -> Result<Option<SpeechRequest>> {
+    let params = args.params()?;
+    if !vad {
+        if params != SpeechParams::default() {
+            bail!("the speech-detection flags (--threshold, --min-silence-ms, ...) need --vad");
+        }
+        return Ok(None);
+    }
+    Ok(Some(SpeechRequest {
+        params,
+        model: model.map(VadModel::open).transpose()?,
+    }))
 }
 
 /// How `parakeet vad` writes segments.
@@ -218,9 +264,22 @@ fn destination(input: &Path, root: Option<&Path>, dir: &Path, format: VadFormat)
 /// to 16 kHz first.
 fn detect(vad: &mut Vad, path: &Path, params: &SpeechParams, verbose: bool) -> Result<Detection> {
     let decoded = if path.as_os_str() == "-" {
-        audio::read_stdin()?
+        audio::read_stdin()
     } else {
-        audio::load_audio(path)?
+        audio::load_audio(path)
+    };
+    // Audio with no samples has no speech.
+    let decoded = match decoded {
+        Err(e) => match audio::NoSamples::find(&e) {
+            Some(empty) => audio::Audio {
+                samples: Vec::new(),
+                sample_rate: empty.sample_rate,
+                channels_in: 1,
+                duration_s: 0.0,
+            },
+            None => return Err(e),
+        },
+        Ok(decoded) => decoded,
     };
     let (samples, rate) = match SampleRate::from_hz(decoded.sample_rate) {
         Some(rate) => (decoded.samples, rate),

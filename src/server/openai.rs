@@ -1,6 +1,6 @@
 //! The OpenAI audio API's shapes: request fields, response formats, and the error body.
 
-use crate::output::{self, Format, OutputMeta, round_ms, segments};
+use crate::output::{self, Format, OutputMeta, round_ms};
 use crate::transcript::Transcript;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -291,10 +291,10 @@ pub fn render(format: ResponseFormat, t: &Transcript, granularities: Granulariti
 /// The CLI's cues, each with the ids of the tokens that start inside it (from its start to
 /// the next cue's start).
 fn verbose_segments(t: &Transcript) -> Vec<VerboseSegment> {
-    let cues = segments(&t.words);
+    let cues = output::transcript_segments(t);
     let mut tokens: Vec<Vec<usize>> = vec![Vec::new(); cues.len()];
-    for tok in &t.tokens {
-        let start = round_ms(tok.frame as f64 * t.frame_seconds);
+    for (i, tok) in t.tokens.iter().enumerate() {
+        let start = round_ms(t.token_times(i).0);
         // The last cue starting at or before the token (tokens before the first cue, such as
         // leading punctuation, go to the first).
         let k = cues.partition_point(|c| c.start <= start).saturating_sub(1);

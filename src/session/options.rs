@@ -12,6 +12,7 @@ use crate::decoder::confidence::{ConfidenceConfig, Measure};
 use crate::encoder::{AttentionChoice, Outputs};
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::vad::{SpeechParams, VadModel};
 use std::num::NonZeroUsize;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
@@ -133,6 +134,45 @@ pub struct DecodeRequest {
     pub boost: Option<BoostingConfig>,
     /// A beam search instead of greedy decoding (`--beam`, `--beam-strategy`, `--nbest`).
     pub beam: Option<BeamRequest>,
+    /// Transcribe only the speech voice activity detection finds (`--vad`); `None`: all.
+    pub speech: Option<SpeechRequest>,
+}
+
+/// A request to transcribe only speech, as given: the speech-segment parameters and the VAD
+/// model (`None`: the built-in one).
+#[derive(Clone, Default)]
+pub struct SpeechRequest {
+    pub params: SpeechParams,
+    pub model: Option<Arc<VadModel>>,
+}
+
+impl std::fmt::Debug for SpeechRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpeechRequest")
+            .field("params", &self.params)
+            .field(
+                "model",
+                &self.model.as_ref().map_or("built-in", |_| "given"),
+            )
+            .finish()
+    }
+}
+
+/// Speech detection, checked: the parameters in range and the model loaded.
+#[derive(Clone)]
+pub struct SpeechPlan {
+    params: SpeechParams,
+    model: Arc<VadModel>,
+}
+
+impl SpeechPlan {
+    pub fn params(&self) -> &SpeechParams {
+        &self.params
+    }
+
+    pub fn model(&self) -> &Arc<VadModel> {
+        &self.model
+    }
 }
 
 impl DecodeRequest {
@@ -238,6 +278,7 @@ pub struct DecodeOptions {
     confidence: Option<ConfidenceConfig>,
     boosting: Option<Arc<BoostingTree>>,
     beam: Option<BeamPlan>,
+    speech: Option<SpeechPlan>,
 }
 
 impl std::fmt::Debug for DecodeOptions {
@@ -251,6 +292,7 @@ impl std::fmt::Debug for DecodeOptions {
                 &self.boosting.as_ref().map_or(0, |t| t.phrases()),
             )
             .field("beam", &self.beam)
+            .field("speech", &self.speech.as_ref().map(|s| &s.params))
             .finish()
     }
 }
@@ -276,12 +318,18 @@ impl DecodeOptions {
             Some(cfg) => Some(Arc::new(boosting_tree(model, cfg)?)),
             None => None,
         };
+        let speech = request
+            .speech
+            .as_ref()
+            .map(|r| speech_plan(r, beam.as_ref()))
+            .transpose()?;
         Ok(DecodeOptions {
             head,
             attention: request.attention,
             confidence: request.confidence,
             boosting,
             beam,
+            speech,
         })
     }
 
@@ -332,6 +380,44 @@ impl DecodeOptions {
     pub fn beam(&self) -> Option<&BeamPlan> {
         self.beam.as_ref()
     }
+
+    /// Speech detection, when only speech is transcribed.
+    pub fn speech(&self) -> Option<&SpeechPlan> {
+        self.speech.as_ref()
+    }
+}
+
+/// Checks a speech request: the parameters' ranges, and no N-best list (each speech segment
+/// has its own: the N best of the whole are not theirs joined).
+fn speech_plan(r: &SpeechRequest, beam: Option<&BeamPlan>) -> Result<SpeechPlan> {
+    r.params
+        .validate()
+        .map_err(|e| Error::Options(format!("speech detection: {e:#}")))?;
+    if let Some(b) = beam.filter(|b| b.nbest() > 1) {
+        return Err(Error::Options(format!(
+            "--nbest {} with speech detection: each speech segment has its own N best, so only \
+             the best is kept (--nbest 1)",
+            b.nbest()
+        )));
+    }
+    let model = match &r.model {
+        Some(m) => m.clone(),
+        None => builtin_vad()?,
+    };
+    Ok(SpeechPlan {
+        params: r.params.clone(),
+        model,
+    })
+}
+
+/// The built-in VAD model, parsed once per process.
+fn builtin_vad() -> Result<Arc<VadModel>> {
+    static BUILTIN: std::sync::OnceLock<Arc<VadModel>> = std::sync::OnceLock::new();
+    if let Some(m) = BUILTIN.get() {
+        return Ok(m.clone());
+    }
+    let model = VadModel::builtin().map_err(Error::internal)?;
+    Ok(BUILTIN.get_or_init(|| model).clone())
 }
 
 fn beam_plan(head: Head, b: &BeamRequest, vocab: usize) -> Result<BeamPlan> {

@@ -39,11 +39,30 @@ pub struct Limits {
 /// An input's samples at the model's rate (16 kHz mono), checked: undecodable, empty or
 /// too long audio is [`Error::Audio`], a missing file [`Error::Io`].
 pub fn load_samples(input: Input<'_>, limits: Limits) -> Result<Vec<f32>> {
+    load(input, limits, false)
+}
+
+/// [`load_samples`] for a transcription by `opts`: when only speech is transcribed, audio
+/// with no samples at all has none, so it is no samples rather than an error.
+pub fn load_samples_for(
+    input: Input<'_>,
+    limits: Limits,
+    opts: &DecodeOptions,
+) -> Result<Vec<f32>> {
+    load(input, limits, opts.speech().is_some())
+}
+
+fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
     let shown = input.name();
     let decoded = match input {
-        Input::Path(path) => audio::load_audio(path).map_err(audio_error)?,
-        Input::Bytes { data, name } => audio::decode_bytes(data, name).map_err(audio_error)?,
-        Input::Samples { audio, .. } => audio,
+        Input::Path(path) => audio::load_audio(path),
+        Input::Bytes { data, name } => audio::decode_bytes(data, name),
+        Input::Samples { audio, .. } => Ok(audio),
+    };
+    let decoded = match decoded {
+        Ok(decoded) => decoded,
+        Err(e) if empty_ok && audio::NoSamples::find(&e).is_some() => return Ok(Vec::new()),
+        Err(e) => return Err(audio_error(e)),
     };
     if let Some(max) = limits.max_seconds
         && decoded.duration_s > max
@@ -73,7 +92,7 @@ fn audio_error(e: anyhow::Error) -> Error {
     }
 }
 
-/// Transcribes one input by `opts`: [`load_samples`], then [`Session::transcribe`]. Every
+/// Transcribes one input by `opts`: [`load_samples_for`], then [`Session::transcribe`]. Every
 /// error names the input.
 pub fn transcribe_input(
     session: &mut Session,
@@ -82,7 +101,7 @@ pub fn transcribe_input(
     limits: Limits,
 ) -> Result<Transcript> {
     let shown = input.name();
-    let samples = load_samples(input, limits)?;
+    let samples = load_samples_for(input, limits, opts)?;
     session
         .transcribe(samples, opts)
         .map_err(|e| e.context(&shown))

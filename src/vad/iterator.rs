@@ -52,6 +52,19 @@ impl VadIterator {
         self.current_sample
     }
 
+    /// While speech is under way, the earliest sample its end can fall on (windows of `len`):
+    /// the audio before it belongs to this speech whatever comes next.
+    pub fn earliest_end(&self, len: usize) -> usize {
+        // The end is `temp_end + pad - len`, and an unset `temp_end` will be set no earlier
+        // than the end of the next window.
+        let temp_end = if self.temp_end != 0 {
+            self.temp_end
+        } else {
+            self.current_sample + len
+        };
+        (temp_end as f64 + self.pad - len as f64).max(0.0) as usize
+    }
+
     /// The next window's probability `p` (a window of `len` samples): an event, if one
     /// happens there.
     pub fn push(&mut self, p: f32, len: usize) -> Option<VadEvent> {

@@ -1,6 +1,8 @@
 //! Shared test helpers: fixture paths, .npy/.json readers, and tiny models converted once.
 #![allow(dead_code)]
 
+pub mod turns;
+
 use parakeet::convert::{OutType, convert};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

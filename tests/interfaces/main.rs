@@ -11,6 +11,8 @@ mod live_nemo;
 mod realtime;
 mod serve;
 mod signals;
+mod speech;
 mod stream;
 mod stream_buffered;
 mod vad;
+mod vad_turns;

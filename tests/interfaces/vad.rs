@@ -6,7 +6,8 @@ use crate::common::{fixtures, json, run_parakeet, scratch_dir};
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-fn audio(name: &str) -> String {
+/// A clip of the VAD fixtures.
+pub(crate) fn audio(name: &str) -> String {
     fixtures()
         .join("vad/audio")
         .join(name)

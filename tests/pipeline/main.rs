@@ -16,6 +16,8 @@ mod hardening;
 mod local_attention;
 mod model;
 mod output;
+mod speech;
 mod streaming;
 mod tokenizer;
 mod vad;
+mod vad_turns;

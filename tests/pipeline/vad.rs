@@ -47,7 +47,8 @@ fn clips() -> Vec<String> {
     v
 }
 
-fn params(p: &serde_json::Value) -> SpeechParams {
+/// The package's parameters as a reference file lists them.
+pub(crate) fn params(p: &serde_json::Value) -> SpeechParams {
     SpeechParams {
         threshold: p["threshold"].as_f64().unwrap(),
         neg_threshold: p["neg_threshold"].as_f64(),
