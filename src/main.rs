@@ -6,6 +6,7 @@ use parakeet::audio;
 use parakeet::cli::signals;
 use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
+use parakeet::diar::{DEFAULT_MODEL as DEFAULT_DIAR_MODEL, Diarizer};
 use parakeet::encoder::AttentionChoice;
 use parakeet::hparams::Attention;
 use parakeet::kernels::cpu::Isa;
@@ -133,6 +134,16 @@ struct TranscribeArgs {
     /// Write every encoder layer's output as .npy (named like NeMo's reference dumps).
     #[arg(long, value_name = "DIR")]
     dump_layers: Option<PathBuf>,
+    /// Who spoke each word, by a Sortformer diarization model: speakers in JSON words and
+    /// segments, `[speaker_0]` in SRT, `<v speaker_0>` in VTT, a TSV column; cues split where
+    /// the speaker changes.
+    #[arg(long)]
+    diarize: bool,
+    /// The Sortformer for --diarize (implies it): .gguf, .nemo or hub id (default:
+    /// nvidia/diar_streaming_sortformer_4spk-v2, which streams, so memory stays bounded on long
+    /// recordings).
+    #[arg(long, value_name = "MODEL")]
+    diar_model: Option<PathBuf>,
     #[command(flatten)]
     confidence: ConfidenceArgs,
     #[command(flatten)]
@@ -802,6 +813,17 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .and_then(|j| audio::declared_seconds(&j.path));
     let mut session = Session::load_for(&model_path, plan.threads, expect_seconds)?;
     let options = DecodeOptions::new(session.model(), &plan.request)?;
+    let mut diarizer = match (args.diarize, &args.diar_model) {
+        (false, None) => None,
+        (_, model) => {
+            let spec = model
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DIAR_MODEL));
+            let path = resolve_model(&spec)?;
+            let diarizer = Diarizer::load(&path, plan.threads.get());
+            Some(diarizer.with_context(|| format!("--diar-model {}", spec.display()))?)
+        }
+    };
     session.set_op_timing(args.profile);
     let mut profile = Profile {
         load: start.elapsed(),
@@ -826,14 +848,21 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         if args.skip_existing && !outputs.is_empty() && outputs.iter().all(|(_, p)| p.exists()) {
             tally.skipped += 1;
         } else {
-            let result =
-                transcribe_one(&mut session, job, &args, &options, &mut profile).and_then(|t| {
-                    if let Some(bar) = &stage_bar {
-                        bar.finish_and_clear();
-                    }
-                    write_outputs(&t, job, outputs, &session.model().name)?;
-                    Ok(t)
-                });
+            let result = transcribe_one(
+                &mut session,
+                diarizer.as_mut(),
+                job,
+                &args,
+                &options,
+                &mut profile,
+            )
+            .and_then(|t| {
+                if let Some(bar) = &stage_bar {
+                    bar.finish_and_clear();
+                }
+                write_outputs(&t, job, outputs, &session.model().name)?;
+                Ok(t)
+            });
             match result {
                 Ok(t) => {
                     tally.done += 1;
@@ -918,6 +947,10 @@ fn write_outputs(
                 ("encoder".into(), t.times.encoder.as_secs_f64()),
                 ("decoder".into(), t.times.decoder.as_secs_f64()),
             ])
+            .chain(
+                (t.words.iter().any(|w| w.speaker.is_some()))
+                    .then(|| ("diarization".into(), t.times.diarization.as_secs_f64())),
+            )
             .collect(),
     };
     for (format, path) in outputs {
@@ -933,6 +966,7 @@ fn write_outputs(
 
 fn transcribe_one(
     session: &mut Session,
+    diarizer: Option<&mut Diarizer>,
     job: &Job,
     args: &TranscribeArgs,
     options: &DecodeOptions,
@@ -956,9 +990,7 @@ fn transcribe_one(
         dump_layers(session, &samples, options, dir)
             .with_context(|| format!("{shown}: dumping layers"))?;
     }
-    let t = session
-        .transcribe(samples, options)
-        .map_err(|e| e.context(&shown))?;
+    let t = pipeline::transcribe_samples(session, diarizer, samples, options, &shown)?;
     profile.stages.add(&t.times);
     profile.audio_seconds += t.audio_seconds;
     if !profile.attention.contains(&t.attention) {

@@ -4,6 +4,7 @@
 //! Every rendering works in whole milliseconds, so the formats agree with each other to the
 //! millisecond and a file can be compared exactly with another rendering of the same transcript.
 
+use crate::diar::words::speaker_name;
 use crate::tokenizer::Word;
 use crate::transcript::Transcript;
 use anyhow::{Context, Result, bail};
@@ -112,6 +113,20 @@ pub struct Segment {
     /// The lowest word confidence in the cue, when confidence was computed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f32>,
+    /// Who speaks the cue (every word of it), when the audio was diarized: `speaker_<k>`.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_speaker"
+    )]
+    pub speaker: Option<usize>,
+}
+
+/// A speaker index as outputs name it (`speaker_<k>`).
+fn serialize_speaker<S: serde::Serializer>(v: &Option<usize>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(k) => s.serialize_str(&speaker_name(*k)),
+        None => s.serialize_none(),
+    }
 }
 
 impl Segment {
@@ -142,8 +157,9 @@ pub fn transcript_segments(t: &Transcript) -> Vec<Segment> {
 }
 
 /// Groups words into subtitle cues. A cue ends after a word that ends a sentence, before a
-/// pause longer than [`MAX_PAUSE_SECONDS`], and before a word that would not fit in
-/// [`MAX_LINES`] lines of [`MAX_LINE_CHARS`].
+/// pause longer than [`MAX_PAUSE_SECONDS`], before a word of another speaker (diarized
+/// transcripts), and before a word that would not fit in [`MAX_LINES`] lines of
+/// [`MAX_LINE_CHARS`].
 ///
 /// Times are whole milliseconds and well-formed for players whatever the word times are:
 /// starts strictly increase, each cue lasts at least 1 ms, and a cue ends no later than the
@@ -182,6 +198,7 @@ fn cues(words: &[Word], starts: &[usize]) -> Vec<Segment> {
                     .map(|w| w.confidence)
                     .reduce(|a, b| Some(a?.min(b?)))
                     .flatten(),
+                speaker: g.first().and_then(|w| w.speaker),
             }
         })
         .collect()
@@ -428,6 +445,7 @@ fn group_words<'a>(words: &'a [Word], starts: &[usize]) -> Vec<Vec<&'a Word>> {
             Some((g, prev)) => {
                 forced
                     || ends_sentence(&prev.text)
+                    || w.speaker != prev.speaker
                     || w.start - prev.end > MAX_PAUSE_SECONDS
                     || !fits(&format!("{} {}", join_words(g), clean(&w.text)))
             }
@@ -541,13 +559,18 @@ fn balanced_wrap(text: &str, width: usize) -> Vec<String> {
     greedy_wrap(text, hi)
 }
 
+/// SubRip cues; a diarized cue starts with its speaker in brackets (`[speaker_0] `).
 fn render_srt(segments: &[Segment]) -> String {
     segments
         .iter()
         .enumerate()
         .map(|(i, s)| {
+            let speaker = s
+                .speaker
+                .map(|k| format!("[{}] ", speaker_name(k)))
+                .unwrap_or_default();
             format!(
-                "{}\n{} --> {}\n{}\n",
+                "{}\n{} --> {}\n{speaker}{}\n",
                 i + 1,
                 timestamp(to_ms(s.start), ','),
                 timestamp(to_ms(s.end), ','),
@@ -558,13 +581,18 @@ fn render_srt(segments: &[Segment]) -> String {
         .join("\n")
 }
 
+/// WebVTT cues; a diarized cue is a voice span (`<v speaker_0>`).
 fn render_vtt(segments: &[Segment]) -> String {
     let cues = segments
         .iter()
         .map(|s| {
             let lines: Vec<String> = s.lines().iter().map(|l| vtt_escape(l)).collect();
+            let voice = s
+                .speaker
+                .map(|k| format!("<v {}>", speaker_name(k)))
+                .unwrap_or_default();
             format!(
-                "{} --> {}\n{}\n",
+                "{} --> {}\n{voice}{}\n",
                 timestamp(to_ms(s.start), '.'),
                 timestamp(to_ms(s.end), '.'),
                 lines.join("\n")
@@ -584,20 +612,28 @@ fn vtt_escape(text: &str) -> String {
 }
 
 /// whisper.cpp's TSV: a header, then start and end in milliseconds and the text; with
-/// confidence, a fourth column: the cue's lowest word confidence.
+/// confidence, a column of the cue's lowest word confidence; diarized, a column of its speaker.
 fn render_tsv(segments: &[Segment]) -> String {
-    let with_confidence = !segments.is_empty() && segments.iter().all(|s| s.confidence.is_some());
-    let mut out = String::from(if with_confidence {
-        "start\tend\ttext\tconfidence\n"
-    } else {
-        "start\tend\ttext\n"
-    });
+    let all = |f: fn(&Segment) -> bool| !segments.is_empty() && segments.iter().all(f);
+    let with_confidence = all(|s| s.confidence.is_some());
+    let with_speaker = all(|s| s.speaker.is_some());
+    let mut out = String::from("start\tend\ttext");
+    if with_confidence {
+        out.push_str("\tconfidence");
+    }
+    if with_speaker {
+        out.push_str("\tspeaker");
+    }
+    out.push('\n');
     for s in segments {
         out.push_str(&format!("{}\t{}\t{}", to_ms(s.start), to_ms(s.end), s.text));
-        match s.confidence {
-            Some(c) if with_confidence => out.push_str(&format!("\t{c:.4}\n")),
-            _ => out.push('\n'),
+        if let (Some(c), true) = (s.confidence, with_confidence) {
+            out.push_str(&format!("\t{c:.4}"));
         }
+        if let (Some(k), true) = (s.speaker, with_speaker) {
+            out.push_str(&format!("\t{}", speaker_name(k)));
+        }
+        out.push('\n');
     }
     out
 }
@@ -690,6 +726,12 @@ struct JsonWord<'a> {
     /// NeMo's word confidence in [0, 1], when computed.
     #[serde(skip_serializing_if = "Option::is_none")]
     confidence: Option<f32>,
+    /// `speaker_<k>`, when the audio was diarized.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_speaker"
+    )]
+    speaker: Option<usize>,
 }
 
 /// Stage timings as a JSON object in pipeline order (a map type would sort the keys).
@@ -729,6 +771,7 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
             start: round_ms(w.start),
             end: round_ms(w.end),
             confidence: w.confidence,
+            speaker: w.speaker,
         })
         .collect();
     let d = &t.decoding;
@@ -904,6 +947,7 @@ mod tests {
             start,
             end,
             confidence: None,
+            speaker: None,
         }
     }
 

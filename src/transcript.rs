@@ -13,6 +13,8 @@ pub struct StageTimes {
     pub features: Duration,
     pub encoder: Duration,
     pub decoder: Duration,
+    /// The speakers' diarization (zero when the words get no speakers).
+    pub diarization: Duration,
     /// Joint evaluations and prediction-net updates (transducers), graphs computed.
     pub decoder_steps: u64,
     pub predictor_steps: u64,
@@ -26,6 +28,7 @@ impl StageTimes {
         self.features += o.features;
         self.encoder += o.encoder;
         self.decoder += o.decoder;
+        self.diarization += o.diarization;
         self.decoder_steps += o.decoder_steps;
         self.predictor_steps += o.predictor_steps;
         self.decoder_graphs += o.decoder_graphs;

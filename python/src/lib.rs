@@ -73,11 +73,11 @@ fn run_job(
     let limits = Limits::default();
     match input {
         Input::File(path) => {
-            pipeline::transcribe_input(session, pipeline::Input::Path(&path), options, limits)
+            pipeline::transcribe_input(session, None, pipeline::Input::Path(&path), options, limits)
         }
         Input::Samples { audio, name } => {
             let input = pipeline::Input::Samples { audio, name: &name };
-            pipeline::transcribe_input(session, input, options, limits)
+            pipeline::transcribe_input(session, None, input, options, limits)
         }
     }
 }

@@ -5,10 +5,12 @@
 //! features, the FastConformer encoder (the `encoder` room's, as for ASR), `encoder_proj`, a
 //! post-LN Transformer without positional encoding, and the head (ReLU, `first_hidden_to_hidden`,
 //! ReLU, `single_hidden_to_spks`, sigmoid). [`postprocess`] turns the probabilities into NeMo's
-//! segments; [`stream`] is NeMo's streaming loop with its speaker cache and FIFO.
+//! segments; [`stream`] is NeMo's streaming loop with its speaker cache and FIFO; [`words`]
+//! gives a transcript's words their speakers.
 
 pub mod postprocess;
 pub mod stream;
+pub mod words;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -22,6 +24,11 @@ use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode};
 use crate::hparams::{ModelType, SortformerParams};
 use crate::kernels::FusedOps;
 use crate::model::{LayerNorm, Linear, Model};
+
+/// The diarization model a transcript's speakers come from unless one is named: NVIDIA's
+/// streaming Sortformer, whose speaker cache and FIFO keep memory bounded however long the
+/// recording.
+pub const DEFAULT_MODEL: &str = "nvidia/diar_streaming_sortformer_4spk-v2";
 
 /// LayerNorm epsilon of NeMo's Transformer blocks.
 const LN_EPS: f32 = 1e-5;
@@ -205,10 +212,15 @@ impl Diarizer {
         )
     }
 
+    /// Output frames of `samples` 16 kHz samples.
+    pub fn frames_of(&self, samples: usize) -> usize {
+        let feature_frames = self.mel.n_frames(samples);
+        self.model.hparams.geometry().encoded_len(feature_frames)
+    }
+
     /// The error for audio too short to give one output frame.
     fn check_length(&self, samples: usize) -> Result<()> {
-        let feature_frames = self.mel.n_frames(samples);
-        if self.model.hparams.geometry().encoded_len(feature_frames) == 0 {
+        if self.frames_of(samples) == 0 {
             bail!(
                 "audio too short to diarize: {samples} samples ({:.3} s), one frame needs at \
                  least {} samples",

@@ -1,9 +1,11 @@
 //! The one path from an input to a [`Transcript`] that every front end takes (the command line,
-//! the server, Python): decode, check the length, resample, transcribe, each failure
-//! classified once by whose it is.
+//! the server, Python): decode, check the length, resample, transcribe (and, given a
+//! diarizer, the speaker of every word), each failure classified once by whose it is.
 
 use super::{DecodeOptions, Session};
 use crate::audio::{self, Audio};
+use crate::diar::Diarizer;
+use crate::diar::words::assign_speakers;
 use crate::error::{Error, Result};
 use crate::transcript::Transcript;
 use std::path::Path;
@@ -92,17 +94,46 @@ fn audio_error(e: anyhow::Error) -> Error {
     }
 }
 
-/// Transcribes one input by `opts`: [`load_samples_for`], then [`Session::transcribe`]. Every
+/// Transcribes one input by `opts`: [`load_samples_for`], then [`transcribe_samples`]. Every
 /// error names the input.
 pub fn transcribe_input(
     session: &mut Session,
+    diarizer: Option<&mut Diarizer>,
     input: Input<'_>,
     opts: &DecodeOptions,
     limits: Limits,
 ) -> Result<Transcript> {
     let shown = input.name();
     let samples = load_samples_for(input, limits, opts)?;
-    session
+    transcribe_samples(session, diarizer, samples, opts, &shown)
+}
+
+/// Transcribes 16 kHz samples by `opts` ([`Session::transcribe`]); with a diarizer, each word
+/// also gets the speaker most active over its span ([`assign_speakers`]). `shown` names the
+/// input in errors.
+pub fn transcribe_samples(
+    session: &mut Session,
+    diarizer: Option<&mut Diarizer>,
+    samples: Vec<f32>,
+    opts: &DecodeOptions,
+    shown: &str,
+) -> Result<Transcript> {
+    let started = std::time::Instant::now();
+    // Audio too short for one frame has no words to give speakers to.
+    let activity = match diarizer {
+        Some(d) if d.frames_of(samples.len()) > 0 => Some(
+            d.diarize(&samples)
+                .map_err(|e| Error::internal(format!("{shown}: diarizing: {e:#}")))?,
+        ),
+        _ => None,
+    };
+    let diarization = started.elapsed();
+    let mut t = session
         .transcribe(samples, opts)
-        .map_err(|e| e.context(&shown))
+        .map_err(|e| e.context(shown))?;
+    if let Some(activity) = &activity {
+        assign_speakers(&mut t.words, activity);
+        t.times.diarization = diarization;
+    }
+    Ok(t)
 }

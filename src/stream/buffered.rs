@@ -753,6 +753,7 @@ impl BufferedStream {
                 start: round9(start * fs),
                 end: round9(end * fs),
                 confidence: None,
+                speaker: None,
             });
         }
         words

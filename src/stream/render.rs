@@ -137,6 +137,7 @@ mod tests {
                     start: start + i as f64 * 0.1,
                     end: start + (i + 1) as f64 * 0.1,
                     confidence: None,
+                    speaker: None,
                 })
                 .collect(),
             tokens: Vec::new(),

@@ -32,6 +32,8 @@ pub struct Word {
     pub end: f64,
     /// NeMo's word confidence, when it was asked for.
     pub confidence: Option<f32>,
+    /// Who spoke it (Sortformer's speaker index), when the audio was diarized.
+    pub speaker: Option<usize>,
 }
 
 /// SentencePiece's word-boundary marker.
@@ -133,6 +135,7 @@ pub fn words(vocab: &[String], tokens: &[Token], frame_seconds: f64) -> Vec<Word
                 start,
                 end,
                 confidence: None,
+                speaker: None,
             }
         })
         .collect()

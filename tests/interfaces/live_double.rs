@@ -55,6 +55,7 @@ impl CountingTranscriber {
             start,
             end: Self::seconds(self.total),
             confidence: None,
+            speaker: None,
         });
     }
 

@@ -14,5 +14,6 @@ mod signals;
 mod speech;
 mod stream;
 mod stream_buffered;
+mod transcribe_diarize;
 mod vad;
 mod vad_turns;

@@ -94,6 +94,7 @@ fn word(text: &str, start: f64, end: f64) -> Word {
         start,
         end,
         confidence: None,
+        speaker: None,
     }
 }
 
@@ -504,12 +505,14 @@ fn segments_split_at_pauses_over_a_second() {
                 end: 2.0,
                 text: "one two".into(),
                 confidence: None,
+                speaker: None,
             },
             Segment {
                 start: 3.04,
                 end: 3.5,
                 text: "three".into(),
                 confidence: None,
+                speaker: None,
             },
         ]
     );
