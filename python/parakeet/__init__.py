@@ -20,20 +20,26 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
 
 from ._parakeet import (  # noqa: E402
     Alternative,
+    Diarization,
     Model,
     ParakeetError,
+    SpeakerTurn,
     Token,
     Transcript,
     Word,
     __version__,
+    diarize,
 )
 
 __all__ = [
     "Alternative",
+    "Diarization",
     "Model",
     "ParakeetError",
+    "SpeakerTurn",
     "Token",
     "Transcript",
     "Word",
     "__version__",
+    "diarize",
 ]

@@ -28,6 +28,9 @@ class Word:
     @property
     def confidence(self) -> Optional[float]:
         """NeMo's word confidence, when ``confidence=`` was asked for."""
+    @property
+    def speaker(self) -> Optional[int]:
+        """The Sortformer's speaker index, with ``diarize=True``."""
 
 class Token:
     """One emitted token."""
@@ -119,6 +122,8 @@ class Model:
         beam_strategy: Optional[str] = None,
         nbest: int = 1,
         att_context: str = "auto",
+        diarize: bool = False,
+        diar_model: Optional[Path] = None,
     ) -> Transcript: ...
     @overload
     def transcribe(
@@ -134,6 +139,45 @@ class Model:
         beam_strategy: Optional[str] = None,
         nbest: int = 1,
         att_context: str = "auto",
+        diarize: bool = False,
+        diar_model: Optional[Path] = None,
     ) -> List[Transcript]:
         """Transcribe a file path, a numpy array (``sample_rate`` required), or a list of them
         (in parallel; a list back, in input order). See the module's documentation."""
+
+class SpeakerTurn:
+    """One speaker's turn (NeMo's segment)."""
+
+    @property
+    def speaker(self) -> int: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+
+class Diarization:
+    """Who speaks when in one recording."""
+
+    @property
+    def segments(self) -> List[SpeakerTurn]: ...
+    @property
+    def probabilities(self) -> npt.NDArray[np.float32]:
+        """[frames, speakers]: each speaker's probability in each frame."""
+    @property
+    def frame_seconds(self) -> float: ...
+
+def diarize(
+    audio: Audio,
+    model: Optional[Path] = None,
+    sample_rate: Optional[int] = None,
+    *,
+    threads: Optional[int] = None,
+    params: Optional[str] = None,
+    onset: Optional[float] = None,
+    offset: Optional[float] = None,
+    pad_onset: Optional[float] = None,
+    pad_offset: Optional[float] = None,
+    min_duration_on: Optional[float] = None,
+    min_duration_off: Optional[float] = None,
+) -> Diarization:
+    """A Sortformer's speaker turns (NeMo's post-processing) and per-frame probabilities."""

@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+mod diar;
+
 create_exception!(
     parakeet,
     ParakeetError,
@@ -40,7 +42,7 @@ create_exception!(
 /// The library's error as Python's, by whose it is: the caller's audio and options are
 /// ValueError, a missing file FileNotFoundError (other file errors OSError), a model that
 /// cannot be loaded and our own failures ParakeetError.
-fn py_error(e: Error) -> PyErr {
+pub(crate) fn py_error(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::Audio(_) | Error::AudioTooLong(_) | Error::Options(_) => PyValueError::new_err(msg),
@@ -54,7 +56,7 @@ fn py_error(e: Error) -> PyErr {
 }
 
 /// One thing to transcribe.
-enum Input {
+pub(crate) enum Input {
     File(PathBuf),
     /// An array's samples, mixed to mono and checked, at their own rate; `name` names it in
     /// errors.
@@ -64,20 +66,35 @@ enum Input {
     },
 }
 
-/// One input through the one pipeline every front end takes.
+/// A worker's state: its session, and its diarizer once a call has asked for speakers.
+struct Worker {
+    session: Session,
+    diarizer: Option<parakeet::diar::Diarizer>,
+}
+
+/// One input through the one pipeline every front end takes; with a Sortformer, the words get
+/// their speakers (by the worker's diarizer over it).
 fn run_job(
-    session: &mut Session,
+    worker: &mut Worker,
     input: Input,
     options: &DecodeOptions,
+    sortformer: Option<&Arc<parakeet::model::Model>>,
 ) -> Result<parakeet::transcript::Transcript, Error> {
     let limits = Limits::default();
+    let threads = worker.session.threads();
+    let diarizer = match sortformer {
+        Some(m) => Some(diar::worker_diarizer(&mut worker.diarizer, m, threads)?),
+        None => None,
+    };
+    let session = &mut worker.session;
     match input {
         Input::File(path) => {
-            pipeline::transcribe_input(session, None, pipeline::Input::Path(&path), options, limits)
+            let input = pipeline::Input::Path(&path);
+            pipeline::transcribe_input(session, diarizer, input, options, limits)
         }
         Input::Samples { audio, name } => {
             let input = pipeline::Input::Samples { audio, name: &name };
-            pipeline::transcribe_input(session, None, input, options, limits)
+            pipeline::transcribe_input(session, diarizer, input, options, limits)
         }
     }
 }
@@ -98,7 +115,9 @@ fn run_job(
 #[pyclass(frozen, module = "parakeet")]
 struct Model {
     model: Arc<parakeet::model::Model>,
-    pool: Pool<Session>,
+    pool: Pool<Worker>,
+    /// The Sortformer of `transcribe(diarize=True)`, loaded on first use.
+    sortformer: diar::SharedSortformer,
     /// The GGUF file loaded (the cached conversion for a .nemo or hub id).
     path: PathBuf,
     /// Transcriptions run at once.
@@ -157,13 +176,19 @@ impl Model {
             let pool = Pool::new(
                 workers,
                 QUEUE,
-                move |_| Ok(Session::new(shared.clone(), threads)?),
+                move |_| {
+                    Ok(Worker {
+                        session: Session::new(shared.clone(), threads)?,
+                        diarizer: None,
+                    })
+                },
                 // A session already trims its compute buffer after each encoder pass.
                 |_, _| false,
             )?;
             Ok(Model {
                 model: loaded,
                 pool,
+                sortformer: diar::SharedSortformer::default(),
                 path,
                 workers,
                 threads: threads.get(),
@@ -213,7 +238,10 @@ impl Model {
     /// ``ctc``), ``confidence`` (a NeMo method name such as ``max_prob`` or
     /// ``entropy_tsallis_exp``: token and word confidence), ``boost`` (phrases to boost) with
     /// ``boost_alpha``, ``beam`` (beam size) with ``beam_strategy`` and ``nbest``,
-    /// ``att_context`` (``auto``, ``full`` or ``L,R``).
+    /// ``att_context`` (``auto``, ``full`` or ``L,R``). ``diarize=True`` gives every word the
+    /// speaker most active over it (``Word.speaker``), by the Sortformer ``diar_model``
+    /// (``.gguf``, ``.nemo`` or hub id; default ``nvidia/diar_streaming_sortformer_4spk-v2``,
+    /// loaded on first use and kept); naming ``diar_model`` implies ``diarize``.
     ///
     /// Raises FileNotFoundError for a missing file, ValueError for a bad array or option, and
     /// ParakeetError for audio that cannot be transcribed. The GIL is released meanwhile.
@@ -229,6 +257,8 @@ impl Model {
         beam_strategy=None,
         nbest=1,
         att_context="auto",
+        diarize=false,
+        diar_model=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn transcribe<'py>(
@@ -244,6 +274,8 @@ impl Model {
         beam_strategy: Option<String>,
         nbest: usize,
         att_context: &str,
+        diarize: bool,
+        diar_model: Option<PathBuf>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let options = self.options(
             decoder,
@@ -283,7 +315,11 @@ impl Model {
                 "sample_rate= is for arrays: a file's rate comes from its header",
             ));
         }
-        let results = py.detach(|| self.run(inputs, options))?;
+        let sortformer = match diarize || diar_model.is_some() {
+            true => Some(py.detach(|| self.sortformer.get(diar_model))?),
+            false => None,
+        };
+        let results = py.detach(|| self.run(inputs, options, sortformer))?;
         let transcripts = results
             .into_iter()
             .map(|t| Transcript::new(py, t, &self.model))
@@ -299,7 +335,11 @@ impl Model {
 
 /// A path or an array (checked here, with the GIL held: a bad one is a ValueError before any
 /// work starts).
-fn input(item: &Bound<'_, PyAny>, sample_rate: Option<u32>, name: String) -> PyResult<Input> {
+pub(crate) fn input(
+    item: &Bound<'_, PyAny>,
+    sample_rate: Option<u32>,
+    name: String,
+) -> PyResult<Input> {
     if let Ok(array) = item.cast::<PyUntypedArray>() {
         let Some(rate) = sample_rate else {
             return Err(PyValueError::new_err(format!(
@@ -434,6 +474,7 @@ impl Model {
         &self,
         inputs: Vec<Input>,
         options: DecodeOptions,
+        sortformer: Option<Arc<parakeet::model::Model>>,
     ) -> PyResult<Vec<parakeet::transcript::Transcript>> {
         let options = Arc::new(options);
         let cancelled = Arc::new(AtomicBool::new(false));
@@ -441,10 +482,12 @@ impl Model {
         let mut panics = Vec::new();
         let n = inputs.len();
         for (i, input) in inputs.into_iter().enumerate() {
-            let (tx, options, cancelled) = (tx.clone(), options.clone(), cancelled.clone());
-            let submitted = self.pool.submit(move |session: &mut Session| {
+            let (tx, options, sortformer) = (tx.clone(), options.clone(), sortformer.clone());
+            let cancelled = cancelled.clone();
+            let submitted = self.pool.submit(move |worker: &mut Worker| {
                 if !cancelled.load(Ordering::SeqCst) {
-                    let _ = tx.send((i, run_job(session, input, &options)));
+                    let t = run_job(worker, input, &options, sortformer.as_ref());
+                    let _ = tx.send((i, t));
                 }
             });
             match submitted {
@@ -502,6 +545,9 @@ struct Word {
     end: f64,
     /// NeMo's word confidence in [0, 1], when ``confidence=`` was asked for; else None.
     confidence: Option<f32>,
+    /// Who spoke it, with ``diarize=True``: the Sortformer's speaker index (``speaker_<k>``
+    /// in the command line's outputs); else None.
+    speaker: Option<usize>,
 }
 
 #[pymethods]
@@ -613,6 +659,7 @@ impl Transcript {
             start: w.start,
             end: w.end,
             confidence: w.confidence,
+            speaker: w.speaker,
         });
         let alternatives = t.alternatives.into_iter().map(|a| Alternative {
             text: a.text,
@@ -660,6 +707,7 @@ impl Transcript {
             item.set_item("start", w.start)?;
             item.set_item("end", w.end)?;
             item.set_item("confidence", w.confidence)?;
+            item.set_item("speaker", w.speaker)?;
             words.append(item)?;
         }
         d.set_item("words", words)?;
@@ -689,6 +737,9 @@ fn _parakeet(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Word>()?;
     m.add_class::<Token>()?;
     m.add_class::<Alternative>()?;
+    m.add_class::<diar::SpeakerTurn>()?;
+    m.add_class::<diar::Diarization>()?;
+    m.add_function(wrap_pyfunction!(diar::diarize, m)?)?;
     m.add("ParakeetError", m.py().get_type::<ParakeetError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -146,14 +146,23 @@ pub struct Diarizer {
 }
 
 impl Diarizer {
-    /// A diarizer over `model`, which must be a Sortformer.
-    pub fn new(model: Arc<Model>, threads: usize) -> Result<Diarizer> {
-        let Some(params) = model.hparams.sortformer.clone() else {
+    /// Refuses a model that is not a Sortformer (a speech recognition model).
+    pub fn check(model: &Model) -> Result<()> {
+        if model.hparams.sortformer.is_none() {
             bail!(
                 "{} is a {} speech recognition model, not a Sortformer diarization model",
                 model.path.display(),
                 model.hparams.model_type.name()
             );
+        }
+        Ok(())
+    }
+
+    /// A diarizer over `model`, which must be a Sortformer.
+    pub fn new(model: Arc<Model>, threads: usize) -> Result<Diarizer> {
+        Diarizer::check(&model)?;
+        let Some(params) = model.hparams.sortformer.clone() else {
+            bail!("internal: a Sortformer without its parameters");
         };
         debug_assert_eq!(model.hparams.model_type, ModelType::Sortformer);
         let weights = SortformerWeights::load(&model, &params)?;

@@ -14,10 +14,11 @@ pub mod realtime;
 
 use crate::decoder::boosting::PhraseTrie;
 use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
+use crate::diar::Diarizer;
 use crate::error::{Blame, Error};
 use crate::model::Model;
 use crate::session::options::{boosting_error, boosting_trie};
-use crate::session::pipeline::{Input, Limits, load_samples};
+use crate::session::pipeline::{Input, Limits, load_samples, transcribe_samples};
 use crate::session::{DecodeOptions, DecodeRequest, Session, Threads};
 use crate::stream::open::{LiveOptions, open_live};
 use anyhow::{Context, Result};
@@ -100,6 +101,17 @@ pub struct ServeArgs {
     /// Phrases every request boosts; a request adds its own with `boost` form fields.
     #[command(flatten)]
     pub boost: BoostArgs,
+    /// A Sortformer diarization model (.gguf, .nemo or hub id): answers
+    /// `response_format=diarized_json` and gives verbose_json's words their speakers.
+    #[arg(long, value_name = "MODEL")]
+    pub diar_model: Option<PathBuf>,
+}
+
+/// A worker's state: its session and, on a diarizing server, its own diarizer over the shared
+/// Sortformer.
+struct Worker {
+    session: Session,
+    diarizer: Option<Diarizer>,
 }
 
 /// A count flag within `min..=max` (as `usize`).
@@ -153,7 +165,9 @@ pub fn plan_workers(
 }
 
 struct AppState {
-    pool: Pool<Session>,
+    pool: Pool<Worker>,
+    /// Whether the workers diarize (`--diar-model`).
+    diarizes: bool,
     model: Arc<Model>,
     model_created: u64,
     workers: usize,
@@ -212,6 +226,22 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     if let Some(trie) = &boost_trie {
         options = options.with_boosting(Arc::new(trie.as_ref().clone().into_tree()))?;
     }
+    let diar_model = match &args.diar_model {
+        None => None,
+        Some(spec) => {
+            let path = crate::model_source::resolve(spec, &mut |line| eprintln!("{line}"))?;
+            let sortformer = Model::load(&path)
+                .and_then(|m| {
+                    // Refused here, with the flag named, rather than by the first worker.
+                    Diarizer::check(&m)?;
+                    Ok(Arc::new(m))
+                })
+                .with_context(|| format!("--diar-model {}", spec.display()))?;
+            sortformer.file.populate();
+            Some(sortformer)
+        }
+    };
+    let diarizes = diar_model.is_some();
     model.file.populate();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (workers, threads) = plan_workers(cores, args.workers, threads);
@@ -229,10 +259,18 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         Pool::new(
             workers,
             args.queue,
-            move |_| Ok(Session::new(model.clone(), threads)?),
-            move |i, session: &Session| {
+            move |_| {
+                Ok(Worker {
+                    session: Session::new(model.clone(), threads)?,
+                    diarizer: match &diar_model {
+                        Some(m) => Some(Diarizer::new(m.clone(), threads.get())?),
+                        None => None,
+                    },
+                })
+            },
+            move |i, worker: &Worker| {
                 // The gallocr's buffer only grows; after a very long request, drop it whole.
-                let bytes = session.stats().compute_buffer_bytes;
+                let bytes = worker.session.stats().compute_buffer_bytes;
                 let recycle = bytes > release;
                 buffers[i].store(if recycle { 0 } else { bytes }, Ordering::Relaxed);
                 recycle
@@ -270,6 +308,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     };
     let state = Arc::new(AppState {
         pool,
+        diarizes,
         model: model.clone(),
         model_created,
         workers,
@@ -610,13 +649,25 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         boost,
         stream,
     } = fields;
+    if format == ResponseFormat::DiarizedJson && !st.diarizes {
+        return Err(ApiError::bad_request(
+            "response_format diarized_json needs a server started with --diar-model (a Sortformer diarization model)",
+            Some("response_format"),
+            Some("invalid_value"),
+        ));
+    }
+    // Speakers only where they are shown: diarized_json, and verbose_json's words.
+    let diarize = st.diarizes
+        && (format == ResponseFormat::DiarizedJson
+            || (format == ResponseFormat::VerboseJson && granularities.word));
     let options = RequestOptions::new(st, boost);
     // Only verbose_json's words show a confidence: nothing else pays for it.
     let with_confidence = format == ResponseFormat::VerboseJson && granularities.word;
     let reply = st
         .pool
-        .submit(move |session: &mut Session| {
+        .submit(move |worker: &mut Worker| {
             let start = Instant::now();
+            let Worker { session, diarizer } = worker;
             let options = options.build(session.model(), with_confidence)?;
             let input = Input::Bytes {
                 data: &file,
@@ -628,10 +679,10 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
             // The pipeline's two steps, so that the upload is freed before the transcription.
             let samples = load_samples(input, limits).map_err(|e| api_error(e, None))?;
             drop(file);
-            session
-                .transcribe(samples, &options)
+            let diarizer = diarizer.as_mut().filter(|_| diarize);
+            transcribe_samples(session, diarizer, samples, &options, &file_name)
                 .map(|t| (t, start.elapsed()))
-                .map_err(|e| api_error(e.context(&file_name), None))
+                .map_err(|e| api_error(e, None))
         })
         .map_err(|_| {
             ApiError::new(

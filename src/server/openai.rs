@@ -1,10 +1,12 @@
 //! The OpenAI audio API's shapes: request fields, response formats, and the error body.
 
 use crate::output::{self, Format, OutputMeta, round_ms};
+use crate::tokenizer::Word;
 use crate::transcript::Transcript;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use std::collections::HashMap;
 
 /// `response_format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +16,9 @@ pub enum ResponseFormat {
     Srt,
     Vtt,
     VerboseJson,
+    /// OpenAI's `TranscriptionDiarized`: segments with their speaker (a server started with
+    /// `--diar-model`).
+    DiarizedJson,
 }
 
 impl ResponseFormat {
@@ -24,10 +29,11 @@ impl ResponseFormat {
             "srt" => ResponseFormat::Srt,
             "vtt" => ResponseFormat::Vtt,
             "verbose_json" => ResponseFormat::VerboseJson,
+            "diarized_json" => ResponseFormat::DiarizedJson,
             other => {
                 return Err(ApiError::bad_request(
                     format!(
-                        "unknown response_format {other:?}: expected json, text, srt, vtt or verbose_json"
+                        "unknown response_format {other:?}: expected json, text, srt, vtt, verbose_json or diarized_json"
                     ),
                     Some("response_format"),
                     Some("invalid_value"),
@@ -203,6 +209,45 @@ struct VerboseWord<'a> {
     /// NeMo's word confidence, under the name whisper-style clients read.
     #[serde(skip_serializing_if = "Option::is_none")]
     probability: Option<f32>,
+    /// Who spoke it (a diarizing server), labelled as in diarized_json.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speaker: Option<String>,
+}
+
+/// OpenAI's `TranscriptionDiarized`.
+#[derive(Serialize)]
+struct DiarizedResponse<'a> {
+    task: &'static str,
+    duration: f64,
+    text: &'a str,
+    segments: Vec<DiarizedSegment>,
+    usage: Usage,
+}
+
+/// OpenAI's `TranscriptionDiarizedSegment`: one of the CLI's cues, all of one speaker.
+#[derive(Serialize)]
+struct DiarizedSegment {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    id: String,
+    start: f64,
+    end: f64,
+    text: String,
+    speaker: String,
+}
+
+/// OpenAI's speaker labels: capital letters in the order the speakers are first heard (`A`,
+/// `B`, ...; past `Z`, `S26`, `S27`, ...), for the Sortformer's speaker indices.
+fn speaker_labels(words: &[Word]) -> HashMap<usize, String> {
+    let mut labels = HashMap::new();
+    for k in words.iter().filter_map(|w| w.speaker) {
+        let n = labels.len();
+        labels.entry(k).or_insert_with(|| match u8::try_from(n) {
+            Ok(i) if i < 26 => char::from(b'A' + i).to_string(),
+            _ => format!("S{n}"),
+        });
+    }
+    labels
 }
 
 /// The `stream` form field: `true` or `false`.
@@ -264,6 +309,7 @@ pub fn render(format: ResponseFormat, t: &Transcript, granularities: Granulariti
         .into_response(),
         ResponseFormat::VerboseJson => {
             let segments = granularities.segment.then(|| verbose_segments(t));
+            let labels = speaker_labels(&t.words);
             let words = granularities.word.then(|| {
                 t.words
                     .iter()
@@ -272,6 +318,7 @@ pub fn render(format: ResponseFormat, t: &Transcript, granularities: Granulariti
                         start: round_ms(w.start),
                         end: round_ms(w.end),
                         probability: w.confidence,
+                        speaker: w.speaker.and_then(|k| labels.get(&k).cloned()),
                     })
                     .collect()
             });
@@ -281,6 +328,32 @@ pub fn render(format: ResponseFormat, t: &Transcript, granularities: Granulariti
                 text,
                 segments,
                 words,
+                usage: Usage::of(t),
+            })
+            .into_response()
+        }
+        ResponseFormat::DiarizedJson => {
+            let labels = speaker_labels(&t.words);
+            let segments = output::transcript_segments(t)
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| DiarizedSegment {
+                    kind: "transcript.text.segment",
+                    id: format!("seg_{i}"),
+                    start: c.start,
+                    end: c.end,
+                    speaker: c
+                        .speaker
+                        .and_then(|k| labels.get(&k).cloned())
+                        .unwrap_or_default(),
+                    text: c.text,
+                })
+                .collect();
+            axum::Json(DiarizedResponse {
+                task: "transcribe",
+                duration: round_ms(t.audio_seconds),
+                text,
+                segments,
                 usage: Usage::of(t),
             })
             .into_response()

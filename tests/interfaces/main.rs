@@ -10,6 +10,7 @@ mod live_double;
 mod live_nemo;
 mod realtime;
 mod serve;
+mod serve_diarize;
 mod signals;
 mod speech;
 mod stream;

@@ -28,9 +28,9 @@ fn format_clip(name: &str) -> PathBuf {
 }
 
 /// A running `parakeet serve`; killed on drop if still running.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
     /// stderr lines after the "listening" line.
     log: Mutex<mpsc::Receiver<String>>,
 }
@@ -40,7 +40,7 @@ impl Server {
         Server::start_with(&model(), extra)
     }
 
-    fn start_with(model: &Path, extra: &[&str]) -> Server {
+    pub(crate) fn start_with(model: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
             .args(["serve", "-m", model.to_str().unwrap(), "--port", "0"])
             .args(extra)
@@ -111,22 +111,22 @@ impl Drop for Server {
 }
 
 #[derive(Debug)]
-struct Reply {
-    status: u16,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
     content_type: String,
     retry_after: Option<String>,
     /// The worker's time on the request.
     worker_ms: Option<f64>,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Reply {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
     /// Asserts an OpenAI error body with this status, `param` and `code`.
-    fn assert_error(&self, status: u16, param: Option<&str>, code: &str) {
+    pub(crate) fn assert_error(&self, status: u16, param: Option<&str>, code: &str) {
         assert_eq!(self.status, status, "{self:?}");
         assert!(
             self.content_type.starts_with("application/json"),
@@ -227,7 +227,7 @@ fn file_name(path: &Path) -> &str {
 }
 
 /// The upload of `path` as the server's `file` field, with `fields` before it.
-fn upload(server: &Server, path: &Path, fields: &[(&str, &str)]) -> Reply {
+pub(crate) fn upload(server: &Server, path: &Path, fields: &[(&str, &str)]) -> Reply {
     let bytes = std::fs::read(path).unwrap();
     server.transcribe(fields, Some((file_name(path), &bytes)))
 }
