@@ -618,7 +618,12 @@ fn realtime_server() -> std::net::SocketAddr {
                 .build()
                 .expect("a runtime");
             rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                use axum::serve::ListenerExt;
+                let listener = tokio::net::TcpListener::from_std(listener)
+                    .expect("listener")
+                    .tap_io(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    });
                 axum::serve(listener, router(config, factory)).await
             })
         });
@@ -639,6 +644,8 @@ fn realtime(input: &[u8]) -> anyhow::Result<()> {
             let (ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime"))?;
             if let tungstenite::stream::MaybeTlsStream::Plain(tcp) = ws.get_ref() {
                 tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+                // An event and its ping are two small writes: no waiting for the first's ACK.
+                tcp.set_nodelay(true)?;
             }
             *client = Some(ws);
         }
