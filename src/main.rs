@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
 use parakeet::cli::signals;
 use parakeet::convert::{OutType, convert_with_progress};
+use parakeet::decoder::boosting::BoostingTree;
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
 use parakeet::diar::{DEFAULT_MODEL as DEFAULT_DIAR_MODEL, Diarizer};
 use parakeet::encoder::AttentionChoice;
@@ -221,6 +222,11 @@ struct StreamArgs {
     /// next one goes on from there; 0: never cut.
     #[arg(long, value_name = "S", default_value_t = parakeet::stream::DEFAULT_MAX_UTTERANCE_SECONDS)]
     max_utterance_seconds: f64,
+    #[command(flatten)]
+    boost: BoostArgs,
+    /// Word confidence in jsonl events (offline models): as `transcribe --confidence`.
+    #[command(flatten)]
+    confidence: ConfidenceArgs,
     /// End each utterance where Silero VAD (built in) finds the end of speech, as the
     /// silero-vad package's VADIterator does; the silence between utterances is not transcribed.
     #[arg(long)]
@@ -1121,7 +1127,13 @@ fn stream(args: StreamArgs) -> Result<u8> {
         eprintln!("warning: {w}");
     }
     let model = Arc::new(Model::load(&resolve_model(&args.model)?)?);
+    let boost = match args.boost.config(args.boost.phrases()?) {
+        Some(cfg) => Some(Arc::new(BoostingTree::new(&model.tokenizer, &cfg)?)),
+        None => None,
+    };
     let options = LiveOptions {
+        boost,
+        confidence: args.confidence.resolve(false)?,
         att_context: args.att_context,
         chunk_secs: args.chunk_secs,
         left_secs: args.left_secs,

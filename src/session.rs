@@ -7,7 +7,8 @@
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, Stats};
 use crate::decoder::beam::{BeamHead, NBest, ctc_beam, transducer_beam};
-use crate::decoder::confidence::ctc_frames;
+use crate::decoder::boosting::BoostingTree;
+use crate::decoder::confidence::{ConfidenceConfig, ctc_frames};
 use crate::decoder::ctc::{ctc_greedy, ctc_greedy_boosted, log_softmax_rows};
 use crate::decoder::greedy::{GreedyTransducer, Step};
 use crate::decoder::hypothesis::Hypothesis;
@@ -303,13 +304,42 @@ impl Session {
         joint_enc: &[f32],
         frames: usize,
     ) -> Result<Hypothesis> {
+        let (hyp, _) = self.continue_greedy_with(hyp, joint_enc, frames, None, None)?;
+        Ok(hyp)
+    }
+
+    /// [`continue_greedy`](Self::continue_greedy) with phrase boosting from a tree state
+    /// (left where the chunk ended) and, with `confidence`, the confidence of each token the
+    /// chunk added (blanks counted within the chunk only).
+    pub fn continue_greedy_with(
+        &mut self,
+        hyp: Option<Hypothesis>,
+        joint_enc: &[f32],
+        frames: usize,
+        boost: Option<(&BoostingTree, &mut u32)>,
+        confidence: Option<ConfidenceConfig>,
+    ) -> Result<(Hypothesis, Vec<f64>)> {
         let mut search = GreedyTransducer::new(&self.model)?;
+        search.set_confidence(confidence);
         let mut hyp = match hyp {
             Some(h) => h,
             None => search.start(&mut self.backend)?,
         };
-        search.resume(&mut self.backend, joint_enc, frames, &mut hyp)?;
-        Ok(hyp)
+        let before = hyp.tokens().len();
+        search.resume(&mut self.backend, joint_enc, frames, &mut hyp, boost)?;
+        let scores = match confidence {
+            Some(c) => {
+                let hp = &self.model.hparams;
+                let tdt = hp
+                    .transducer
+                    .as_ref()
+                    .is_some_and(|t| !t.durations.is_empty());
+                let steps = search.take_steps();
+                c.transducer_tokens(&steps, &hyp.tokens()[before..], hp.blank_id(), frames, tdt)
+            }
+            None => Vec::new(),
+        };
+        Ok((hyp, scores))
     }
 
     /// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's

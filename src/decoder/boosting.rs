@@ -581,6 +581,15 @@ impl<'t> BoostCursor<'t> {
         cursor
     }
 
+    /// A cursor at `state` of `tree` (a stream's position where its last chunk left it).
+    pub fn at(tree: &'t BoostingTree, state: u32) -> BoostCursor<'t> {
+        let mut cursor = BoostCursor::new(tree);
+        if state != cursor.state {
+            cursor.load(state);
+        }
+        cursor
+    }
+
     fn load(&mut self, state: u32) {
         self.state = state;
         // NeMo scales the bonus first, then adds it to the scores (both f32).

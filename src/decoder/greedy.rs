@@ -75,6 +75,8 @@ impl<'m> GreedyTransducer<'m> {
         trace: Option<&mut Vec<Step>>,
     ) -> Result<Vec<Token>> {
         let mut hyp = self.nets.start(backend)?;
+        let mut at = boost.map(BoostingTree::start);
+        let boost = boost.zip(at.as_mut());
         self.run(backend, joint_enc, frames, &mut hyp, boost, trace)?;
         Ok(hyp.into_tokens())
     }
@@ -87,15 +89,18 @@ impl<'m> GreedyTransducer<'m> {
     /// Continues `hyp` over the next chunk of a stream, as NeMo's label looping continues its
     /// previous hypotheses: the prediction net's state and last label carry over, and a TDT
     /// duration that runs past the chunk's end skips as many frames of the next one. The new
-    /// tokens' frames count from the chunk's first frame.
+    /// tokens' frames count from the chunk's first frame. With `boost`, the phrases steer the
+    /// search from the tree state given, which is left where the chunk ended (NeMo keeps a
+    /// stream's fusion state with its decoder state).
     pub fn resume(
         &mut self,
         backend: &mut Backend,
         joint_enc: &[f32],
         frames: usize,
         hyp: &mut Hypothesis,
+        boost: Option<(&BoostingTree, &mut u32)>,
     ) -> Result<()> {
-        self.run(backend, joint_enc, frames, hyp, None, None)?;
+        self.run(backend, joint_enc, frames, hyp, boost, None)?;
         hyp.frame = hyp.frame.saturating_sub(frames);
         Ok(())
     }
@@ -107,7 +112,7 @@ impl<'m> GreedyTransducer<'m> {
         joint_enc: &[f32],
         frames: usize,
         hyp: &mut Hypothesis,
-        boost: Option<&BoostingTree>,
+        boost: Option<(&BoostingTree, &mut u32)>,
         mut trace: Option<&mut Vec<Step>>,
     ) -> Result<()> {
         let nets = &mut self.nets;
@@ -117,7 +122,8 @@ impl<'m> GreedyTransducer<'m> {
         let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
         let max_symbols = self.max_symbols;
         let tdt = !durations.is_empty();
-        if let Some(tree) = boost
+        let (tree, boost_state) = boost.unzip();
+        if let Some(tree) = tree
             && tree.vocab_size() != blank
         {
             bail!(
@@ -125,7 +131,9 @@ impl<'m> GreedyTransducer<'m> {
                 tree.vocab_size()
             );
         }
-        let mut cursor = boost.map(BoostCursor::new);
+        let mut cursor = tree
+            .zip(boost_state.as_deref())
+            .map(|(t, &s)| BoostCursor::at(t, s));
         // Logits already evaluated (with the last emission's prediction) for a frame.
         let mut ready: Option<(usize, Vec<f32>)> = None;
         // NeMo's frame loop: up to max_symbols labels per visit of a frame; TDT moves by the
@@ -240,6 +248,9 @@ impl<'m> GreedyTransducer<'m> {
             if !tdt || symbols >= max_symbols {
                 hyp.frame += 1;
             }
+        }
+        if let (Some(state), Some(cursor)) = (boost_state, cursor) {
+            *state = cursor.state();
         }
         Ok(())
     }

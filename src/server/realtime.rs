@@ -6,7 +6,7 @@
 //!
 //! - client events: `transcription_session.update` / `session.update` (the audio format:
 //!   `pcm16`, 24 kHz as OpenAI's, or `{"type": "audio/pcm", "rate": R}` for any rate the
-//!   resampler takes), `input_audio_buffer.append` (base64 little-endian pcm16, mono),
+//!   resampler takes; `turn_detection`, below), `input_audio_buffer.append` (base64 little-endian pcm16, mono),
 //!   `input_audio_buffer.commit`, `input_audio_buffer.clear`;
 //! - server events: `transcription_session.created` / `session.created` (on connect), `.updated`,
 //!   `conversation.item.created` / `conversation.item.added` (an utterance's item, before its
@@ -17,7 +17,10 @@
 //!   utterance's transcript), `error` (OpenAI's shape; the connection stays usable).
 //!
 //! An utterance ends, and its item is committed and completed, when the client commits or when
-//! the model ends it itself (an end-of-utterance token). Each connection has its own
+//! the model ends it itself (an end-of-utterance token). With OpenAI's `turn_detection:
+//! {"type": "server_vad", ...}` (the beta's field or the GA's `audio.input.turn_detection`) the
+//! VAD ends it too: Silero VAD's `VADIterator` finds each turn (`input_audio_buffer.speech_started`
+//! / `.speech_stopped`), whose audio alone is transcribed, then committed and completed. Each connection has its own
 //! transcriber (made by the [`TranscriberFactory`]); the model behind it is shared. A connection
 //! that sends no audio for longer than the idle timeout, whose audio passes the length limit, or
 //! that sends a message over the size limit gets an `error` event and is closed; one that does
@@ -28,7 +31,9 @@
 use crate::audio::decode::{MAX_SAMPLE_RATE, MIN_SAMPLE_RATE};
 use crate::audio::resample::StreamResampler;
 use crate::server::conn::{ConnSlot, Drain};
-use crate::stream::{LiveTranscriber, StreamEvent};
+use crate::stream::StreamEvent;
+use crate::stream::turns::{TurnEvent, TurnParams, Turns};
+use crate::vad::VadModel;
 use anyhow::Result;
 use axum::Router;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -38,15 +43,15 @@ use axum::response::Response;
 use axum::routing::get;
 use base64::Engine;
 use serde_json::{Value, json};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// Makes the transcriber of one connection (a new stream with its own state over the shared
 /// model), or says why the loaded model cannot stream.
 pub type TranscriberFactory =
-    Arc<dyn Fn() -> Result<Box<dyn LiveTranscriber + Send>> + Send + Sync>;
+    Arc<dyn Fn() -> Result<Box<dyn crate::stream::LiveTranscriber + Send>> + Send + Sync>;
 
 /// The WebSocket endpoint's limits.
 #[derive(Clone, Debug)]
@@ -149,6 +154,8 @@ impl Drop for Slot {
 struct Item {
     id: String,
     sent: String,
+    /// Its `conversation.item.added` was sent (a turn names its item before any text).
+    announced: bool,
 }
 
 /// A conversation item of the user's audio, in OpenAI's shape (`transcript` once known).
@@ -170,7 +177,11 @@ struct Connection {
     drain: Drain,
     session_id: String,
     /// `None` while it computes on a blocking thread (or after it failed).
-    transcriber: Option<Box<dyn LiveTranscriber + Send>>,
+    transcriber: Option<Turns>,
+    /// Samples fed to the transcriber in all (at its rate), and where its current stream
+    /// began among them: the VAD's boundaries count from there.
+    fed: u64,
+    stream_origin: u64,
     resampler: Option<StreamResampler>,
     /// The client's sample rate.
     rate: u32,
@@ -198,6 +209,8 @@ impl Connection {
             socket,
             session_id: format!("sess_{id}"),
             transcriber: None,
+            fed: 0,
+            stream_origin: 0,
             resampler: None,
             rate: OPENAI_PCM16_RATE,
             received: 0,
@@ -232,7 +245,7 @@ impl Connection {
         }
         let factory = live.factory.clone();
         match tokio::task::spawn_blocking(move || factory()).await {
-            Ok(Ok(t)) => self.transcriber = Some(t),
+            Ok(Ok(t)) => self.transcriber = Some(Turns::Manual(t)),
             Ok(Err(e)) => return self.refuse("model_not_streaming", &format!("{e:#}")).await,
             Err(_) => return self.refuse("internal_error", "cannot start a stream").await,
         }
@@ -331,11 +344,7 @@ impl Connection {
             };
             match self.forward(events).await {
                 Ok(0) => {
-                    let text = self
-                        .item
-                        .as_ref()
-                        .map_or_else(String::new, |i| i.sent.clone());
-                    if let Err(closed) = self.complete(text).await {
+                    if let Err(closed) = self.complete_open().await {
                         return closed;
                     }
                 }
@@ -412,6 +421,27 @@ impl Connection {
             self.dialect = Dialect::Beta;
         }
         let session = event.get("session").unwrap_or(&Value::Null);
+        let turns = match turn_detection(session) {
+            Ok(turns) => turns.filter(|&t| t != self.turn_params()),
+            Err((param, msg)) => {
+                return self
+                    .error_event("invalid_value", &msg, Some(&param), client_id)
+                    .await;
+            }
+        };
+        let busy = match self.turn_params() {
+            None => self.buffered > 0,
+            Some(_) => self.transcriber.as_ref().is_some_and(Turns::in_turn),
+        };
+        if turns.is_some() && busy {
+            return self
+                .error(
+                    "invalid_session_update",
+                    "turn detection cannot change while the buffer holds audio or speech is under way: commit or clear it first",
+                    client_id,
+                )
+                .await;
+        }
         // The beta shape names the format, the GA shape nests it with its rate.
         let beta = session.get("input_audio_format");
         let ga = session.pointer("/audio/input/format");
@@ -472,6 +502,14 @@ impl Connection {
             }
             self.set_rate(rate)?;
         }
+        if let Some(params) = turns {
+            let t = self.transcriber.take().ok_or("no transcriber")?;
+            match t.with_params(params, builtin_vad) {
+                Ok(t) => self.transcriber = Some(t),
+                Err(e) => return Err(self.refuse("internal_error", &format!("{e:#}")).await),
+            }
+            self.stream_origin = self.fed;
+        }
         let updated = kind.replace(".update", ".updated");
         self.send(json!({"type": updated, "session": self.session()}))
             .await
@@ -522,6 +560,7 @@ impl Connection {
         self.resampler()
             .push(&samples, &mut resampled)
             .map_err(|_| "resampler failed")?;
+        self.fed += resampled.len() as u64;
         let events = self.compute(move |t| t.accept(&resampled)).await?;
         self.forward(events).await.map(|_| ())
     }
@@ -539,11 +578,7 @@ impl Connection {
         let events = self.end_stream().await?;
         // The commit is answered by an item even when the model heard no words in it.
         if self.forward(events).await? == 0 {
-            let text = self
-                .item
-                .as_ref()
-                .map_or_else(String::new, |i| i.sent.clone());
-            self.complete(text).await?;
+            self.complete_open().await?;
         }
         Ok(())
     }
@@ -559,38 +594,51 @@ impl Connection {
 
     /// Flushes the resampler and finishes the transcriber's stream (the next audio starts a
     /// new one); returns the events that came of it.
-    async fn end_stream(&mut self) -> Result<Vec<StreamEvent>, Closed> {
+    async fn end_stream(&mut self) -> Result<Vec<TurnEvent>, Closed> {
         self.buffered = 0;
         let mut rest = Vec::new();
         self.resampler()
             .finish(&mut rest)
             .map_err(|_| "resampler failed")?;
-        self.compute(move |t| {
-            let mut events = t.accept(&rest)?;
-            events.extend(t.finish()?);
-            Ok(events)
-        })
-        .await
+        self.fed += rest.len() as u64;
+        let events = self
+            .compute(move |t| {
+                let mut events = t.accept(&rest)?;
+                events.extend(t.finish()?);
+                Ok(events)
+            })
+            .await?;
+        self.stream_origin = self.fed;
+        Ok(events)
     }
 
     /// Runs `work` on the transcriber on a blocking thread (the model's compute must not hold
-    /// the async runtime's threads). A failure is reported and closes the connection.
-    async fn compute<F>(&mut self, work: F) -> Result<Vec<StreamEvent>, Closed>
+    /// the async runtime's threads); the VAD's boundaries come back counted from the start of
+    /// the session. A failure is reported and closes the connection.
+    async fn compute<F>(&mut self, work: F) -> Result<Vec<TurnEvent>, Closed>
     where
-        F: FnOnce(&mut dyn LiveTranscriber) -> Result<Vec<StreamEvent>> + Send + 'static,
+        F: FnOnce(&mut Turns) -> Result<Vec<TurnEvent>> + Send + 'static,
     {
         let Some(mut t) = self.transcriber.take() else {
             return Err("no transcriber");
         };
         let joined = tokio::task::spawn_blocking(move || {
-            let result = work(t.as_mut());
+            let result = work(&mut t);
             (t, result)
         })
         .await;
+        let origin = self.stream_origin as usize;
         match joined {
             Ok((t, Ok(events))) => {
                 self.transcriber = Some(t);
-                Ok(events)
+                Ok(events
+                    .into_iter()
+                    .map(|e| match e {
+                        TurnEvent::SpeechStarted(at) => TurnEvent::SpeechStarted(origin + at),
+                        TurnEvent::SpeechStopped(at) => TurnEvent::SpeechStopped(origin + at),
+                        e => e,
+                    })
+                    .collect())
             }
             Ok((_, Err(e))) => Err(self.refuse("transcription_failed", &format!("{e:#}")).await),
             Err(_) => Err(self
@@ -599,19 +647,73 @@ impl Connection {
         }
     }
 
-    /// Turns the transcriber's events into deltas and completed items; returns how many items
-    /// were completed.
-    async fn forward(&mut self, events: Vec<StreamEvent>) -> Result<usize, Closed> {
+    /// Turns the transcriber's events into deltas and completed items, and the VAD's
+    /// boundaries into `speech_started` / `speech_stopped`; returns how many items were
+    /// completed.
+    async fn forward(&mut self, events: Vec<TurnEvent>) -> Result<usize, Closed> {
         let mut completed = 0;
+        // A turn the VAD ended is committed even when the model heard no words in it.
+        let mut stopped = false;
         for event in events {
-            let (StreamEvent::Partial(u) | StreamEvent::Final(u)) = &event;
-            self.delta(&u.text).await?;
-            if let StreamEvent::Final(u) = event {
-                self.complete(u.text).await?;
-                completed += 1;
+            match event {
+                TurnEvent::SpeechStarted(at) => {
+                    if std::mem::take(&mut stopped) {
+                        self.complete_open().await?;
+                        completed += 1;
+                    }
+                    self.speech("started", "audio_start_ms", at).await?;
+                }
+                TurnEvent::SpeechStopped(at) => {
+                    self.speech("stopped", "audio_end_ms", at).await?;
+                    // The turn's audio is committed: what follows is a new buffer.
+                    self.buffered = 0;
+                    stopped = true;
+                }
+                TurnEvent::Transcript(event) => {
+                    let (StreamEvent::Partial(u) | StreamEvent::Final(u)) = &event;
+                    self.delta(&u.text).await?;
+                    if let StreamEvent::Final(u) = event {
+                        self.complete(u.text).await?;
+                        completed += 1;
+                        stopped = false;
+                    }
+                }
             }
         }
+        if stopped {
+            self.complete_open().await?;
+            completed += 1;
+        }
         Ok(completed)
+    }
+
+    /// `input_audio_buffer.speech_<what>` at sample `at`, naming the item the turn goes to.
+    async fn speech(&mut self, what: &str, field: &str, at: usize) -> Result<(), Closed> {
+        let item = self.item_mut().id.clone();
+        let mut event =
+            json!({"type": format!("input_audio_buffer.speech_{what}"), "item_id": item});
+        event[field] = json!(self.stream_ms(at));
+        self.send(event).await
+    }
+
+    /// Completes the current item with the text sent of it so far (none: empty).
+    async fn complete_open(&mut self) -> Result<(), Closed> {
+        let text = self
+            .item
+            .as_ref()
+            .map_or_else(String::new, |i| i.sent.clone());
+        self.complete(text).await
+    }
+
+    /// Milliseconds from the start of the session to sample `at` of the transcriber's audio.
+    fn stream_ms(&self, at: usize) -> u64 {
+        let rate = self.transcriber.as_ref().map_or(16_000, Turns::sample_rate);
+        (at as u64 * 1000) / u64::from(rate)
+    }
+
+    /// The session's turn detection (`None`: by commits).
+    fn turn_params(&self) -> Option<TurnParams> {
+        self.transcriber.as_ref().and_then(Turns::params)
     }
 
     /// Sends what `text` (the utterance so far) adds to the text already sent.
@@ -636,10 +738,12 @@ impl Connection {
 
     /// Announces the current item if it is new (before any of its transcript).
     async fn open_item(&mut self) -> Result<(), Closed> {
-        if self.item.is_some() {
+        if self.item.as_ref().is_some_and(|i| i.announced) {
             return Ok(());
         }
-        let id = self.item_mut().id.clone();
+        let item = self.item_mut();
+        item.announced = true;
+        let id = item.id.clone();
         let kind = match self.dialect {
             Dialect::Ga => "conversation.item.added",
             Dialect::Beta => "conversation.item.created",
@@ -694,6 +798,7 @@ impl Connection {
             Item {
                 id: format!("item_{next}"),
                 sent: String::new(),
+                announced: false,
             }
         })
     }
@@ -720,10 +825,10 @@ impl Connection {
             "audio": {"input": {
                 "format": {"type": "audio/pcm", "rate": self.rate},
                 "transcription": {"model": model},
-                "turn_detection": null,
+                "turn_detection": turn_json(self.turn_params()),
             }},
             "input_audio_format": "pcm16",
-            "turn_detection": null,
+            "turn_detection": turn_json(self.turn_params()),
             // The beta's session model requires an ephemeral key; this server issues none.
             "client_secret": {"value": "", "expires_at": 0},
         })
@@ -736,13 +841,24 @@ impl Connection {
         message: &str,
         client_id: Option<&str>,
     ) -> Result<(), Closed> {
+        self.error_event(code, message, None, client_id).await
+    }
+
+    /// An `error` event; `param` names the field at fault.
+    async fn error_event(
+        &mut self,
+        code: &str,
+        message: &str,
+        param: Option<&str>,
+        client_id: Option<&str>,
+    ) -> Result<(), Closed> {
         self.send(json!({
             "type": "error",
             "error": {
                 "type": "invalid_request_error",
                 "code": code,
                 "message": message,
-                "param": null,
+                "param": param,
                 "event_id": client_id,
             },
         }))
@@ -761,5 +877,109 @@ impl Connection {
             Ok(Err(_)) => Err("client gone"),
             Err(_) => Err("client not reading"),
         }
+    }
+}
+
+/// The built-in Silero VAD, parsed once for every session that detects turns.
+fn builtin_vad() -> Result<Arc<VadModel>> {
+    static MODEL: OnceLock<Arc<VadModel>> = OnceLock::new();
+    if let Some(m) = MODEL.get() {
+        return Ok(m.clone());
+    }
+    let m = VadModel::builtin()?;
+    Ok(MODEL.get_or_init(|| m).clone())
+}
+
+/// OpenAI's server VAD defaults: threshold 0.5, 300 ms of audio kept before the speech, 500 ms
+/// of silence to end it.
+const SERVER_VAD: TurnParams = TurnParams {
+    threshold: 0.5,
+    min_silence_ms: 500.0,
+    speech_pad_ms: 300.0,
+};
+
+/// A session update's `turn_detection` (the beta's field or the GA's
+/// `audio.input.turn_detection`): `None` when it has none, `Some(None)` for `null` (turns end
+/// at commits), `Some(Some(params))` for `server_vad` (Silero VAD's `VADIterator`, its speech
+/// padding `prefix_padding_ms`, its minimum silence `silence_duration_ms`). A bad value is
+/// `(param, message)`.
+fn turn_detection(session: &Value) -> Result<Option<Option<TurnParams>>, (String, String)> {
+    let beta = session.get("turn_detection");
+    let ga = session.pointer("/audio/input/turn_detection");
+    let (value, at) = match (beta, ga) {
+        (Some(b), Some(g)) if b != g => {
+            let msg = format!(
+                "conflicting turn detection: turn_detection {b} and audio.input.turn_detection {g}; send one of them"
+            );
+            return Err(("session.turn_detection".into(), msg));
+        }
+        (Some(v), _) => (v, "session.turn_detection"),
+        (None, Some(v)) => (v, "session.audio.input.turn_detection"),
+        (None, None) => return Ok(None),
+    };
+    let fields = match value {
+        Value::Null => return Ok(Some(None)),
+        Value::Object(fields) => fields,
+        other => {
+            let msg = format!("turn_detection {other}: expected an object or null");
+            return Err((at.into(), msg));
+        }
+    };
+    match fields.get("type").map(|t| t.as_str()) {
+        None | Some(Some("server_vad")) => {}
+        Some(t) => {
+            let t = t.map_or_else(|| fields["type"].to_string(), |t| format!("{t:?}"));
+            let msg = format!(
+                "turn_detection type {t} is not supported: this server detects turns with \"server_vad\" (Silero VAD), or none (null: turns end at commits)"
+            );
+            return Err((format!("{at}.type"), msg));
+        }
+    }
+    let mut p = SERVER_VAD;
+    for (name, slot) in [
+        ("threshold", &mut p.threshold),
+        ("prefix_padding_ms", &mut p.speech_pad_ms),
+        ("silence_duration_ms", &mut p.min_silence_ms),
+    ] {
+        match fields.get(name) {
+            None | Some(Value::Null) => {}
+            Some(v) => match v.as_f64() {
+                Some(x) => *slot = x,
+                None => {
+                    let msg = format!("turn_detection.{name} {v}: expected a number");
+                    return Err((format!("{at}.{name}"), msg));
+                }
+            },
+        }
+    }
+    let names = ["threshold", "silence_duration_ms", "prefix_padding_ms"];
+    if let Err(e) = p.validate(names) {
+        let name = names
+            .into_iter()
+            .find(|n| e.to_string().starts_with(n))
+            .unwrap_or("threshold");
+        return Err((format!("{at}.{name}"), format!("turn_detection.{e:#}")));
+    }
+    Ok(Some(Some(p)))
+}
+
+/// A session's `turn_detection` as OpenAI shows it.
+fn turn_json(params: Option<TurnParams>) -> Value {
+    // Whole milliseconds as integers, as OpenAI's are.
+    let ms = |x: f64| {
+        if x.fract() == 0.0 && x < 1e15 {
+            json!(x as u64)
+        } else {
+            json!(x)
+        }
+    };
+    match params {
+        None => Value::Null,
+        Some(p) => json!({
+            "type": "server_vad",
+            "threshold": p.threshold,
+            "prefix_padding_ms": ms(p.speech_pad_ms),
+            "silence_duration_ms": ms(p.min_silence_ms),
+        }),
     }
 }

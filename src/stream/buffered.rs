@@ -13,6 +13,8 @@
 
 use super::{LiveTranscriber, StreamEvent, Utterance};
 use crate::audio::mel::log_mel;
+use crate::decoder::boosting::BoostingTree;
+use crate::decoder::confidence::ConfidenceConfig;
 use crate::decoder::ctc::argmax;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::encoder::{AttentionChoice, EncoderState, FeatureImage, Outputs};
@@ -192,6 +194,8 @@ pub struct StepRecord {
     /// frames from the chunk's first frame (the right context's continue after the chunk).
     pub chunk_tokens: Vec<(usize, usize)>,
     pub right_tokens: Vec<(usize, usize)>,
+    /// The chunk pass's token confidences (when asked for).
+    pub chunk_confidences: Vec<f64>,
     /// CTC: the argmax label of every buffer frame held.
     pub labels: Vec<usize>,
     /// End of utterance, and the window `[start, end)` of committed frames.
@@ -199,9 +203,14 @@ pub struct StepRecord {
     pub start_end: (i64, i64),
     /// Tokens that were the same as the last stored ones and close in time, dropped.
     pub overlap_skipped: usize,
-    /// Tokens committed and their stream timestamps after NeMo's rewriting.
+    /// Tokens committed, their stream timestamps after NeMo's rewriting and their
+    /// confidences (when asked for).
     pub committed: Vec<usize>,
     pub committed_timesteps: Vec<f64>,
+    pub committed_confidences: Vec<f64>,
+    /// The head's rows of the buffer after the roll, `[encoded_len][width]` (transducer:
+    /// `joint.enc` of the encoder output; CTC: the logits).
+    pub rows: Vec<f32>,
     /// The finished utterance's text, when the step ended one.
     pub final_text: Option<String>,
 }
@@ -223,9 +232,13 @@ struct Decoding {
     /// The committed window of the previous step (`decoder_start_idx`, `decoder_end_idx`).
     start: i64,
     end: i64,
-    /// Tokens and timestamps since the last end of utterance.
+    /// Tokens, timestamps and token confidences (when asked for) since the last end of
+    /// utterance.
     tokens: Vec<usize>,
     timesteps: Vec<f64>,
+    confidences: Vec<f64>,
+    /// Transducer with boosting: the phrase tree's state after the last chunk pass.
+    boost_state: u32,
     eou_before: bool,
     /// CTC: the label at the end of the last window and its stream frame.
     last_token: Option<(usize, f64)>,
@@ -269,6 +282,10 @@ pub struct BufferedStream {
     reported: usize,
     /// An utterance this long without an end of utterance is cut at a word start.
     max_utterance_seconds: Option<f64>,
+    /// Phrases the transducer prefers (the stream's own biasing), and the confidence to
+    /// measure of each token.
+    boost: Option<Arc<BoostingTree>>,
+    confidence: Option<ConfidenceConfig>,
     records: Vec<StepRecord>,
     times: StepTimes,
 }
@@ -327,6 +344,8 @@ impl BufferedStream {
             decoding: Decoding::default(),
             reported: 0,
             max_utterance_seconds: Some(super::DEFAULT_MAX_UTTERANCE_SECONDS),
+            boost: None,
+            confidence: None,
             records: Vec::new(),
             times: StepTimes::default(),
         };
@@ -460,6 +479,9 @@ impl BufferedStream {
             encoded_len,
             ..StepRecord::default()
         };
+        if self.config.record_steps {
+            record.rows = rows.clone();
+        }
         let (committed, eou) = match self.head {
             Head::Transducer => self.decode_transducer(&rows, is_first, is_last, &mut record)?,
             Head::Ctc => self.decode_ctc(&rows, is_first, is_last, &mut record),
@@ -474,6 +496,7 @@ impl BufferedStream {
             }
             self.decoding.tokens.clear();
             self.decoding.timesteps.clear();
+            self.decoding.confidences.clear();
             self.reported = 0;
         } else if committed > 0 {
             if let Some(done) = self.cut_long_utterance() {
@@ -510,25 +533,45 @@ impl BufferedStream {
         };
         let from = s.left_frames.min(encoded_len);
         let chunk = &rows[from * w..(from + n_c) * w];
-        let mut hyp = self
-            .session
-            .continue_greedy(self.decoding.hyp.take(), chunk, n_c)?;
+        let tree = self.boost.clone();
+        let mut boost_state = self.decoding.boost_state;
+        let (mut hyp, scores) = self.session.continue_greedy_with(
+            self.decoding.hyp.take(),
+            chunk,
+            n_c,
+            tree.as_deref().map(|t| (t, &mut boost_state)),
+            self.confidence,
+        )?;
         let chunk_tokens = hyp.take_tokens();
-        let mut local: Vec<(usize, i64)> = chunk_tokens
+        let mut local: Vec<(usize, i64, f64)> = chunk_tokens
             .iter()
-            .map(|t| (t.id, t.frame as i64))
+            .zip(scores.iter().chain(std::iter::repeat(&f64::NAN)))
+            .map(|(t, &c)| (t.id, t.frame as i64, c))
             .collect();
         record.chunk_tokens = chunk_tokens.iter().map(|t| (t.id, t.frame)).collect();
+        record.chunk_confidences = scores;
         if s.right_frames > 0 {
             let right = &rows[(from + n_c) * w..(from + decodable) * w];
-            let copy = self
-                .session
-                .continue_greedy(Some(hyp.clone()), right, decodable - n_c)?;
+            // The right context decodes from copies of the states, then they are dropped.
+            let mut right_state = boost_state;
+            let (copy, scores) = self.session.continue_greedy_with(
+                Some(hyp.clone()),
+                right,
+                decodable - n_c,
+                tree.as_deref().map(|t| (t, &mut right_state)),
+                self.confidence,
+            )?;
             let right_tokens = copy.into_tokens();
-            local.extend(right_tokens.iter().map(|t| (t.id, (n_c + t.frame) as i64)));
+            local.extend(
+                right_tokens
+                    .iter()
+                    .zip(scores.iter().chain(std::iter::repeat(&f64::NAN)))
+                    .map(|(t, &c)| (t.id, (n_c + t.frame) as i64, c)),
+            );
             record.right_tokens = right_tokens.iter().map(|t| (t.id, n_c + t.frame)).collect();
         }
         self.decoding.hyp = Some(hyp);
+        self.decoding.boost_state = boost_state;
         let c = s.chunk_frames as i64;
         let alignment = (s.right_frames + s.chunk_frames) as i64;
         let d = &mut self.decoding;
@@ -542,7 +585,7 @@ impl BufferedStream {
         } else if end <= 0 {
             (start, end) = (0, c);
         }
-        let committed: Vec<(usize, f64)>;
+        let committed: Vec<(usize, f64, f64)>;
         let mut eou = is_last;
         if local.is_empty() {
             // Nothing decoded in chunk and right context: the utterance ends.
@@ -553,8 +596,8 @@ impl BufferedStream {
             if !eou {
                 let trimmed: Vec<i64> = local
                     .iter()
-                    .filter(|(_, t)| *t >= start)
-                    .map(|&(_, t)| t)
+                    .filter(|(_, t, _)| *t >= start)
+                    .map(|&(_, t, _)| t)
                     .collect();
                 (eou, eou_at) = eou_from_timestamps(
                     &trimmed,
@@ -572,8 +615,8 @@ impl BufferedStream {
             }
             committed = local
                 .iter()
-                .filter(|(_, t)| (start..end).contains(t))
-                .map(|&(id, t)| (id, t as f64 + d.timestamp_offset))
+                .filter(|(_, t, _)| (start..end).contains(t))
+                .map(|&(id, t, c)| (id, t as f64 + d.timestamp_offset, c))
                 .collect();
         }
         d.start = start;
@@ -642,10 +685,17 @@ impl BufferedStream {
             end = e0;
             eou = false;
         }
-        let committed: Vec<(usize, f64)> = tokens
+        let confidence = self.confidence;
+        let committed: Vec<(usize, f64, f64)> = tokens
             .iter()
             .filter(|(_, t)| (start..end).contains(t))
-            .map(|&(id, t)| (id, t as f64))
+            .map(|&(id, t)| {
+                // NeMo measures a CTC token on the frame it starts at.
+                let c = confidence.map_or(f64::NAN, |c| {
+                    c.of_logits(&rows[t as usize * w..][..w], w) as f64
+                });
+                (id, t as f64, c)
+            })
             .collect();
         let last = (end >= 1 && ((end - 1) as usize) < labels.len())
             .then(|| (labels[(end - 1) as usize], (end - 1) as f64));
@@ -666,6 +716,39 @@ impl BufferedStream {
     /// on as NeMo's, so the tokens are NeMo's whatever the limit.
     pub fn set_max_utterance_seconds(&mut self, seconds: Option<f64>) {
         self.max_utterance_seconds = seconds.filter(|s| *s > 0.0);
+    }
+
+    /// Phrases this stream's transducer prefers (`None`: none), from the next chunk on: the
+    /// tree's state is carried from chunk to chunk with the decoder's and copied into the
+    /// right context's pass, as NeMo's per-stream biasing does. NeMo's buffered CTC pipeline
+    /// decodes by argmax alone, so the CTC head refuses phrases.
+    pub fn set_boost(&mut self, tree: Option<Arc<BoostingTree>>) -> Result<()> {
+        if let Some(t) = &tree {
+            if self.head == Head::Ctc {
+                bail!(
+                    "phrase boosting in buffered streaming needs the transducer head: NeMo's \
+                     buffered CTC pipeline decodes by argmax alone (drop --decoder ctc)"
+                );
+            }
+            let vocab = self.session.model().hparams.vocab_size;
+            if t.vocab_size() != vocab {
+                bail!(
+                    "the boosting phrases were tokenised for a {}-piece vocabulary; this model \
+                     has {vocab}",
+                    t.vocab_size()
+                );
+            }
+            self.decoding.boost_state = t.start();
+        }
+        self.boost = tree;
+        Ok(())
+    }
+
+    /// Measure each token's confidence by `cfg` (`None`: not), reported as word confidences;
+    /// the transducer's from its emission step (blanks counted within a chunk's pass), CTC's
+    /// from its first frame, as NeMo's pipelines do.
+    pub fn set_confidence(&mut self, cfg: Option<ConfidenceConfig>) {
+        self.confidence = cfg;
     }
 
     /// When the utterance spans more than the limit: its words before the last one, as a
@@ -707,7 +790,7 @@ impl BufferedStream {
         let tokenizer = &model.tokenizer;
         let text = ids_to_text(tokenizer, ids);
         let (start, end) = self.refine(ids, times, None, None);
-        let words = self.words(ids, times);
+        let words = self.words(ids, times, &d.confidences[from..to]);
         let tokens = ids
             .iter()
             .zip(times)
@@ -729,7 +812,7 @@ impl BufferedStream {
     /// NeMo's word grouping of the streaming pipelines (`group_tokens_into_words`): a word
     /// starts at a piece with the word mark; its end snaps to the next word's start when that
     /// is within 4 frames, and a start before the previous word's end is pushed past it.
-    fn words(&self, tokens: &[usize], timesteps: &[f64]) -> Vec<Word> {
+    fn words(&self, tokens: &[usize], timesteps: &[f64], confidences: &[f64]) -> Vec<Word> {
         let tokenizer = &self.session.model().tokenizer;
         let fs = self.sizes.frame_seconds;
         let starts_word = |id: usize| self.word_start.get(id).copied().unwrap_or(false);
@@ -752,7 +835,9 @@ impl BufferedStream {
                 text,
                 start: round9(start * fs),
                 end: round9(end * fs),
-                confidence: None,
+                confidence: self
+                    .confidence
+                    .map(|c| c.aggregation.apply(&confidences[a..b]) as f32),
                 speaker: None,
             });
         }
@@ -804,6 +889,7 @@ impl BufferedStream {
                 Head::Transducer => -(self.sizes.right_frames as f64),
                 Head::Ctc => -self.sizes.initial_delay,
             },
+            boost_state: self.boost.as_ref().map_or(0, |t| t.start()),
             ..Decoding::default()
         };
     }
@@ -829,7 +915,7 @@ fn ids_to_text(tokenizer: &Tokenizer, ids: &[usize]) -> String {
 /// were appended.
 fn update_state(
     d: &mut Decoding,
-    committed: Vec<(usize, f64)>,
+    committed: Vec<(usize, f64, f64)>,
     eou: bool,
     record: &mut StepRecord,
 ) -> usize {
@@ -851,6 +937,9 @@ fn update_state(
         overlap = overlap.max(1);
     }
     d.tokens.extend_from_slice(&tokens[overlap..]);
+    let confidences: Vec<f64> = committed[overlap..].iter().map(|c| c.2).collect();
+    d.confidences.extend_from_slice(&confidences);
+    record.committed_confidences = confidences;
     let before = d.timesteps.len();
     merge_timesteps(&mut d.timesteps, timesteps[overlap..].to_vec());
     d.eou_before = eou;

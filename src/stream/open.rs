@@ -7,13 +7,15 @@ use super::{
     BufferedConfig, BufferedStream, CacheAwareConfig, CacheAwareStream,
     DEFAULT_MAX_UTTERANCE_SECONDS, LiveTranscriber,
 };
+use crate::decoder::boosting::BoostingTree;
+use crate::decoder::confidence::ConfidenceConfig;
 use crate::model::Model;
 use crate::session::{DecoderChoice, Session, Threads};
 use anyhow::{Result, bail};
 use std::sync::Arc;
 
 /// What a front end asks of a live transcriber.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct LiveOptions {
     /// One of the model's lookaheads, `[left, right]` in encoder frames (`--att-context L,R`);
     /// `None`: NeMo's default for the model. Cache-aware models only.
@@ -30,6 +32,10 @@ pub struct LiveOptions {
     /// Utterances longer than this without an end of utterance are cut at a word start
     /// (`--max-utterance-seconds`; `None`: never).
     pub max_utterance_seconds: Option<f64>,
+    /// Phrases this stream prefers (`--boost`), and each word's confidence (`--confidence`):
+    /// buffered streaming's transducer.
+    pub boost: Option<Arc<BoostingTree>>,
+    pub confidence: Option<ConfidenceConfig>,
 }
 
 impl Default for LiveOptions {
@@ -42,6 +48,8 @@ impl Default for LiveOptions {
             decoder: DecoderChoice::default(),
             threads: Threads::all(),
             max_utterance_seconds: Some(DEFAULT_MAX_UTTERANCE_SECONDS),
+            boost: None,
+            confidence: None,
         }
     }
 }
@@ -104,6 +112,16 @@ impl LiveOptions {
         ];
         match kind {
             LiveKind::CacheAware => {
+                let decoding_flags = [
+                    ("--boost", self.boost.is_some()),
+                    ("--confidence", self.confidence.is_some()),
+                ];
+                if let Some((flag, _)) = decoding_flags.iter().find(|(_, on)| *on) {
+                    bail!(
+                        "{shown} is a cache-aware streaming model: {flag} in live transcription \
+                         is for offline models (buffered streaming)"
+                    );
+                }
                 if let Some((flag, _)) = buffered_flags.iter().find(|(_, v)| v.is_some()) {
                     bail!(
                         "{shown} is a cache-aware streaming model: {flag} sets buffered \
@@ -154,6 +172,8 @@ pub fn open_live(
         LiveKind::Buffered => {
             let mut stream = BufferedStream::new(session, options.buffered())?;
             stream.set_max_utterance_seconds(options.max_utterance_seconds);
+            stream.set_boost(options.boost.clone())?;
+            stream.set_confidence(options.confidence);
             Ok(Box::new(stream))
         }
     }

@@ -87,6 +87,7 @@ impl<W: Write> EventWriter<W> {
                     text: &w.text,
                     start: millis(w.start),
                     end: millis(w.end),
+                    confidence: w.confidence,
                 })
                 .collect(),
         };
@@ -111,6 +112,9 @@ struct JsonWord<'a> {
     text: &'a str,
     start: f64,
     end: f64,
+    /// When asked for (`--confidence`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confidence: Option<f32>,
 }
 
 /// Seconds rounded to the millisecond: encoder frames are 40 or 80 ms, so nothing is lost, and

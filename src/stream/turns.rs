@@ -146,6 +146,14 @@ impl VadTurns {
         self.reset();
     }
 
+    /// The transcriber (finished after the last turn; a turn under way is dropped).
+    pub fn into_inner(mut self) -> Box<dyn LiveTranscriber + Send> {
+        if self.turn.is_some() {
+            let _ = self.inner.finish();
+        }
+        self.inner
+    }
+
     /// Whether a turn is under way (speech started and its transcriber not finished).
     pub fn in_turn(&self) -> bool {
         self.turn.is_some()
@@ -349,4 +357,71 @@ fn transcripts(events: Vec<TurnEvent>) -> Vec<StreamEvent> {
             _ => None,
         })
         .collect()
+}
+
+/// A live transcriber whose turns end when its client says so (`Manual`: at
+/// [`Turns::finish`]) or where the VAD hears the speech end; the realtime server's sessions
+/// switch between the two (`turn_detection`).
+pub enum Turns {
+    Manual(Box<dyn LiveTranscriber + Send>),
+    Vad(Box<VadTurns>),
+}
+
+impl Turns {
+    pub fn sample_rate(&self) -> u32 {
+        match self {
+            Turns::Manual(t) => t.sample_rate(),
+            Turns::Vad(t) => t.sample_rate(),
+        }
+    }
+
+    /// The VAD's parameters, `None` when turns end by hand.
+    pub fn params(&self) -> Option<TurnParams> {
+        match self {
+            Turns::Manual(_) => None,
+            Turns::Vad(t) => Some(t.params()),
+        }
+    }
+
+    /// Whether the VAD has a turn under way.
+    pub fn in_turn(&self) -> bool {
+        matches!(self, Turns::Vad(t) if t.in_turn())
+    }
+
+    pub fn accept(&mut self, samples: &[f32]) -> Result<Vec<TurnEvent>> {
+        match self {
+            Turns::Manual(t) => Ok(t
+                .accept(samples)?
+                .into_iter()
+                .map(TurnEvent::Transcript)
+                .collect()),
+            Turns::Vad(t) => t.accept_turns(samples),
+        }
+    }
+
+    /// Ends the stream (the turn under way, by hand); the next audio starts a new one at 0.
+    pub fn finish(&mut self) -> Result<Vec<TurnEvent>> {
+        match self {
+            Turns::Manual(t) => Ok(t.finish()?.into_iter().map(TurnEvent::Transcript).collect()),
+            Turns::Vad(t) => t.finish_turns(),
+        }
+    }
+
+    /// Turns ended by `params` (`None`: by hand) from a fresh stream on; `model` gives the VAD
+    /// when one is needed. Audio accepted and not finished is dropped.
+    pub fn with_params(
+        self,
+        params: Option<TurnParams>,
+        model: impl FnOnce() -> Result<Arc<VadModel>>,
+    ) -> Result<Turns> {
+        Ok(match (self, params) {
+            (Turns::Manual(t), None) => Turns::Manual(t),
+            (Turns::Manual(t), Some(p)) => Turns::Vad(Box::new(VadTurns::new(t, model()?, p)?)),
+            (Turns::Vad(mut t), Some(p)) => {
+                t.set_params(p);
+                Turns::Vad(t)
+            }
+            (Turns::Vad(t), None) => Turns::Manual(t.into_inner()),
+        })
+    }
 }

@@ -96,6 +96,31 @@ fn an_offline_model_streams_by_buffers_with_nemos_finals() {
     ];
     let (finals, _) = finals_of(&stream_cmd("tiny_tdt", &args, None));
     assert_eq!(finals, nemo_finals("tiny_tdt_buffered_rnnt_c1.6_l1.6_r1.6"));
+    // Phrases change the finals (the pipeline tests check them against the offline decode),
+    // and --confidence puts a confidence on every word.
+    let boosted = [
+        &args[..],
+        &[
+            "--boost",
+            "data",
+            "--boost",
+            "the cat",
+            "--confidence",
+            "entropy_tsallis_exp",
+        ],
+    ]
+    .concat();
+    let out = stream_cmd("tiny_tdt", &boosted, None);
+    let (boosted_finals, _) = finals_of(&out);
+    assert_ne!(boosted_finals, finals);
+    let events = String::from_utf8(out.stdout).unwrap();
+    for line in events.lines() {
+        let e: Value = serde_json::from_str(line).unwrap();
+        for w in e["words"].as_array().unwrap() {
+            let c = w["confidence"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&c), "{line}");
+        }
+    }
     // A raw pipe; a hybrid's CTC head.
     let raw = ["-", "--raw", "s16le", "--rate", "16000"];
     let (finals, _) = finals_of(&stream_cmd(
@@ -141,7 +166,17 @@ fn info_says_how_a_model_streams() {
 fn bad_buffer_sizes_and_the_other_kinds_flags_are_one_clear_error() {
     let silence = vec![0u8; 3200];
     let raw = ["-", "--raw", "s16le", "--rate", "16000"];
-    let cases: [(&str, &[&str], &[&str]); 7] = [
+    let cases: [(&str, &[&str], &[&str]); 9] = [
+        (
+            "tiny_tdt_ctc",
+            &["--decoder", "ctc", "--boost", "data"],
+            &["boosting in buffered streaming", "transducer"],
+        ),
+        (
+            "tiny_stream_rnnt",
+            &["--boost", "data"],
+            &["cache-aware streaming model", "--boost"],
+        ),
         (
             "tiny_tdt",
             &["--chunk-secs", "1.0"],

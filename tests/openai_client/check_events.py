@@ -132,6 +132,48 @@ def check_realtime(connection, table, dialect, pcm):
             raise SystemExit(f"{dialect}: usage {usage}")
 
 
+def check_server_vad(connection, table, dialect, pcm):
+    """`server_vad` turn detection: the session shows it, and the audio (a second of silence
+    after it, no commit) gives speech_started, speech_stopped, committed and completed for the
+    same item, every event valid."""
+    vad = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
+    with connection as conn:
+
+        def recv():
+            event = validate(json.loads(conn.recv_bytes()), table, dialect)
+            if event["type"] == "error":
+                raise SystemExit(f"{dialect} server_vad: {event}")
+            return event
+
+        recv()
+        if dialect == "ga":
+            audio = {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": vad}}
+            conn.send({"type": "session.update", "session": {"type": "transcription", "audio": audio}})
+            updated = "session.updated"
+        else:
+            session = {"input_audio_format": "pcm16", "turn_detection": vad}
+            conn.send({"type": "transcription_session.update", "session": session})
+            updated = "transcription_session.updated"
+        while (event := recv())["type"] != updated:
+            pass
+        shown = event["session"]["turn_detection"] if dialect == "beta" else event["session"]["audio"]["input"]["turn_detection"]
+        if shown != vad:
+            raise SystemExit(f"{dialect} server_vad: the session shows {shown}")
+        pcm = pcm + bytes(2 * 24000)
+        for i in range(0, len(pcm), 6400):
+            conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + 6400]).decode()})
+        items = {}
+        while True:
+            event = recv()
+            kind = event["type"].removeprefix("input_audio_buffer.")
+            if kind in ("speech_started", "speech_stopped", "committed"):
+                items.setdefault(event["item_id"], []).append(kind)
+            if event["type"].endswith("transcription.completed"):
+                break
+        if items.get(event["item_id"]) != ["speech_started", "speech_stopped", "committed"]:
+            raise SystemExit(f"{dialect} server_vad: events by item {items}, completed {event}")
+
+
 def resample_24k(pcm):
     """16 kHz pcm16 to 24 kHz by linear interpolation (the beta's pcm16 rate)."""
     import array
@@ -161,6 +203,8 @@ def main():
     check_realtime(client.realtime.connect(model="parakeet"), models_by_type(RealtimeServerEvent), "ga", pcm)
     beta = client.beta.realtime.connect(model="parakeet")
     check_realtime(beta, models_by_type(BetaServerEvent), "beta", pcm)
+    check_server_vad(client.realtime.connect(model="parakeet"), models_by_type(RealtimeServerEvent), "ga", pcm)
+    check_server_vad(client.beta.realtime.connect(model="parakeet"), models_by_type(BetaServerEvent), "beta", pcm)
     print("ok")
 
 

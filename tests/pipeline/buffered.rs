@@ -5,11 +5,16 @@
 
 use crate::common::*;
 use parakeet::convert::OutType;
-use parakeet::session::{DecoderChoice, Session};
+use parakeet::decoder::boosting::{BoostingConfig, BoostingTree};
+use parakeet::decoder::confidence::ConfidenceConfig;
+use parakeet::encoder::Encoded;
+use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, Session};
 use parakeet::stream::{
-    BufferedConfig, BufferedStream, LiveTranscriber, StepRecord, StreamEvent, Utterance,
+    BufferSizes, BufferedConfig, BufferedStream, LiveTranscriber, StepRecord, StreamEvent,
+    Utterance,
 };
 use serde_json::Value;
+use std::sync::Arc;
 
 /// `(model, head)` pairs NeMo ran, with the decoder that picks the head here.
 const CASES: [(&str, &str, DecoderChoice); 5] = [
@@ -198,20 +203,26 @@ fn compare(
     }
 }
 
+/// NeMo's run `name` and the config that repeats it with `decoder`, recording every step.
+fn reference(name: &str, decoder: DecoderChoice) -> (Value, BufferedConfig) {
+    let nemo = json(&fixtures().join("buffered").join(format!("{name}.json")));
+    let clr = secs(&nemo["chunk_left_right_secs"]);
+    let config = BufferedConfig {
+        chunk_secs: clr[0],
+        left_secs: clr[1],
+        right_secs: clr[2],
+        decoder,
+        record_steps: true,
+    };
+    (nemo, config)
+}
+
 fn check_case(model: &str, head: &str, decoder: DecoderChoice, suffix: &str, clip: &str) {
     let samples = clip_samples(clip);
     let path = gguf(model, OutType::F32);
     for setting in SETTINGS {
         let name = format!("{model}_buffered{suffix}_{head}_{setting}");
-        let nemo = json(&fixtures().join("buffered").join(format!("{name}.json")));
-        let clr = secs(&nemo["chunk_left_right_secs"]);
-        let config = BufferedConfig {
-            chunk_secs: clr[0],
-            left_secs: clr[1],
-            right_secs: clr[2],
-            decoder,
-            record_steps: true,
-        };
+        let (nemo, config) = reference(&name, decoder);
         let session = Session::load(&path, threads(2)).unwrap();
         let pieces = session.model().tokenizer.pieces().to_vec();
         // Pieces of an odd size, so that chunks are cut across pieces.
@@ -265,6 +276,185 @@ fn buffered_cases_cover_every_reference() {
     assert_eq!(covered, std::fs::read_dir(&dir).unwrap().count());
 }
 
+/// The chunk passes of one stream's steps, in order, as one encoder projection.
+#[derive(Default)]
+struct ChunkPasses {
+    /// `[frames][width]`.
+    rows: Vec<f32>,
+    frames: usize,
+    /// Each chunk token's stream-wide `(id, frame)` and confidence.
+    tokens: Vec<(usize, usize)>,
+    confidences: Vec<f64>,
+}
+
+fn chunk_passes(records: &[StepRecord], sizes: &BufferSizes) -> ChunkPasses {
+    let ChunkPasses {
+        mut rows,
+        mut frames,
+        mut tokens,
+        mut confidences,
+    } = ChunkPasses::default();
+    for r in records {
+        let w = r.rows.len() / r.encoded_len;
+        let decodable = r.encoded_len - sizes.left_frames;
+        let n_c = if r.is_last {
+            decodable
+        } else {
+            decodable.min(sizes.chunk_frames)
+        };
+        let from = sizes.left_frames;
+        rows.extend_from_slice(&r.rows[from * w..(from + n_c) * w]);
+        tokens.extend(r.chunk_tokens.iter().map(|&(id, t)| (id, frames + t)));
+        confidences.extend_from_slice(&r.chunk_confidences);
+        frames += n_c;
+    }
+    ChunkPasses {
+        rows,
+        frames,
+        tokens,
+        confidences,
+    }
+}
+
+/// With phrases and confidence, a buffered stream's chunk passes are one greedy search over
+/// the chunks' frames: the tree state carried from chunk to chunk (and copied into each right
+/// context's pass) gives the tokens and confidences of our offline boosted decode of the same
+/// frames, which boosting changes.
+#[test]
+fn buffered_boosting_and_confidence_carry_across_chunks() {
+    let boost = BoostingConfig {
+        phrases: ["data", "date", "dinner", "the cat"]
+            .map(String::from)
+            .to_vec(),
+        alpha: 1.0,
+        ..BoostingConfig::default()
+    };
+    let confidence = ConfidenceConfig::default();
+    let samples = clip_samples(CLIPS[0].1);
+    for model in ["tiny_tdt", "tiny_rnnt"] {
+        let path = gguf(model, OutType::F32);
+        for (chunk_secs, left_secs, right_secs) in [(1.6, 1.6, 1.6), (0.8, 1.6, 0.8)] {
+            let name = format!("{model} {chunk_secs},{left_secs},{right_secs}");
+            let config = BufferedConfig {
+                chunk_secs,
+                left_secs,
+                right_secs,
+                record_steps: true,
+                ..BufferedConfig::default()
+            };
+            let session = Session::load(&path, threads(2)).unwrap();
+            let tree = BoostingTree::new(&session.model().tokenizer, &boost).unwrap();
+            let mut stream = BufferedStream::new(session, config).unwrap();
+            stream.set_boost(Some(Arc::new(tree))).unwrap();
+            stream.set_confidence(Some(confidence));
+            let mut events = Vec::new();
+            for p in samples.chunks(3331) {
+                events.extend(stream.accept(p).unwrap());
+            }
+            events.extend(stream.finish().unwrap());
+            let sizes = *stream.sizes();
+            let ChunkPasses {
+                rows,
+                frames,
+                tokens,
+                confidences,
+            } = chunk_passes(&stream.take_records(), &sizes);
+            let enc = Encoded {
+                frames,
+                d_model: 0,
+                output: Vec::new(),
+                joint_enc: Some(rows),
+                ctc_logits: None,
+                layers: Vec::new(),
+            };
+            let mut session = Session::load(&path, threads(2)).unwrap();
+            let request = DecodeRequest {
+                boost: Some(boost.clone()),
+                confidence: Some(confidence),
+                ..DecodeRequest::default()
+            };
+            let opts = DecodeOptions::new(session.model(), &request).unwrap();
+            let offline = session.decode(&enc, &opts).unwrap();
+            let offline_tokens: Vec<(usize, usize)> =
+                offline.tokens.iter().map(|t| (t.id, t.frame)).collect();
+            assert_eq!(tokens, offline_tokens, "{name}: boosted tokens");
+            let offline_confidence = offline.token_confidence.unwrap();
+            assert_eq!(confidences.len(), offline_confidence.len(), "{name}");
+            for (a, b) in confidences.iter().zip(&offline_confidence) {
+                assert!((a - b).abs() < 1e-6, "{name}: confidence {a} against {b}");
+            }
+            let plain = session
+                .decode(&enc, &DecodeOptions::greedy(session.model()).unwrap())
+                .unwrap();
+            let plain: Vec<(usize, usize)> = plain.tokens.iter().map(|t| (t.id, t.frame)).collect();
+            assert_ne!(tokens, plain, "{name}: the phrases changed nothing");
+            // Every word of a final carries its tokens' confidence.
+            let words: Vec<_> = finals(&events).into_iter().flat_map(|u| &u.words).collect();
+            assert!(!words.is_empty(), "{name}");
+            for w in words {
+                let c = w.confidence.unwrap();
+                assert!((0.0..=1.0).contains(&c), "{name}: {} {c}", w.text);
+            }
+        }
+    }
+}
+
+/// CTC token confidence as NeMo's buffered CTC pipeline measures it (each token on the frame it
+/// starts at; `confidence:` entropy, Tsallis, alpha 0.5, exp, averaged over a segment): the
+/// finals' `conf` of the references that have a final before the last request (the last one
+/// holds NeMo's tokens from frames past the audio).
+#[test]
+fn buffered_ctc_confidence_matches_nemos_segments() {
+    let confidence = ConfidenceConfig {
+        measure: "entropy_tsallis_exp".parse().unwrap(),
+        alpha: 0.5,
+        aggregation: "mean".parse().unwrap(),
+        ..ConfidenceConfig::default()
+    };
+    let samples = clip_samples(CLIPS[0].1);
+    let mut compared = 0;
+    for (model, decoder) in [
+        ("tiny_ctc", DecoderChoice::Auto),
+        ("tiny_tdt_ctc", DecoderChoice::Ctc),
+    ] {
+        let path = gguf(model, OutType::F32);
+        for setting in SETTINGS {
+            let name = format!("{model}_buffered_ctc_{setting}");
+            let (nemo, config) = reference(&name, decoder);
+            let session = Session::load(&path, threads(2)).unwrap();
+            let mut stream = BufferedStream::new(session, config).unwrap();
+            stream.set_confidence(Some(confidence));
+            for p in samples.chunks(3331) {
+                stream.accept(p).unwrap();
+            }
+            stream.finish().unwrap();
+            // Each final's tokens: committed since the last end of utterance.
+            let mut segments: Vec<Vec<f64>> = Vec::new();
+            let mut open: Vec<f64> = Vec::new();
+            for r in stream.take_records() {
+                open.extend_from_slice(&r.committed_confidences);
+                if r.eou && !r.is_last {
+                    if !open.is_empty() {
+                        segments.push(std::mem::take(&mut open));
+                    }
+                    open.clear();
+                }
+            }
+            let theirs = nemo["final"]["segments"].as_array().unwrap();
+            for (ours, g) in segments.iter().zip(theirs) {
+                let mean = ours.iter().sum::<f64>() / ours.len() as f64;
+                let conf = g["conf"].as_f64().unwrap();
+                assert!(
+                    (mean - conf).abs() < 1e-7 + 1e-4 * conf.abs(),
+                    "{name}: segment confidence {mean} against NeMo's {conf}"
+                );
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared >= 2, "{compared} segments compared");
+}
+
 /// Audio that ends exactly on a chunk's border ends on a full request, which NeMo decodes as
 /// the last one (through its right context to the end of the audio); the requests before it are
 /// NeMo's own, as in the full clip.
@@ -278,14 +468,7 @@ fn audio_ending_on_a_chunk_border_is_decoded_to_its_end() {
         ("tiny_ctc", "ctc", DecoderChoice::Auto),
     ] {
         let name = format!("{model}_buffered_{head}_c4.8_l1.6_r1.6");
-        let nemo = json(&fixtures().join("buffered").join(format!("{name}.json")));
-        let config = BufferedConfig {
-            chunk_secs: 4.8,
-            left_secs: 1.6,
-            right_secs: 1.6,
-            decoder,
-            record_steps: true,
-        };
+        let (nemo, config) = reference(&name, decoder);
         let session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         let (records, events) = run(session, config, cut, 3331);
         assert_eq!(records.len(), 2, "{name}");
