@@ -248,10 +248,11 @@ def test_ctrl_c_cancels_the_inputs_not_started(tdt):
     start = time.perf_counter()
     tdt.transcribe(CLIP)
     after = time.perf_counter() - start
-    # The next call waits at most for the clips running when the interrupt came (one per
+    # The interrupt ends the call well before the list would have (n * one / 2 on two
+    # workers), and the next call waits at most for the clips running when it came (one per
     # worker), not for the queue behind them.
     detail = f"{n} clips of {one:.3f} s: interrupted after {interrupted:.2f} s, next call {after:.2f} s"
-    assert interrupted < n * one / 8, detail
+    assert interrupted < n * one / 4, detail
     assert after < 4 * one + 0.5, detail
 
 
