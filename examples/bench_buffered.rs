@@ -54,7 +54,7 @@ fn main() -> Result<()> {
     stream.finish()?;
 
     let (mut wall, mut cpu) = (Vec::new(), Vec::new());
-    let (mut features, mut encoder, mut decoder) = (0.0, 0.0, 0.0);
+    let (mut features, mut encoder, mut decoder, mut tokens) = (0.0, 0.0, 0.0, 0);
     let mut rss_early = None;
     for (i, part) in samples.chunks(piece).enumerate() {
         if part.len() < piece {
@@ -68,6 +68,7 @@ fn main() -> Result<()> {
         features += st.features.as_secs_f64() * 1e3;
         encoder += st.encoder.as_secs_f64() * 1e3;
         decoder += st.decoder.as_secs_f64() * 1e3;
+        tokens += st.tokens;
         if i == 4 {
             rss_early = rss_kb("VmRSS");
         }
@@ -96,11 +97,21 @@ fn main() -> Result<()> {
         max / chunk_ms
     );
     println!(
-        "stages (mean): features {:.1} ms, encoder {:.1} ms, decoder {:.1} ms; setup (zero \
-         buffer) {setup_ms:.1} ms",
+        "stages (mean): features {:.1} ms, encoder {:.1} ms, decoder {:.1} ms ({:.1} tokens a \
+         step); setup (zero buffer) {setup_ms:.1} ms",
         features / n as f64,
         encoder / n as f64,
-        decoder / n as f64
+        decoder / n as f64,
+        tokens as f64 / n as f64
+    );
+    // A live source delivers a chunk's last sample, then the step runs: its events come a
+    // step's work later; the chunk's own audio ended a right context before that sample.
+    let right_ms = config.right_secs * 1e3;
+    println!(
+        "latency to a step's events: after its newest sample p50 {p50:.0} ms, max {max:.0} ms; \
+         after the end of the audio it commits (+ right context) p50 {:.0} ms, max {:.0} ms",
+        p50 + right_ms,
+        max + right_ms
     );
     if let (Some(a), Some(b)) = (rss_early, rss_kb("VmRSS")) {
         println!(

@@ -244,7 +244,8 @@ impl BeamArgs {
     }
 
     /// The beam search asked for (`None`: greedy). The checks that need no model: flags that
-    /// need `--beam`, the strategy's name; the sizes are checked with the model's options.
+    /// need `--beam`, the strategy's name, the sizes' bounds ([`BeamRequest::check`]); the
+    /// rest is checked with the model's options.
     pub fn request(&self) -> Result<Option<BeamRequest>> {
         let strategy = match &self.beam_strategy {
             Some(name) => Some(
@@ -270,11 +271,13 @@ impl BeamArgs {
             }
             return Ok(None);
         };
-        Ok(Some(BeamRequest {
+        let request = BeamRequest {
             strategy,
             nbest: self.nbest,
             ..BeamRequest::new(size)
-        }))
+        };
+        request.check()?;
+        Ok(Some(request))
     }
 }
 

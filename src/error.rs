@@ -74,10 +74,13 @@ impl Error {
         }
     }
 
-    /// Whose this failure is.
+    /// Whose this failure is. An I/O failure is the user's when the path they gave is wrong
+    /// (not there, not permitted, a directory); any other (a full disk, a closed pipe, a
+    /// device error) is the machine's, reported as ours.
     pub fn blame(&self) -> Blame {
         match self {
             Error::Internal(_) => Blame::Ours,
+            Error::Io { kind, .. } if !is_users_io(*kind) => Blame::Ours,
             _ => Blame::User,
         }
     }
@@ -102,6 +105,24 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Io { kind, .. } if *kind == std::io::ErrorKind::NotFound)
     }
+}
+
+/// I/O failures that mean the path the user gave is wrong.
+pub fn is_users_io(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        kind,
+        K::NotFound | K::PermissionDenied | K::IsADirectory | K::NotADirectory | K::InvalidFilename
+    )
+}
+
+/// Whether `e` is a write to a closed pipe (`parakeet ... | head -1`): a front end ends quietly
+/// then, since nobody is left to read what it would say.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The engine below the library's boundary still reports with `anyhow`: what reaches a caller
@@ -164,5 +185,22 @@ mod tests {
         assert_eq!(e.blame(), Blame::User);
         let e = Error::from(anyhow::anyhow!("a graph exceeds its capacity"));
         assert_eq!(e.blame(), Blame::Ours);
+    }
+
+    #[test]
+    fn io_blame_follows_the_kind() {
+        use std::io::{Error as IoError, ErrorKind as K};
+        for (kind, blame) in [
+            (K::NotFound, Blame::User),
+            (K::PermissionDenied, Blame::User),
+            (K::IsADirectory, Blame::User),
+            (K::NotADirectory, Blame::User),
+            (K::StorageFull, Blame::Ours),
+            (K::BrokenPipe, Blame::Ours),
+            (K::Other, Blame::Ours),
+        ] {
+            let e = Error::io("out.txt", &IoError::from(kind));
+            assert_eq!(e.blame(), blame, "{kind:?}");
+        }
     }
 }

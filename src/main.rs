@@ -9,6 +9,7 @@ use parakeet::decoder::boosting::BoostingTree;
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
 use parakeet::diar::{DEFAULT_MODEL as DEFAULT_DIAR_MODEL, Diarizer};
 use parakeet::encoder::AttentionChoice;
+use parakeet::error::is_broken_pipe;
 use parakeet::hparams::Attention;
 use parakeet::kernels::cpu::Isa;
 use parakeet::layout::Layout;
@@ -285,11 +286,11 @@ fn main() -> ExitCode {
         Command::Models => list_models().map(|_| 0),
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
-        Command::Diarize(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
-            let jobs: Vec<_> = jobs.into_iter().map(|j| j.path).collect();
+        Command::Diarize(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
+            let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
             parakeet::cli::diarize::run(args, &jobs)
         }),
-        Command::Vad(args) => collect_inputs(&args.inputs).and_then(|(jobs, _)| {
+        Command::Vad(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
             let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
             parakeet::cli::vad::run(&args, &jobs)
         }),
@@ -349,13 +350,6 @@ fn bound_openmp_spinning() {
 
 /// Barrier spin rounds before a libgomp thread sleeps (see [`bound_openmp_spinning`]).
 const GOMP_SPINCOUNT: &str = "5000";
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
 
 /// `println!` that returns the write error (a closed pipe) instead of panicking.
 macro_rules! outln {
@@ -486,7 +480,9 @@ fn info(model: &Path) -> Result<()> {
     if !hp.preprocessor.normalize_per_feature {
         outln!("features:     raw log-mel (normalize NA)")?;
     }
-    outln!("live:         {}", LiveKind::of(&m).describe())?;
+    if hp.model_type.is_asr() {
+        outln!("live:         {}", LiveKind::of(&m).describe())?;
+    }
     for (i, &context) in e.att_context_sizes.iter().enumerate() {
         let Some(s) = e.streaming(context) else {
             continue;
@@ -638,6 +634,16 @@ fn collect_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
     Ok((jobs, skipped))
 }
 
+/// [`collect_inputs`], refusing inputs that hold no audio file at all (a run with nothing to
+/// do is a mistaken argument).
+fn audio_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
+    let (jobs, skipped) = collect_inputs(inputs)?;
+    if jobs.is_empty() {
+        bail!("no audio files found in the given inputs ({skipped} non-audio files skipped)");
+    }
+    Ok((jobs, skipped))
+}
+
 fn walk_inputs(inputs: &[PathBuf]) -> Result<(Vec<Job>, usize)> {
     let mut jobs = Vec::new();
     let mut skipped = 0;
@@ -724,12 +730,7 @@ impl TranscribePlan {
         let (threads, warning) = Threads::resolve(args.threads)?;
         let speech =
             parakeet::cli::vad::speech_request(args.vad, &args.speech, args.vad_model.as_deref())?;
-        let (mut jobs, skipped_non_audio) = collect_inputs(&args.inputs)?;
-        if jobs.is_empty() {
-            bail!(
-                "no audio files found in the given inputs ({skipped_non_audio} non-audio files skipped)"
-            );
-        }
+        let (mut jobs, skipped_non_audio) = audio_inputs(&args.inputs)?;
         if let Some(shard) = args.shard {
             let all = jobs.len();
             jobs.retain(|j| shard.takes(j));
@@ -960,12 +961,11 @@ fn write_outputs(
             .collect(),
     };
     for (format, path) in outputs {
-        output::check_not_input(path, &job.path)?;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("{}: cannot create directory", dir.display()))?;
-        }
-        output::write_atomic(path, output::render(*format, t, &meta).as_bytes())?;
+        output::write_planned(
+            path,
+            &job.path,
+            output::render(*format, t, &meta).as_bytes(),
+        )?;
     }
     Ok(())
 }
@@ -979,16 +979,7 @@ fn transcribe_one(
     profile: &mut Profile,
 ) -> Result<Transcript> {
     let t0 = Instant::now();
-    let stdin;
-    let input = if job.path.as_os_str() == "-" {
-        stdin = read_stdin()?;
-        Input::Bytes {
-            data: &stdin,
-            name: "<stdin>",
-        }
-    } else {
-        Input::Path(&job.path)
-    };
+    let input = Input::arg(&job.path);
     let shown = input.name();
     let samples = pipeline::load_samples_for(input, Limits::default(), options)?;
     profile.read += t0.elapsed();
@@ -1003,17 +994,6 @@ fn transcribe_one(
         profile.attention.push(t.attention);
     }
     Ok(t)
-}
-
-/// Standard input, whole.
-fn read_stdin() -> Result<Vec<u8>> {
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::io::stdin()
-        .lock()
-        .read_to_end(&mut bytes)
-        .context("cannot read audio from <stdin>")?;
-    Ok(bytes)
 }
 
 fn print_transcript(

@@ -83,6 +83,20 @@ impl Format {
     }
 }
 
+/// A kind of output file, by its extension. Each command has its own kinds (`transcribe`'s
+/// [`Format`], `vad`'s and `diarize`'s), and [`plan_outputs`] names every command's files by
+/// one rule.
+pub trait OutputKind: Copy {
+    /// The file extension, without the leading dot (`srt`, `vad.json`).
+    fn extension(self) -> &'static str;
+}
+
+impl OutputKind for Format {
+    fn extension(self) -> &'static str {
+        Format::extension(self)
+    }
+}
+
 impl std::fmt::Display for Format {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.extension())
@@ -263,7 +277,7 @@ pub fn output_path(
     input: &Path,
     input_root: Option<&Path>,
     out_dir: &Path,
-    format: Format,
+    format: impl OutputKind,
 ) -> PathBuf {
     let relative = input_root
         .and_then(|root| input.strip_prefix(root).ok())
@@ -280,7 +294,7 @@ pub fn destination(
     input: &Path,
     input_root: Option<&Path>,
     out_dir: Option<&Path>,
-    format: Format,
+    format: impl OutputKind,
     keep_audio_ext: bool,
 ) -> PathBuf {
     let base = match out_dir {
@@ -312,12 +326,12 @@ pub fn destination(
 /// from different folders into one `-o`), the run is refused, naming both inputs.
 ///
 /// `inputs` are (path, directory argument it was found under); the result is parallel to it.
-pub fn plan_outputs(
+pub fn plan_outputs<F: OutputKind>(
     inputs: &[(&Path, Option<&Path>)],
     out_dir: Option<&Path>,
-    formats: &[Format],
-) -> Result<Vec<Vec<(Format, PathBuf)>>> {
-    let plan = |keep: &[bool]| -> Vec<Vec<(Format, PathBuf)>> {
+    formats: &[F],
+) -> Result<Vec<Vec<(F, PathBuf)>>> {
+    let plan = |keep: &[bool]| -> Vec<Vec<(F, PathBuf)>> {
         inputs
             .iter()
             .zip(keep)
@@ -337,8 +351,8 @@ pub fn plan_outputs(
     let planned = plan(&keep);
     if let Some((a, b, path)) = clashes(&planned).into_iter().next() {
         bail!(
-            "{} and {} would both be written to {}; refusing before any work (transcribe them \
-             in separate runs, into separate -o directories, or pass their common folder)",
+            "{} and {} would both be written to {}; refusing before any work (give them in \
+             separate runs, into separate -o directories, or pass their common folder)",
             inputs[a].0.display(),
             inputs[b].0.display(),
             path.display()
@@ -347,8 +361,19 @@ pub fn plan_outputs(
     Ok(planned)
 }
 
+/// Writes one planned output of `input`: never over the input itself, its directory made
+/// first, the file written atomically.
+pub fn write_planned(path: &Path, input: &Path, contents: &[u8]) -> Result<()> {
+    check_not_input(path, input)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)
+            .with_context(|| format!("{}: cannot create directory", dir.display()))?;
+    }
+    write_atomic(path, contents)
+}
+
 /// Pairs of inputs (first, later) whose planned outputs are the same file, with that file.
-fn clashes(planned: &[Vec<(Format, PathBuf)>]) -> Vec<(usize, usize, PathBuf)> {
+fn clashes<F>(planned: &[Vec<(F, PathBuf)>]) -> Vec<(usize, usize, PathBuf)> {
     let mut owner: std::collections::HashMap<PathBuf, usize> = Default::default();
     let mut out = Vec::new();
     for (i, outputs) in planned.iter().enumerate() {
@@ -414,7 +439,7 @@ fn same_file(a: &Path, _: &fs::Metadata, b: &Path, _: &fs::Metadata) -> bool {
 }
 
 /// Seconds -> whole milliseconds (negative and NaN -> 0).
-fn to_ms(seconds: f64) -> u64 {
+pub fn to_ms(seconds: f64) -> u64 {
     (seconds.max(0.0) * 1000.0).round() as u64
 }
 
@@ -424,7 +449,7 @@ pub fn round_ms(seconds: f64) -> f64 {
 }
 
 /// `HH:MM:SS<sep>mmm` (SRT uses `,`, WebVTT `.`); hours grow past two digits if need be.
-fn timestamp(ms: u64, sep: char) -> String {
+pub fn timestamp(ms: u64, sep: char) -> String {
     let (h, m, s, ms) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
     format!("{h:02}:{m:02}:{s:02}{sep}{ms:03}")
 }

@@ -4,13 +4,15 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
-use crate::audio;
 use crate::diar::postprocess::{Generation, PostProcessing, Segment, nemo_line, segments};
 use crate::diar::stream::StreamSettings;
 use crate::diar::{Activity, Diarizer};
-use crate::output::write_atomic;
+use crate::error::is_broken_pipe;
+use crate::output::{self, OutputKind};
+use crate::session::Threads;
+use crate::session::pipeline::{Input, Limits, load_samples};
 
 /// The output formats of `diarize`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -23,12 +25,15 @@ pub enum DiarFormat {
     Json,
 }
 
-impl DiarFormat {
+/// `talk.wav` -> `talk.diar.rttm`: the command's name in the extension, so that speaker turns
+/// never replace a transcript of the same audio (`transcribe`'s `talk.txt`, `talk.json`) or
+/// `vad`'s segments.
+impl OutputKind for DiarFormat {
     fn extension(self) -> &'static str {
         match self {
-            DiarFormat::Txt => "txt",
-            DiarFormat::Rttm => "rttm",
-            DiarFormat::Json => "json",
+            DiarFormat::Txt => "diar.txt",
+            DiarFormat::Rttm => "diar.rttm",
+            DiarFormat::Json => "diar.json",
         }
     }
 }
@@ -54,8 +59,9 @@ pub struct DiarizeArgs {
         default_value = "txt"
     )]
     pub formats: Vec<DiarFormat>,
-    /// Write `<name>.<format>` files into this directory (default: txt to standard output,
-    /// other formats beside each input).
+    /// Write `<name>.diar.<format>` files under this directory, mirroring directory arguments
+    /// (default: txt to standard output, other formats beside each input; standard input is
+    /// `stdin.diar.<format>`).
     #[arg(short, long)]
     pub output_dir: Option<PathBuf>,
     /// JSON: include every speaker's probability in every 80 ms frame.
@@ -117,62 +123,94 @@ impl DiarizeArgs {
     }
 }
 
-/// Exit codes, as `transcribe`'s: 0 all good, 1 some inputs failed, 2 usage or model errors
-/// (and every input failing).
-const EXIT_SOME_FAILED: u8 = 1;
-const EXIT_ALL_FAILED: u8 = 2;
+/// The exit code when inputs failed, as `transcribe`'s (2, usage or model errors, comes back
+/// as an error).
+const EXIT_FAILED_INPUTS: u8 = 1;
 
-/// Diarizes `jobs` (files, `-` for standard input; directories already walked by the caller).
-pub fn run(args: DiarizeArgs, jobs: &[PathBuf]) -> Result<u8> {
+/// Diarizes `jobs` (files, `-` for standard input, each with the directory argument it was
+/// found under; directories already walked by the caller).
+pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> {
     // Flags that need no model are checked before it is loaded.
     if let Some(name) = &args.diar_params {
         PostProcessing::published(name, Generation::V1)?;
     }
     args.postprocessing(Generation::V1)?;
     args.stream.check()?;
-    if jobs.is_empty() {
-        bail!("no audio files found in the given inputs");
+    let sizes = args.stream.given();
+    if args.full_context && !sizes.is_empty() {
+        bail!(
+            "{}: streaming sizes, but --full-context runs the whole file at once",
+            sizes.join(" ")
+        );
     }
-    let threads = match args.threads {
-        Some(0) => bail!("--threads must be at least 1"),
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    if args.probabilities && !args.formats.contains(&DiarFormat::Json) {
+        bail!("--probabilities needs -f json");
+    }
+    let (threads, warning) = Threads::resolve(args.threads)?;
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
+    }
+    let mut formats: Vec<DiarFormat> = Vec::new();
+    for f in &args.formats {
+        if !formats.contains(f) {
+            formats.push(*f);
+        }
+    }
+    // Every file's outputs decided before any work, by transcribe's rule: text goes to
+    // standard output unless a file format or a directory is asked for.
+    let to_files = args.output_dir.is_some() || formats.iter().any(|f| *f != DiarFormat::Txt);
+    let outputs = match to_files {
+        true => {
+            let planned: Vec<(&Path, Option<&Path>)> = jobs
+                .iter()
+                .map(|(p, root)| (p.as_path(), root.as_deref()))
+                .collect();
+            output::plan_outputs(&planned, args.output_dir.as_deref(), &formats)?
+        }
+        false => vec![Vec::new(); jobs.len()],
     };
     let model_path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
-    let mut diarizer = Diarizer::load(&model_path, threads)?;
+    let mut diarizer = Diarizer::load(&model_path, threads.get())?;
     let params = diarizer.params().clone();
+    if !params.streaming_mode && !sizes.is_empty() {
+        bail!(
+            "{}: {} is an offline Sortformer, which does not stream; these sizes are for a \
+             streaming one",
+            sizes.join(" "),
+            args.model.display()
+        );
+    }
     let post = args.postprocessing(Generation::of(params.streaming_mode))?;
     let streaming = params.streaming_mode && !args.full_context;
     let settings = args.stream.resolve(params.streaming);
+    if streaming {
+        diarizer.check_streaming(&settings)?;
+    }
     let units = diarizer.model().hparams.encoder.subsampling_factor;
-    let to_stdout = args.output_dir.is_none() && args.formats == [DiarFormat::Txt];
     let (mut failed, single) = (0, jobs.len() == 1);
-    for job in jobs {
+    for ((job, _), outputs) in jobs.iter().zip(&outputs) {
         let result = (|| -> Result<()> {
-            let samples = read_samples(job)?;
+            let samples = load_samples(Input::arg(job), Limits::default())?;
             let activity = match streaming {
                 true => diarizer.diarize_streaming(&samples, &settings)?,
                 false => diarizer.diarize_offline(&samples)?,
             };
             let segs = segments(&activity, &post, units);
-            if to_stdout || job.as_os_str() == "-" {
+            if outputs.is_empty() {
                 let mut out = std::io::stdout().lock();
                 if !single {
                     writeln!(out, "== {} ==", job.display())?;
                 }
-                for f in &args.formats {
+                for f in &formats {
                     out.write_all(
                         render(*f, job, &segs, &activity, args.probabilities).as_bytes(),
                     )?;
                 }
-                return Ok(());
+                return Ok(out.flush()?);
             }
-            for f in &args.formats {
-                let path = output_path(job, args.output_dir.as_deref(), *f)?;
-                write_atomic(
-                    &path,
-                    render(*f, job, &segs, &activity, args.probabilities).as_bytes(),
-                )?;
+            for (f, path) in outputs {
+                let text = render(*f, job, &segs, &activity, args.probabilities);
+                output::write_planned(path, job, text.as_bytes())?;
                 if !args.quiet {
                     eprintln!(
                         "{}: {} segments -> {}",
@@ -185,44 +223,14 @@ pub fn run(args: DiarizeArgs, jobs: &[PathBuf]) -> Result<u8> {
             Ok(())
         })();
         if let Err(e) = result {
+            if is_broken_pipe(&e) {
+                return Err(e);
+            }
             failed += 1;
             eprintln!("error: {}: {e:#}", job.display());
         }
     }
-    Ok(match failed {
-        0 => 0,
-        n if n == jobs.len() => EXIT_ALL_FAILED,
-        _ => EXIT_SOME_FAILED,
-    })
-}
-
-fn read_samples(job: &Path) -> Result<Vec<f32>> {
-    let decoded = if job.as_os_str() == "-" {
-        audio::read_stdin()?
-    } else {
-        audio::load_audio(job)?
-    };
-    audio::resample_to_16k(decoded).with_context(|| format!("{}: resampling", job.display()))
-}
-
-/// `<dir>/<stem>.<ext>`: the output directory, or the input's own.
-fn output_path(input: &Path, dir: Option<&Path>, format: DiarFormat) -> Result<PathBuf> {
-    let stem = input
-        .file_stem()
-        .with_context(|| format!("{}: no file name", input.display()))?;
-    let dir = match dir {
-        Some(d) => {
-            std::fs::create_dir_all(d)
-                .with_context(|| format!("{}: cannot create directory", d.display()))?;
-            d.to_path_buf()
-        }
-        None => input.parent().unwrap_or(Path::new(".")).to_path_buf(),
-    };
-    let path = dir.join(stem).with_extension(format.extension());
-    if path == input {
-        bail!("{}: the output would overwrite the input", path.display());
-    }
-    Ok(path)
+    Ok(if failed > 0 { EXIT_FAILED_INPUTS } else { 0 })
 }
 
 /// RTTM's file id: the input's stem (`stdin` for `-`).

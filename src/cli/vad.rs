@@ -2,8 +2,9 @@
 //! `get_speech_timestamps` makes them, as text, JSON, RTTM or SRT.
 
 use crate::audio;
-use crate::output::write_atomic;
-use crate::session::SpeechRequest;
+use crate::error::is_broken_pipe;
+use crate::output::{self, OutputKind};
+use crate::session::{SpeechRequest, Threads};
 use crate::stream::turns::TurnParams;
 use crate::vad::{SampleRate, SpeechParams, SpeechSegment, Vad, VadModel, speech_segments};
 use anyhow::{Context, Result, bail};
@@ -137,13 +138,15 @@ pub enum VadFormat {
     Srt,
 }
 
-impl VadFormat {
+/// `talk.wav` -> `talk.vad.srt`: the command's name in the extension, so that speech segments
+/// never replace a transcript or subtitles of the same audio (`transcribe`'s `talk.srt`).
+impl OutputKind for VadFormat {
     fn extension(self) -> &'static str {
         match self {
-            VadFormat::Text => "txt",
-            VadFormat::Json => "json",
-            VadFormat::Rttm => "rttm",
-            VadFormat::Srt => "srt",
+            VadFormat::Text => "vad.txt",
+            VadFormat::Json => "vad.json",
+            VadFormat::Rttm => "vad.rttm",
+            VadFormat::Srt => "vad.srt",
         }
     }
 }
@@ -161,8 +164,8 @@ pub struct VadArgs {
     /// With `-f json`: every window's speech probability too (one per 32 ms).
     #[arg(long)]
     pub probabilities: bool,
-    /// Write `<input>.<ext>` files under this directory (mirroring directory arguments)
-    /// instead of printing to standard output.
+    /// Write `<input>.vad.<ext>` files under this directory (mirroring directory arguments;
+    /// standard input is `stdin.vad.<ext>`) instead of printing to standard output.
     #[arg(short, long)]
     pub output_dir: Option<PathBuf>,
     /// A Silero VAD GGUF to use instead of the built-in model (v6.2).
@@ -192,15 +195,27 @@ pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> 
     if args.probabilities && args.format != VadFormat::Json {
         bail!("--probabilities needs -f json");
     }
-    if args.threads == 0 {
-        bail!("--threads 0: needs at least 1");
+    let (threads, warning) = Threads::resolve(Some(args.threads))?;
+    if let Some(w) = warning {
+        eprintln!("warning: {w}");
     }
+    // Every file's output decided before any work, by transcribe's rule.
+    let outputs = match &args.output_dir {
+        Some(dir) => {
+            let planned: Vec<(&Path, Option<&Path>)> = inputs
+                .iter()
+                .map(|(p, root)| (p.as_path(), root.as_deref()))
+                .collect();
+            output::plan_outputs(&planned, Some(dir), &[args.format])?
+        }
+        None => vec![Vec::new(); inputs.len()],
+    };
     let model = VadModel::load(args.vad_model.as_deref())?;
-    let mut vad = Vad::new(model, args.threads)?;
+    let mut vad = Vad::new(model, threads.get())?;
     let several = inputs.len() > 1;
     let mut failed = 0;
     let stdout = std::io::stdout();
-    for (path, root) in inputs {
+    for ((path, _), outputs) in inputs.iter().zip(&outputs) {
         let shown = if path.as_os_str() == "-" {
             "<stdin>".to_string()
         } else {
@@ -208,11 +223,8 @@ pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> 
         };
         let result = detect(&mut vad, path, &params, args.verbose).and_then(|d| {
             let text = render(args, &d, path, several && args.output_dir.is_none());
-            match &args.output_dir {
-                Some(dir) => write_atomic(
-                    &destination(path, root.as_deref(), dir, args.format),
-                    text.as_bytes(),
-                ),
+            match outputs.first() {
+                Some((_, file)) => output::write_planned(file, path, text.as_bytes()),
                 None => {
                     let mut out = stdout.lock();
                     out.write_all(text.as_bytes())
@@ -230,34 +242,6 @@ pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> 
         }
     }
     Ok(if failed > 0 { 1 } else { 0 })
-}
-
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// `input`'s path below its directory argument (or its file name) under `dir`, with the
-/// format's extension.
-fn destination(input: &Path, root: Option<&Path>, dir: &Path, format: VadFormat) -> PathBuf {
-    let relative = root
-        .and_then(|r| input.strip_prefix(r).ok())
-        .filter(|r| !r.as_os_str().is_empty())
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| {
-            if input.as_os_str() == "-" {
-                PathBuf::from("stdin")
-            } else {
-                PathBuf::from(input.file_name().unwrap_or("audio".as_ref()))
-            }
-        });
-    let out = dir.join(relative).with_extension(format.extension());
-    if let Some(parent) = out.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    out
 }
 
 /// Decodes `path` and finds its speech: at 16 or 8 kHz as recorded, any other rate resampled
@@ -314,16 +298,9 @@ fn seconds(samples: usize, rate: u32) -> f64 {
     samples as f64 / rate as f64
 }
 
-/// `h:mm:ss,mmm` for SRT.
+/// `hh:mm:ss,mmm` for SRT.
 fn srt_time(s: f64) -> String {
-    let ms = (s * 1000.0).round() as u64;
-    format!(
-        "{:02}:{:02}:{:02},{:03}",
-        ms / 3_600_000,
-        ms / 60_000 % 60,
-        ms / 1000 % 60,
-        ms % 1000
-    )
+    output::timestamp(output::to_ms(s), ',')
 }
 
 /// The file's rendering; `named` puts the input's name in (several inputs on one stream).

@@ -215,8 +215,9 @@ fn widen(x: f32) -> f64 {
 }
 
 /// `round(x, 2)` as Python does it: the correctly rounded 2-decimal value (ties to even on the
-/// exact binary value), which Rust's exact float formatting also gives.
-fn round2(x: f64) -> f64 {
+/// exact binary value), which Rust's exact float formatting also gives. NeMo rounds this way
+/// in its boosting scores and in its diarization post-processing (`crate::diar`).
+pub fn round2(x: f64) -> f64 {
     format!("{x:.2}").parse().unwrap_or(x)
 }
 

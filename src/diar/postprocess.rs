@@ -13,6 +13,7 @@
 use anyhow::{Result, bail};
 
 use super::Activity;
+use crate::decoder::boosting::round2;
 
 /// The time unit of NeMo's binarization (10 ms).
 const UNIT_SECONDS: f64 = 0.01;
@@ -446,12 +447,6 @@ fn filtering(segments: Vec<[f32; 2]>, params: &PostProcessing) -> Vec<[f32; 2]> 
         segments = merge_overlap_segment(segments);
     }
     segments
-}
-
-/// Python's `round(x, 2)`: the nearest 2-decimal value to the exact binary `x`, ties to even
-/// (Rust's formatting rounds the exact value the same way).
-fn round2(x: f64) -> f64 {
-    format!("{x:.2}").parse().unwrap_or(x)
 }
 
 /// Decimals and margin of NeMo's `merge_float_intervals` defaults.

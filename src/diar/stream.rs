@@ -42,16 +42,21 @@ pub struct StreamSettings {
 const MAX_FRAMES: usize = 1 << 14;
 
 impl StreamSettings {
-    /// Refuses sizes NeMo refuses (`_check_streaming_parameters`), before a model is loaded.
-    pub fn check(&self) -> Result<()> {
-        for (name, v, min) in [
+    /// Each size as (flag, value, least value).
+    fn flags(&self) -> [(&'static str, Option<usize>, usize); 6] {
+        [
             ("--chunk-len", self.chunk_len, 1),
             ("--chunk-left-context", self.chunk_left_context, 0),
             ("--chunk-right-context", self.chunk_right_context, 0),
             ("--fifo-len", self.fifo_len, 0),
             ("--spkcache-len", self.spkcache_len, 1),
             ("--spkcache-update-period", self.spkcache_update_period, 1),
-        ] {
+        ]
+    }
+
+    /// Refuses sizes NeMo refuses (`_check_streaming_parameters`), before a model is loaded.
+    pub fn check(&self) -> Result<()> {
+        for (name, v, min) in self.flags() {
             if let Some(v) = v
                 && !(min..=MAX_FRAMES).contains(&v)
             {
@@ -59,6 +64,14 @@ impl StreamSettings {
             }
         }
         Ok(())
+    }
+
+    /// The flags set, as the command line spells them (`--fifo-len 16`).
+    pub fn given(&self) -> Vec<String> {
+        self.flags()
+            .iter()
+            .filter_map(|(name, v, _)| v.map(|v| format!("{name} {v}")))
+            .collect()
     }
 
     /// The model's settings with NeMo's inference sizes, then the ones set here.
@@ -134,13 +147,9 @@ impl Diarizer {
         self.stream(samples, settings, Some(trace))
     }
 
-    fn stream(
-        &mut self,
-        samples: &[f32],
-        s: &SortformerStreaming,
-        mut trace: Option<&mut Vec<ChunkState>>,
-    ) -> Result<Activity> {
-        self.check_length(samples.len())?;
+    /// Refuses streaming sizes this model cannot run: a speaker cache without room for each
+    /// speaker's frames and silence slots, an empty chunk or update period.
+    pub fn check_streaming(&self, s: &SortformerStreaming) -> Result<()> {
         let n_spks = self.params.n_spks;
         if s.spkcache_len < (1 + s.spkcache_sil_frames_per_spk) * n_spks {
             bail!(
@@ -152,6 +161,18 @@ impl Diarizer {
         if s.chunk_len == 0 || s.spkcache_update_period == 0 {
             bail!("chunk length and speaker cache update period must be at least 1 frame");
         }
+        Ok(())
+    }
+
+    fn stream(
+        &mut self,
+        samples: &[f32],
+        s: &SortformerStreaming,
+        mut trace: Option<&mut Vec<ChunkState>>,
+    ) -> Result<Activity> {
+        self.check_length(samples.len())?;
+        self.check_streaming(s)?;
+        let n_spks = self.params.n_spks;
         let features = self.features(samples);
         let (n_mels, feat_len) = (features.n_mels, features.n_frames);
         let factor = self.model.hparams.encoder.subsampling_factor;

@@ -420,26 +420,36 @@ fn builtin_vad() -> Result<Arc<VadModel>> {
     Ok(BUILTIN.get_or_init(|| model).clone())
 }
 
+impl BeamRequest {
+    /// The bounds that need no model: the size within 1 to [`MAX_BEAM_SIZE`] and `nbest`
+    /// within 1 to the size (a front end checks them before it loads a model;
+    /// [`DecodeOptions::new`] checks them again with the rest).
+    pub fn check(&self) -> Result<NonZeroUsize> {
+        let size = self.size;
+        if size == 0 {
+            return Err(Error::Options(
+                "--beam 0: a beam search keeps at least one hypothesis".into(),
+            ));
+        }
+        if size > MAX_BEAM_SIZE {
+            return Err(Error::Options(format!(
+                "--beam {size}: at most {MAX_BEAM_SIZE} hypotheses (NeMo's configurations use 2 to 16)"
+            )));
+        }
+        NonZeroUsize::new(self.nbest)
+            .filter(|n| n.get() <= size)
+            .ok_or_else(|| {
+                Error::Options(format!(
+                    "--nbest {} must be between 1 and the beam size ({size})",
+                    self.nbest
+                ))
+            })
+    }
+}
+
 fn beam_plan(head: Head, b: &BeamRequest, vocab: usize) -> Result<BeamPlan> {
     let size = b.size;
-    if size == 0 {
-        return Err(Error::Options(
-            "--beam 0: a beam search keeps at least one hypothesis".into(),
-        ));
-    }
-    if size > MAX_BEAM_SIZE {
-        return Err(Error::Options(format!(
-            "--beam {size}: at most {MAX_BEAM_SIZE} hypotheses (NeMo's configurations use 2 to 16)"
-        )));
-    }
-    let nbest = NonZeroUsize::new(b.nbest)
-        .filter(|n| n.get() <= size)
-        .ok_or_else(|| {
-            Error::Options(format!(
-                "--nbest {} must be between 1 and the beam size ({size})",
-                b.nbest
-            ))
-        })?;
+    let nbest = b.check()?;
     let strategy = b
         .strategy
         .unwrap_or_else(|| BeamStrategy::default_for(head.beam_head()));

@@ -6,7 +6,7 @@ use super::{DecodeOptions, Session};
 use crate::audio::{self, Audio};
 use crate::diar::Diarizer;
 use crate::diar::words::assign_speakers;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, is_users_io};
 use crate::transcript::Transcript;
 use std::path::Path;
 
@@ -19,12 +19,23 @@ pub enum Input<'a> {
     Bytes { data: &'a [u8], name: &'a str },
     /// Samples already decoded, at their own rate; `name` names them in errors.
     Samples { audio: Audio, name: &'a str },
+    /// Standard input, read whole (a WAV or FLAC stream); named `<stdin>` in errors.
+    Stdin,
 }
 
-impl Input<'_> {
+impl<'a> Input<'a> {
+    /// A command-line argument: `-` is standard input, anything else a file.
+    pub fn arg(path: &'a Path) -> Input<'a> {
+        match path.as_os_str() == "-" {
+            true => Input::Stdin,
+            false => Input::Path(path),
+        }
+    }
+
     /// How errors name this input.
     pub fn name(&self) -> String {
         match self {
+            Input::Stdin => "<stdin>".to_string(),
             Input::Path(p) => p.display().to_string(),
             Input::Bytes { name, .. } | Input::Samples { name, .. } => name.to_string(),
         }
@@ -38,8 +49,9 @@ pub struct Limits {
     pub max_seconds: Option<f64>,
 }
 
-/// An input's samples at the model's rate (16 kHz mono), checked: undecodable, empty or
-/// too long audio is [`Error::Audio`], a missing file [`Error::Io`].
+/// An input's samples at the model's rate (16 kHz mono), checked: undecodable or empty audio
+/// is [`Error::Audio`], audio over `limits` [`Error::AudioTooLong`], a missing file
+/// [`Error::Io`].
 pub fn load_samples(input: Input<'_>, limits: Limits) -> Result<Vec<f32>> {
     load(input, limits, false)
 }
@@ -60,6 +72,7 @@ fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
         Input::Path(path) => audio::load_audio(path),
         Input::Bytes { data, name } => audio::decode_bytes(data, name),
         Input::Samples { audio, .. } => Ok(audio),
+        Input::Stdin => audio::read_stdin(),
     };
     let decoded = match decoded {
         Ok(decoded) => decoded,
@@ -82,11 +95,7 @@ fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
 fn audio_error(e: anyhow::Error) -> Error {
     let io = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>());
     match io.map(|io| io.kind()) {
-        Some(
-            kind @ (std::io::ErrorKind::NotFound
-            | std::io::ErrorKind::PermissionDenied
-            | std::io::ErrorKind::IsADirectory),
-        ) => Error::Io {
+        Some(kind) if is_users_io(kind) => Error::Io {
             message: format!("{e:#}"),
             kind,
         },

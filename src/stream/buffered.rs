@@ -10,6 +10,22 @@
 //! away; CTC decodes each buffer from scratch, one frame earlier. A silence-based endpointer
 //! cuts the committed tokens into utterances. Every quirk of NeMo's pipelines that changes a
 //! token or a time is copied, so that the tokens and their times are NeMo's, step by step.
+//!
+//! Where the output is not NeMo's, on purpose or not yet:
+//! - CTC's last request: NeMo's window runs to the buffer's end, over encoder frames past the
+//!   valid length that its masked encoder computed from zeroed features; their argmax adds
+//!   spurious tokens to the last final (`khl` on the tiny hybrid). Those frames are not
+//!   computed here, so the last final lacks them; every other token is NeMo's.
+//! - Punctuation (models whose vocabulary has it, NeMo's `asr_supported_puncts`, e.g.
+//!   parakeet-tdt-0.6b-v2): NeMo's `refine_text_segment_timestamp` also starts a segment or word
+//!   after leading punctuation pieces and ends it at its last piece that is not punctuation,
+//!   and its word grouping appends a word that is only post-word punctuation to the word
+//!   before. This port refines as NeMo does for a model without punctuation (the tiny models
+//!   the references use): the text is the same, but such a word's times may differ by the
+//!   frames of its punctuation pieces, and a lone punctuation mark is a word of its own.
+//! - Boosting and confidence follow NeMo's per-stream design (the tree state rides with the
+//!   decoder state), checked against the offline decode of the same frames: NeMo 3.0.0's
+//!   pipeline, which made the references, fuses no per-stream phrases.
 
 use super::{LiveTranscriber, StreamEvent, Utterance};
 use crate::audio::mel::log_mel;
@@ -222,6 +238,9 @@ pub struct StepTimes {
     pub features: Duration,
     pub encoder: Duration,
     pub decoder: Duration,
+    /// Tokens the step's decoding produced (transducer: chunk and right-context passes; CTC:
+    /// the whole buffer), the decoder's work.
+    pub tokens: usize,
 }
 
 /// The decoding state NeMo keeps per stream (`StreamingState` and the decoder's).
@@ -550,6 +569,7 @@ impl BufferedStream {
             .collect();
         record.chunk_tokens = chunk_tokens.iter().map(|t| (t.id, t.frame)).collect();
         record.chunk_confidences = scores;
+        self.times.tokens = local.len();
         if s.right_frames > 0 {
             let right = &rows[(from + n_c) * w..(from + decodable) * w];
             // The right context decodes from copies of the states, then they are dropped.
@@ -569,6 +589,7 @@ impl BufferedStream {
                     .map(|(t, &c)| (t.id, (n_c + t.frame) as i64, c)),
             );
             record.right_tokens = right_tokens.iter().map(|t| (t.id, n_c + t.frame)).collect();
+            self.times.tokens = local.len();
         }
         self.decoding.hyp = Some(hyp);
         self.decoding.boost_state = boost_state;
@@ -649,6 +670,7 @@ impl BufferedStream {
             }
             previous = p;
         }
+        self.times.tokens = tokens.len();
         let c = s.chunk_frames as i64;
         let s0 = (t_frames - 1 - s.mid_delay as i64).max(0);
         let e0 = if is_last {

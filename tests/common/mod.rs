@@ -133,6 +133,25 @@ pub fn run_parakeet(args: &[&str], cache: &Path) -> Output {
     parakeet_command(args, cache).output().unwrap()
 }
 
+/// [`run_parakeet`] with `stdin` on its standard input.
+pub fn run_parakeet_stdin(args: &[&str], cache: &Path, stdin: &[u8]) -> Output {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
+        .args(args)
+        .env("PARAKEET_CACHE", cache)
+        .env("GGML_NO_BACKTRACE", "1")
+        .env_remove("PARAKEET_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The command may refuse before reading everything: a closed pipe is expected then.
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    child.wait_with_output().unwrap()
+}
+
 /// Deterministic values in [-1, 1) (a 64-bit LCG; no `rand` needed).
 pub struct Lcg(u64);
 

@@ -94,7 +94,7 @@ fn writes_rttm_and_json_files() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let want = nemo_lines("tiny_sortformer", "offline", "default");
-    let rttm = std::fs::read_to_string(dir.join("speech_10s.rttm")).unwrap();
+    let rttm = std::fs::read_to_string(dir.join("speech_10s.diar.rttm")).unwrap();
     let rttm: Vec<&str> = rttm.lines().collect();
     assert_eq!(rttm.len(), want.len());
     for (line, nemo) in rttm.iter().zip(&want) {
@@ -108,7 +108,7 @@ fn writes_rttm_and_json_files() {
         assert_eq!(f[3], n[0], "{line}");
         assert_eq!(f[4], format!("{:.3}", end - start), "{line}");
     }
-    let v = json(&dir.join("speech_10s.json"));
+    let v = json(&dir.join("speech_10s.diar.json"));
     let segs = v["segments"].as_array().unwrap();
     assert_eq!(segs.len(), want.len());
     assert_eq!(segs[0]["speaker"], "speaker_0");
@@ -214,20 +214,20 @@ fn bad_input_is_one_clear_error() {
         "{}",
         text(&out.stderr)
     );
-    // Audio too short for one frame: an error, nothing written.
+    // Audio too short for one frame: a failed input, nothing written.
     let short = dir.join("short.wav");
     write_wav(&short, &[0.1; 100]);
     let out = diarize(
         &[short.to_str().unwrap(), "-m", sortformer, "-f", "rttm"],
         &cache,
     );
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("too short"),
         "{}",
         text(&out.stderr)
     );
-    assert!(!dir.join("short.rttm").exists());
+    assert!(!dir.join("short.diar.rttm").exists());
     // Silence: no error.
     let silence = dir.join("silence.wav");
     write_wav(&silence, &vec![0.0; 32000]);

@@ -4,6 +4,7 @@
 mod common;
 
 mod cli;
+mod commands;
 mod diarize;
 mod hub;
 mod live_double;

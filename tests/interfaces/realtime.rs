@@ -73,7 +73,12 @@ pub(crate) fn transcribe_clip(model_name: &str, factory: TranscriberFactory) -> 
         max_streams: 2,
         drain: Drain::new().1,
     };
-    let mut ws = connect(start(config, factory));
+    transcribe_clip_at(start(config, factory))
+}
+
+/// [`transcribe_clip`] through the realtime endpoint of a server at `addr`.
+pub(crate) fn transcribe_clip_at(addr: SocketAddr) -> (String, String) {
+    let mut ws = connect(addr);
     if let MaybeTlsStream::Plain(s) = ws.get_mut() {
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     }

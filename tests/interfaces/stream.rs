@@ -8,8 +8,8 @@ use parakeet::stream::StreamEvent;
 use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
 use parakeet::stream::pump::{PumpOptions, pump};
 use parakeet::stream::render::{EventFormat, EventWriter};
-use std::io::{Read, Write};
-use std::process::{Output, Stdio};
+use std::io::Read;
+use std::process::Output;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -271,15 +271,7 @@ fn parakeet_stdin(args: &[&str], stdin: &[u8]) -> Output {
     static CALLS: AtomicUsize = AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
     let cache = scratch_dir("stream", &format!("cache-{call}"));
-    let mut child = parakeet_command(args, &cache)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The command may refuse before reading everything: a closed pipe is expected then.
-    let _ = child.stdin.take().unwrap().write_all(stdin);
-    child.wait_with_output().unwrap()
+    run_parakeet_stdin(args, &cache, stdin)
 }
 
 /// Runs `parakeet stream - -m tiny_tdt EXTRA...` on `stdin`; returns the exit code and stderr.

@@ -229,3 +229,14 @@ fn the_websocket_streams_an_offline_model_with_nemos_final() {
     let nemo = nemo_finals("tiny_tdt_buffered_rnnt_c4.8_l1.6_r1.6");
     assert_eq!(completed, nemo.join(" "));
 }
+
+/// `parakeet serve` with an offline model streams it on its realtime endpoint by buffers: the
+/// completed item is NeMo's buffered pipeline's text.
+#[test]
+fn parakeet_serve_streams_an_offline_model_in_realtime() {
+    let model = gguf("tiny_tdt", OutType::F32);
+    let server = crate::serve::Server::start_with(&model, &["--threads", "1"]);
+    let (_, completed) = crate::realtime::transcribe_clip_at(server.addr.parse().unwrap());
+    let nemo = nemo_finals("tiny_tdt_buffered_rnnt_c4.8_l1.6_r1.6");
+    assert_eq!(completed, nemo.join(" "));
+}

@@ -155,9 +155,9 @@ fn rttm_srt_stdin_and_directories() {
         dir.join("in").to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
-    let v = json(&dir.join("out/sub/jfk.json"));
+    let v = json(&dir.join("out/sub/jfk.vad.json"));
     assert_eq!(v["segments"].as_array().unwrap().len(), 4);
-    assert!(dir.join("out/goforward.json").is_file());
+    assert!(dir.join("out/goforward.vad.json").is_file());
 }
 
 #[test]
