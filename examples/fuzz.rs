@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use parakeet::convert::{self, OutType};
 
-const TARGETS: [&str; 7] = [
+const TARGETS: [&str; 9] = [
     "gguf",
     "nemo",
     "checkpoint",
@@ -32,6 +32,8 @@ const TARGETS: [&str; 7] = [
     "yaml",
     "wav",
     "audio",
+    "stream",
+    "realtime",
 ];
 
 fn main() {
@@ -42,8 +44,11 @@ fn main() {
     let first: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
     let limit = Duration::from_secs(args.get(4).and_then(|s| s.parse().ok()).unwrap_or(u64::MAX));
     parakeet::backend::silence_ggml_logs();
-    // Panics are caught and reported per input; the default hook's message would flood.
-    std::panic::set_hook(Box::new(|_| {}));
+    // Panics are caught and reported per input; the default hook's message would flood. They
+    // are counted, for the server's tasks (tokio catches those).
+    std::panic::set_hook(Box::new(|_| {
+        PANICS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }));
     let targets: Vec<&str> = if target == "all" {
         TARGETS.to_vec()
     } else if TARGETS.contains(&target) {
@@ -113,6 +118,9 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// Panics anywhere in the process, the server's tasks included.
+static PANICS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 const MODELS: [&str; 4] = ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt", "tiny_ctc"];
 
 fn seeds(target: &str, work: &Path) -> Vec<Seed> {
@@ -167,6 +175,41 @@ fn seeds(target: &str, work: &Path) -> Vec<Seed> {
                 }
             })
             .collect(),
+        "stream" => {
+            // What `parakeet stream -` reads: WAV pipes (the reference clips), and headerless
+            // samples (`--raw`), named by their layout.
+            let mut out = seeds("wav", work);
+            let clip = std::fs::read(fixtures().join("reference/speech_2s.wav")).expect("fixture");
+            let data = clip[44..].to_vec();
+            let floats: Vec<u8> = data
+                .chunks_exact(2)
+                .flat_map(|b| (f32::from(i16::from_le_bytes([b[0], b[1]])) / 32768.0).to_le_bytes())
+                .take(64_000)
+                .collect();
+            out.push(whole("raw-s16le-16000-1".into(), data[..32_000].to_vec()));
+            out.push(whole("raw-s16le-44100-2".into(), data[..32_000].to_vec()));
+            out.push(whole("raw-f32le-8000-1".into(), floats));
+            out
+        }
+        "realtime" => {
+            let audio = std::fs::read(fixtures().join("reference/speech_2s.wav")).expect("fixture");
+            let audio = base64::Engine::encode(
+                &base64::engine::general_purpose::STANDARD,
+                &audio[44..44 + 3200],
+            );
+            [
+                r#"{"type":"session.update","session":{"type":"transcription","audio":{"input":{"format":{"type":"audio/pcm","rate":16000}}}}}"#.to_string(),
+                r#"{"type":"transcription_session.update","session":{"input_audio_format":"pcm16"}}"#.to_string(),
+                format!(r#"{{"type":"input_audio_buffer.append","audio":"{audio}","event_id":"e1"}}"#),
+                r#"{"type":"input_audio_buffer.commit","event_id":"e2"}"#.to_string(),
+                r#"{"type":"input_audio_buffer.clear"}"#.to_string(),
+                r#"{"type":"session.update","session":{"input_audio_format":"pcm16","audio":{"input":{"format":{"type":"audio/pcm","rate":24000}}}}}"#.to_string(),
+            ]
+            .into_iter()
+            .enumerate()
+            .map(|(i, text)| whole(format!("event{i}"), text.into_bytes()))
+            .collect()
+        }
         "wav" | "audio" => {
             let mut out = Vec::new();
             let dirs = [
@@ -370,6 +413,8 @@ fn exec(
             let audio = parakeet::audio::decode_bytes(input, name)?;
             parakeet::audio::resample_to_16k(audio)?;
         }
+        "stream" => stream(input, name)?,
+        "realtime" => realtime(input)?,
         _ => unreachable!("checked in main"),
     }
     Ok(())
@@ -481,4 +526,181 @@ fn mutate(rng: &mut Rng, base: &[u8], hot: &std::ops::Range<usize>) -> Vec<u8> {
         }
     }
     b
+}
+
+/// One input as `parakeet stream -` reads it: a WAV pipe, or raw samples in the layout the
+/// seed's name gives, through the pump (sample checks, resampling to 16 kHz) into a
+/// transcriber that only counts what it is fed.
+fn stream(input: &[u8], name: &str) -> anyhow::Result<()> {
+    use parakeet::stream::input::{self, RawFormat, RawLayout};
+    use parakeet::stream::pump::{PumpOptions, pump};
+    let raw = name.strip_prefix("raw-").map(|layout| {
+        let parts: Vec<&str> = layout.split('-').collect();
+        RawLayout {
+            format: match parts[0] {
+                "s16le" => RawFormat::S16le,
+                _ => RawFormat::F32le,
+            },
+            rate: parts[1].parse().expect("seed rate"),
+            channels: parts[2].parse().expect("seed channels"),
+        }
+    });
+    let mut source = input::open_reader(std::io::Cursor::new(input.to_vec()), "<fuzz>", raw, true)?;
+    let mut counter = Counter(0);
+    pump(
+        source.as_mut(),
+        &mut counter,
+        &PumpOptions::default(),
+        &mut |_| Ok(()),
+    )?;
+    Ok(())
+}
+
+/// A live transcriber that counts the samples it is fed and says nothing.
+struct Counter(u64);
+
+impl parakeet::stream::LiveTranscriber for Counter {
+    fn sample_rate(&self) -> u32 {
+        16_000
+    }
+
+    fn chunk_seconds(&self) -> f64 {
+        0.08
+    }
+
+    fn accept(&mut self, samples: &[f32]) -> anyhow::Result<Vec<parakeet::stream::StreamEvent>> {
+        // The pump's checks come before the resampler: nothing else may reach a model.
+        assert!(
+            samples.iter().all(|s| s.is_finite()),
+            "a sample past the resampler is not finite"
+        );
+        self.0 += samples.len() as u64;
+        Ok(Vec::new())
+    }
+
+    fn finish(&mut self) -> anyhow::Result<Vec<parakeet::stream::StreamEvent>> {
+        Ok(Vec::new())
+    }
+}
+
+type Client = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>;
+
+thread_local! {
+    /// The fuzzer's connection to the realtime endpoint; a new one after the server closes it.
+    static CLIENT: std::cell::RefCell<Option<Client>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The realtime endpoint (`/v1/realtime`), served in this process on 127.0.0.1 with the
+/// counting transcriber behind each connection.
+fn realtime_server() -> std::net::SocketAddr {
+    use parakeet::server::realtime::{RealtimeConfig, router};
+    static ADDR: std::sync::OnceLock<std::net::SocketAddr> = std::sync::OnceLock::new();
+    *ADDR.get_or_init(|| {
+        let config = RealtimeConfig {
+            model_name: "fuzz".into(),
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(10),
+            max_seconds: 1e9,
+            max_streams: 4,
+            drain: parakeet::server::conn::Drain::new().1,
+        };
+        let factory: parakeet::server::realtime::TranscriberFactory =
+            std::sync::Arc::new(|| Ok(Box::new(Counter(0)) as Box<_>));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let addr = listener.local_addr().expect("its address");
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                use axum::serve::ListenerExt;
+                let listener = tokio::net::TcpListener::from_std(listener)
+                    .expect("listener")
+                    .tap_io(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    });
+                axum::serve(listener, router(config, factory)).await
+            })
+        });
+        addr
+    })
+}
+
+/// One client event to the realtime endpoint, then a ping: every answer to the event comes
+/// before the pong. An `error` event is the input refused; a server task that panicked, or
+/// no pong within 10 s (a hang), is a crash.
+fn realtime(input: &[u8]) -> anyhow::Result<()> {
+    use tungstenite::Message;
+    let addr = realtime_server();
+    let panics = PANICS.load(std::sync::atomic::Ordering::SeqCst);
+    let answer = CLIENT.with(|client| -> anyhow::Result<()> {
+        let mut client = client.borrow_mut();
+        if client.is_none() {
+            let (ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime"))?;
+            if let tungstenite::stream::MaybeTlsStream::Plain(tcp) = ws.get_ref() {
+                tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+                // An event and its ping are two small writes: no waiting for the first's ACK.
+                tcp.set_nodelay(true)?;
+            }
+            *client = Some(ws);
+        }
+        let ws = client.as_mut().expect("connected");
+        let tag = b"fuzz".to_vec();
+        let sent = ws
+            .send(Message::text(String::from_utf8_lossy(input).into_owned()))
+            .and_then(|()| ws.send(Message::Ping(tag.clone().into())));
+        let mut refused = None;
+        let outcome = sent.and_then(|()| {
+            loop {
+                match ws.read()? {
+                    Message::Pong(p) if p.as_ref() == tag.as_slice() => break Ok(()),
+                    Message::Text(t) => {
+                        let event: serde_json::Value = serde_json::from_str(&t).unwrap_or_default();
+                        if event["type"] == "error" {
+                            refused =
+                                Some(event["error"]["code"].as_str().unwrap_or("").to_string());
+                        }
+                    }
+                    Message::Close(frame) => {
+                        refused = Some(format!(
+                            "closed: {}",
+                            frame.map_or(String::new(), |f| f.reason.to_string())
+                        ));
+                        break Err(tungstenite::Error::ConnectionClosed);
+                    }
+                    _ => {}
+                }
+            }
+        });
+        match outcome {
+            Ok(()) => {}
+            Err(tungstenite::Error::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                panic!("no answer from the realtime endpoint within 10 s");
+            }
+            Err(e) => {
+                *client = None;
+                refused.get_or_insert(format!("connection ended: {e}"));
+            }
+        }
+        match refused {
+            Some(code) => anyhow::bail!("error event {code}"),
+            None => Ok(()),
+        }
+    });
+    assert_eq!(
+        PANICS.load(std::sync::atomic::Ordering::SeqCst),
+        panics,
+        "a server task panicked"
+    );
+    answer
 }

@@ -13,7 +13,6 @@ every node (a hub id, or a path on shared storage).
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import ray
@@ -52,29 +51,51 @@ def audio_files(inputs):
 
 
 def transcribe(paths, model, actors=2, threads=1, batch_size=8):
-    """A Ray dataset of transcripts (path, text, audio_seconds, words) for ``paths``."""
+    """A Ray dataset of transcripts (path, text, audio_seconds, words) for ``paths``: a fixed
+    pool of ``actors`` actors (``compute=ActorPoolStrategy``, which replaced the deprecated
+    ``concurrency=``), each reserving ``threads`` CPUs."""
     return ray.data.from_items([{"path": p} for p in paths]).map_batches(
         Transcriber,
         fn_constructor_args=(model, threads),
         batch_size=batch_size,
-        concurrency=actors,
+        compute=ray.data.ActorPoolStrategy(size=actors),
         num_cpus=threads,
     )
+
+
+def fit_to_cluster(cpus, threads=None, actors=None):
+    """Threads per actor and actors that the cluster's ``cpus`` can hold: an actor asking for
+    more CPUs than there are would wait for them forever. Defaults: 4 threads per actor (fewer
+    on a smaller machine), as many actors as the CPUs then hold."""
+    cpus = max(1, int(cpus))
+    threads = min(threads or 4, cpus)
+    actors = actors or max(1, cpus // threads)
+    if threads * actors > cpus:
+        raise SystemExit(
+            f"--actors {actors} x --threads {threads} needs {threads * actors} CPUs; "
+            f"the Ray cluster has {cpus}"
+        )
+    return threads, actors
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("inputs", nargs="+", help="audio files or directories")
     parser.add_argument("--model", "-m", required=True, help=".gguf, .nemo or hub id")
-    parser.add_argument("--actors", type=int, default=max(1, (os.cpu_count() or 4) // 4))
-    parser.add_argument("--threads", type=int, default=4, help="compute threads per actor")
+    parser.add_argument(
+        "--actors", type=int, help="model replicas (default: as many as the CPUs hold)"
+    )
+    parser.add_argument(
+        "--threads", type=int, help="compute threads per actor (default: 4, at most the CPUs)"
+    )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--output", help="write Parquet files here (default: print)")
     args = parser.parse_args()
     ray.init()
-    dataset = transcribe(
-        audio_files(args.inputs), args.model, args.actors, args.threads, args.batch_size
+    threads, actors = fit_to_cluster(
+        ray.cluster_resources().get("CPU", 1), args.threads, args.actors
     )
+    dataset = transcribe(audio_files(args.inputs), args.model, actors, threads, args.batch_size)
     if args.output:
         dataset.write_parquet(args.output)
     else:

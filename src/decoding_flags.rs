@@ -11,7 +11,8 @@ use crate::decoder::boosting::BoostingConfig;
 use crate::decoder::confidence::{Aggregation, ConfidenceConfig, Measure};
 use crate::error::{Error, Result};
 use crate::session::BeamRequest;
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 /// `--confidence-alpha` and `--confidence-aggregation` when not given: NeMo's defaults.
 pub const DEFAULT_CONFIDENCE_ALPHA: f64 = 0.33;
@@ -122,30 +123,12 @@ impl Default for BoostArgs {
 }
 
 impl BoostArgs {
-    /// The phrases of `--boost` and `--boost-file`, in order. A file that is missing,
-    /// unreadable or not UTF-8 is an error naming it (and the line).
+    /// The phrases of `--boost` and `--boost-file`, in order (each file read by
+    /// [`read_phrase_file`]).
     pub fn phrases(&self) -> Result<Vec<String>> {
         let mut out = self.phrases.clone();
         for path in &self.boost_file {
-            let bytes = std::fs::read(path).map_err(|e| {
-                Error::io(
-                    format!("--boost-file {}: cannot read it", path.display()),
-                    &e,
-                )
-            })?;
-            for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
-                let line = std::str::from_utf8(line).map_err(|_| {
-                    Error::Options(format!(
-                        "--boost-file {}: line {} is not UTF-8 text",
-                        path.display(),
-                        i + 1
-                    ))
-                })?;
-                let line = line.strip_suffix('\r').unwrap_or(line);
-                if !line.trim().is_empty() {
-                    out.push(line.to_owned());
-                }
-            }
+            out.extend(read_phrase_file(path, "--boost-file")?);
         }
         Ok(out)
     }
@@ -166,6 +149,74 @@ impl BoostArgs {
             ..BoostingConfig::default()
         })
     }
+}
+
+/// The largest phrase file read: about a million phrases, far more than any list a person
+/// keeps, and small enough that `/dev/zero` named by mistake is refused at once instead of
+/// being read until memory runs out.
+pub const MAX_PHRASE_FILE_BYTES: u64 = 16 << 20;
+
+/// The phrases of a UTF-8 text file, one a line: a leading byte-order mark is dropped, lines
+/// end in LF, CRLF or a lone CR (old Mac files), blank lines are skipped. A file that is
+/// missing, unreadable, larger than [`MAX_PHRASE_FILE_BYTES`] or not UTF-8 is an error naming
+/// it as `flag` names it (and the line). The command line, the server and Python read phrase
+/// files through this one function.
+pub fn read_phrase_file(path: &Path, flag: &str) -> Result<Vec<String>> {
+    let shown = || format!("{flag} {}", path.display());
+    let cannot_read = |e: std::io::Error| Error::io(format!("{}: cannot read it", shown()), &e);
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(cannot_read)?
+        .take(MAX_PHRASE_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot_read)?;
+    if bytes.len() as u64 > MAX_PHRASE_FILE_BYTES {
+        return Err(Error::Options(format!(
+            "{}: larger than {} MiB; a phrase file holds one phrase a line (is it the right file?)",
+            shown(),
+            MAX_PHRASE_FILE_BYTES >> 20
+        )));
+    }
+    if bytes.starts_with(&[0xff, 0xfe]) || bytes.starts_with(&[0xfe, 0xff]) {
+        return Err(Error::Options(format!(
+            "{}: is UTF-16 text; save it as UTF-8",
+            shown()
+        )));
+    }
+    let text = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&bytes);
+    let mut phrases = Vec::new();
+    for (i, line) in lines(text).enumerate() {
+        let line = std::str::from_utf8(line).map_err(|_| {
+            Error::Options(format!("{}: line {} is not UTF-8 text", shown(), i + 1))
+        })?;
+        if !line.trim().is_empty() {
+            phrases.push(line.to_owned());
+        }
+    }
+    Ok(phrases)
+}
+
+/// The lines of `text`, each without its end: LF, CRLF or a lone CR.
+fn lines(text: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(text);
+    std::iter::from_fn(move || {
+        let t = rest?;
+        match t.iter().position(|&b| b == b'\n' || b == b'\r') {
+            Some(i) => {
+                let end = if t[i] == b'\r' && t.get(i + 1) == Some(&b'\n') {
+                    i + 2
+                } else {
+                    i + 1
+                };
+                rest = Some(&t[end..]);
+                Some(&t[..i])
+            }
+            None => {
+                rest = None;
+                Some(t)
+            }
+        }
+    })
 }
 
 /// Beam search flags.
@@ -249,5 +300,34 @@ mod tests {
         let debug = |x: &dyn std::fmt::Debug| format!("{x:?}");
         assert_eq!(debug(&flags.confidence), debug(&ConfidenceArgs::default()));
         assert_eq!(debug(&flags.boost), debug(&BoostArgs::default()));
+    }
+
+    #[test]
+    fn phrase_files_split_on_any_line_end_without_a_byte_order_mark() {
+        let dir = std::env::temp_dir().join(format!("parakeet-phrases-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("phrases.txt");
+        let read = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            read_phrase_file(&path, "--boost-file")
+        };
+        let want = ["Nemo", "cuDNN", "Parakeet TDT"];
+        for bytes in [
+            &b"\xef\xbb\xbfNemo\ncuDNN\nParakeet TDT\n"[..],
+            b"Nemo\rcuDNN\rParakeet TDT",
+            b"\xef\xbb\xbfNemo\r\ncuDNN\r\n\r\nParakeet TDT\r\n",
+            b"Nemo\r\n\rcuDNN\n\nParakeet TDT",
+        ] {
+            assert_eq!(read(bytes).unwrap(), want, "{bytes:?}");
+        }
+        // Lines are counted with every kind of end.
+        let e = read(b"a\rb\r\n\xff\n").unwrap_err().to_string();
+        assert!(e.ends_with("phrases.txt: line 3 is not UTF-8 text"), "{e}");
+        let e = read(b"\xff\xfea\x00").unwrap_err().to_string();
+        assert!(
+            e.ends_with("phrases.txt: is UTF-16 text; save it as UTF-8"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

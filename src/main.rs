@@ -3,6 +3,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
+use parakeet::cli::signals;
 use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::decoder::boosting::BoostingTree;
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
@@ -377,6 +378,9 @@ fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
         r.bytes as f64 / (1 << 20) as f64,
         r.elapsed.as_secs_f64()
     );
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
     Ok(())
 }
 
@@ -784,6 +788,28 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     if plan.jobs.is_empty() {
         return Ok(0); // an empty shard
     }
+    // Stopped mid-batch: the outputs written so far stay, the one being written goes.
+    signals::on_signal(|code| {
+        output::remove_unfinished_temps_then(|| std::process::exit(code.into()))
+    })?;
+    if args.skip_existing {
+        let dirs: std::collections::BTreeSet<&Path> = plan
+            .outputs
+            .iter()
+            .flatten()
+            .filter_map(|(_, p)| p.parent())
+            .map(|d| {
+                if d.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    d
+                }
+            })
+            .collect();
+        for dir in dirs {
+            output::remove_stale_temps(dir);
+        }
+    }
     let start = Instant::now();
     let model_path = resolve_model(&args.model)?;
     // The first file's length, from its header: its compute buffer is readied during the load.
@@ -1056,7 +1082,14 @@ fn stream(args: StreamArgs) -> Result<u8> {
         (None, None) => None,
         _ => bail!("--raw and --rate go together: headerless samples need their rate"),
     };
-    let mut source = open_stream_input(args.input.as_deref(), raw)?;
+    // Ctrl-C ends the input: the utterance in progress is finished as a final, then the
+    // command exits 130 (SIGTERM: 143).
+    signals::on_signal(|_| {})?;
+    let stop = signals::stop_flag();
+    let mut source = match open_stream_input(args.input.as_deref(), raw, stop) {
+        Err(_) if signals::received().is_some() => return Ok(signals::received().unwrap_or(0)),
+        opened => opened?,
+    };
     if let Some(s) = args.max_seconds
         && (s.is_nan() || s <= 0.0)
     {
@@ -1123,10 +1156,14 @@ fn stream(args: StreamArgs) -> Result<u8> {
         &PumpOptions {
             realtime: args.realtime,
             max_seconds: args.max_seconds,
+            stop: Some(stop),
         },
         &mut |event| Ok(writer.write(event)?),
     );
     writer.close()?;
+    if let Some(code) = signals::received() {
+        return Ok(code);
+    }
     let summary = pumped?;
     if summary.cut_at_limit {
         eprintln!(
@@ -1160,10 +1197,14 @@ fn stream_turns(args: &StreamArgs) -> Result<Option<(Arc<VadModel>, TurnParams)>
 }
 
 /// The `stream` command's input: a file, standard input (`-`) or the default microphone.
-fn open_stream_input(input: Option<&Path>, raw: Option<RawLayout>) -> Result<Box<dyn AudioSource>> {
+fn open_stream_input(
+    input: Option<&Path>,
+    raw: Option<RawLayout>,
+    stop: &'static std::sync::atomic::AtomicBool,
+) -> Result<Box<dyn AudioSource>> {
     match input {
-        Some(p) if p.as_os_str() == "-" => input::open_stdin(raw),
-        Some(p) => input::open_file(p, raw),
+        Some(p) if p.as_os_str() == "-" => input::open_stdin_until(raw, stop),
+        Some(p) => input::open_file_until(p, raw, Some(stop)),
         None if raw.is_some() => {
             bail!("--raw describes standard input or a file: give `-` or a path")
         }

@@ -86,7 +86,10 @@ pub fn resolve(spec: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
             spec.display(),
             cached.display()
         ));
-        convert_with_progress(spec, &cached, OutType::F32, |_, _| {})?;
+        let report = convert_with_progress(spec, &cached, OutType::F32, |_, _| {})?;
+        for w in &report.warnings {
+            log(&format!("warning: {w}"));
+        }
     }
     Ok(cached)
 }

@@ -261,8 +261,10 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
     if let Err(e) = written {
         // Best effort: the write already failed, and a leftover temp file is only clutter.
         let _ = fs::remove_file(&tmp);
+        forget_temp(&tmp);
         return Err(e).with_context(|| format!("{}: cannot write", path.display()));
     }
+    forget_temp(&tmp);
     sync_dir(dir);
     Ok(())
 }
@@ -864,15 +866,84 @@ pub fn is_special_file(path: &Path) -> bool {
 /// leftover) never share one.
 fn create_temp(dir: &Path) -> io::Result<(PathBuf, File)> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
+    // Held from creation to registration, so that no temp file escapes
+    // `remove_unfinished_temps`.
+    let mut live = live_temps();
     loop {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(".parakeet-{}-{n}.tmp", std::process::id()));
+        let tmp = dir.join(format!(
+            "{TEMP_PREFIX}{}-{n}{TEMP_SUFFIX}",
+            std::process::id()
+        ));
         match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(file) => return Ok((tmp, file)),
+            Ok(file) => {
+                live.push(tmp.clone());
+                return Ok((tmp, file));
+            }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
     }
+}
+
+const TEMP_PREFIX: &str = ".parakeet-";
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// The temp files of this process being written now.
+fn live_temps() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    static LIVE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    // A writer that panicked left the list as it was: still the files to remove.
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn forget_temp(tmp: &Path) {
+    live_temps().retain(|p| p != tmp);
+}
+
+/// Removes the temp files being written now and runs `then` (the process's exit) with no new
+/// one created meanwhile: for a process told to stop (SIGTERM, Ctrl-C) mid-write, so that
+/// what was renamed into place is complete and nothing half-written is left behind.
+pub fn remove_unfinished_temps_then<T>(then: impl FnOnce() -> T) -> T {
+    let mut live = live_temps();
+    for tmp in live.drain(..) {
+        let _ = fs::remove_file(tmp);
+    }
+    let out = then();
+    drop(live);
+    out
+}
+
+/// Removes the temp files in `dir` that processes no longer running left behind (killed
+/// mid-write, or by SIGKILL); another running writer's files stay. Returns how many went.
+/// Only where `/proc` tells which processes run (Linux); elsewhere nothing is removed.
+pub fn remove_stale_temps(dir: &Path) -> usize {
+    if !Path::new("/proc/self").exists() {
+        return 0;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(TEMP_PREFIX)?.strip_suffix(TEMP_SUFFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .filter(|(_, n)| n.parse::<u64>().is_ok())
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let running = Path::new("/proc").join(pid.to_string()).exists();
+        if !running
+            && entry.file_type().is_ok_and(|t| t.is_file())
+            && fs::remove_file(entry.path()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 fn fill_and_sync(mut file: File, contents: &[u8]) -> io::Result<()> {

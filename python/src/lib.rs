@@ -29,6 +29,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -487,7 +488,8 @@ impl Model {
 
     /// Every input on the pool, in parallel; the transcripts in input order, or the first
     /// input's error (in input order). Runs without the GIL; a KeyboardInterrupt stops the
-    /// waiting (inputs already queued still run, their results dropped).
+    /// waiting and cancels the inputs not started yet (those running finish, their results
+    /// dropped), so that the next call does not wait behind them.
     fn run(
         &self,
         inputs: Vec<Input>,
@@ -495,14 +497,18 @@ impl Model {
         sortformer: Option<Arc<parakeet::model::Model>>,
     ) -> PyResult<Vec<parakeet::transcript::Transcript>> {
         let options = Arc::new(options);
+        let cancelled = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let mut panics = Vec::new();
         let n = inputs.len();
         for (i, input) in inputs.into_iter().enumerate() {
             let (tx, options, sortformer) = (tx.clone(), options.clone(), sortformer.clone());
+            let cancelled = cancelled.clone();
             let submitted = self.pool.submit(move |worker: &mut Worker| {
-                let t = run_job(worker, input, &options, sortformer.as_ref());
-                let _ = tx.send((i, t));
+                if !cancelled.load(Ordering::SeqCst) {
+                    let t = run_job(worker, input, &options, sortformer.as_ref());
+                    let _ = tx.send((i, t));
+                }
             });
             match submitted {
                 Ok(reply) => panics.push(reply),
@@ -519,7 +525,10 @@ impl Model {
                     received += 1;
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    Python::attach(|py| py.check_signals())?;
+                    if let Err(interrupt) = Python::attach(|py| py.check_signals()) {
+                        cancelled.store(true, Ordering::SeqCst);
+                        return Err(interrupt);
+                    }
                 }
                 // Every job is done and some sent nothing: they panicked.
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,

@@ -4,6 +4,7 @@ Run: `pip install .` (or `maturin develop`), then `pytest python/tests` from the
 root. Uses only tests/fixtures (the tiny synthetic models and the speech clips).
 """
 
+import _thread
 import json
 import os
 import shutil
@@ -227,6 +228,32 @@ def test_the_gil_is_released_while_transcribing(tdt):
         stop.set()
         counter.join()
     assert during > 0
+
+
+def test_ctrl_c_cancels_the_inputs_not_started(tdt):
+    """A KeyboardInterrupt during a long list raises, and the inputs not started are dropped:
+    the next call runs at once instead of waiting behind them."""
+    start = time.perf_counter()
+    tdt.transcribe(CLIP)
+    one = time.perf_counter() - start
+    # About ten seconds of work on the two workers.
+    n = max(50, int(20 / one))
+    timer = threading.Timer(max(0.3, 3 * one), _thread.interrupt_main)
+    timer.start()
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        tdt.transcribe([CLIP] * n)
+    interrupted = time.perf_counter() - start
+    timer.join()
+    start = time.perf_counter()
+    tdt.transcribe(CLIP)
+    after = time.perf_counter() - start
+    # The interrupt ends the call well before the list would have (n * one / 2 on two
+    # workers), and the next call waits at most for the clips running when it came (one per
+    # worker), not for the queue behind them.
+    detail = f"{n} clips of {one:.3f} s: interrupted after {interrupted:.2f} s, next call {after:.2f} s"
+    assert interrupted < n * one / 4, detail
+    assert after < 4 * one + 0.5, detail
 
 
 # --- bad input ------------------------------------------------------------------------------

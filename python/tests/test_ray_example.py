@@ -3,6 +3,8 @@
 
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,38 @@ def test_ray_data_gives_the_same_text_as_the_model(tmp_path):
         ray.shutdown()
     assert {row["path"]: row["text"] for row in rows} == expected
     assert all(row["audio_seconds"] > 0 for row in rows)
+
+
+def test_the_defaults_fit_a_small_machine():
+    example = load_example()
+    # Threads and actors within the CPUs: an actor asking for more would wait forever.
+    assert example.fit_to_cluster(1) == (1, 1)
+    assert example.fit_to_cluster(2) == (2, 1)
+    assert example.fit_to_cluster(3.0) == (3, 1)
+    assert example.fit_to_cluster(16) == (4, 4)
+    assert example.fit_to_cluster(2, threads=4) == (2, 1)
+    assert example.fit_to_cluster(8, threads=1) == (1, 8)
+    with pytest.raises(SystemExit, match="needs 8 CPUs; the Ray cluster has 4"):
+        example.fit_to_cluster(4, threads=2, actors=4)
+
+
+def test_the_command_runs_with_its_defaults_on_this_machine(tmp_path):
+    """The script as a user runs it (defaults, local Ray on every CPU here), in bounded time."""
+    env = dict(os.environ, PARAKEET_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "ray_transcribe.py"),
+            "--model",
+            str(FIXTURES / "tiny_tdt.nemo"),
+            str(FIXTURES / "reference" / "speech_2s.wav"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    clip = FIXTURES / "reference" / "speech_2s.wav"
+    expected = parakeet.Model(FIXTURES / "tiny_tdt.nemo", threads=1).transcribe(clip)
+    assert done.stdout.splitlines()[-1] == f"{clip}\t{expected.text}", done.stdout

@@ -2,4 +2,5 @@
 //! command line and calls them).
 
 pub mod diarize;
+pub mod signals;
 pub mod vad;

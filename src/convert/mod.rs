@@ -121,6 +121,8 @@ pub struct ConvertReport {
     /// Size of the written GGUF.
     pub bytes: u64,
     pub elapsed: Duration,
+    /// What the converted model will lack and why (a front end prints each as a warning).
+    pub warnings: Vec<String>,
 }
 
 /// Converts `nemo` to a GGUF at `out`.
@@ -200,7 +202,17 @@ fn convert_impl(
         repacked_q4_tensors: 0,
         bytes: 0,
         elapsed: Duration::ZERO,
+        warnings: Vec::new(),
     };
+    if hp.model_type.is_asr()
+        && let Some(why) = archive.tokenizer_model_missing()
+    {
+        report.warnings.push(format!(
+            "{}: {why}, so only the vocabulary is stored: phrase boosting (--boost, which \
+             tokenises phrases with the SentencePiece model) will be unavailable with this model",
+            nemo.display()
+        ));
+    }
     let allowed: &[Layout] = match repack {
         true => Layout::ALL,
         false => &[Layout::Plain, Layout::Panel16],

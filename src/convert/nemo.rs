@@ -83,6 +83,9 @@ pub struct NemoArchive {
     /// The SentencePiece `*tokenizer.model` file (the one `tokenizer.model_path` names when the
     /// archive has several), if the archive has one.
     tokenizer_model: Option<Vec<u8>>,
+    /// How many `*tokenizer.model` members the archive has (several, none named by the
+    /// config, leave `tokenizer_model` empty).
+    tokenizer_models_found: usize,
     zip: RefCell<ZipArchive<BufReader<FileWindow>>>,
     /// Directory of `data.pkl` inside the zip (`model_weights/`, `archive/`, ...).
     prefix: String,
@@ -114,12 +117,14 @@ impl NemoArchive {
             .with_context(|| format!("{WEIGHTS_NAME} is not a valid torch zip archive"))?;
         let (prefix, tensors) =
             read_tensor_index(&mut zip).with_context(|| format!("reading {WEIGHTS_NAME}"))?;
+        let tokenizer_models_found = members.tokenizer_models.len();
         let tokenizer_model = tokenizer_model(&config, members.tokenizer_models);
         Ok(Self {
             path: path.to_owned(),
             config,
             tokenizer_vocab: members.tokenizer_vocab,
             tokenizer_model,
+            tokenizer_models_found,
             zip: RefCell::new(zip),
             prefix,
             tensors,
@@ -136,6 +141,20 @@ impl NemoArchive {
 
     pub fn tokenizer_model(&self) -> Option<&[u8]> {
         self.tokenizer_model.as_deref()
+    }
+
+    /// Why the archive gives no SentencePiece model (`None` when it gives one).
+    pub fn tokenizer_model_missing(&self) -> Option<String> {
+        if self.tokenizer_model.is_some() {
+            return None;
+        }
+        Some(match self.tokenizer_models_found {
+            0 => "the archive holds no *tokenizer.model member".to_string(),
+            n => format!(
+                "the archive holds {n} *tokenizer.model members and its config's \
+                 tokenizer.model_path names none of them"
+            ),
+        })
     }
 
     pub fn tensors(&self) -> &[TensorEntry] {

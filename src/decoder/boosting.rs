@@ -100,6 +100,7 @@ pub struct BoostingTree {
 }
 
 /// A trie node of NeMo's `ContextGraph`, with its scores in f64 as Python computes them.
+#[derive(Clone)]
 struct TrieNode {
     token: u32,
     parent: u32,
@@ -113,6 +114,7 @@ struct TrieNode {
 
 /// The trie with fail arcs (NeMo's `ContextGraph.build`); node 0 is the root, node ids are in
 /// creation order.
+#[derive(Clone)]
 struct ContextGraph {
     nodes: Vec<TrieNode>,
     child: HashMap<(u32, u32), u32>,
@@ -219,13 +221,23 @@ pub fn round2(x: f64) -> f64 {
     format!("{x:.2}").parse().unwrap_or(x)
 }
 
-impl BoostingTree {
-    /// Tokenises `cfg.phrases` with the model's `tokenizer` and builds NeMo's tree from them
-    /// (`GPUBoostingTreeModel.from_config`). Errors name the phrase: an empty one, one that
-    /// tokenises to nothing or to `<unk>` and bare word marks alone; and a tokenizer without its
-    /// SentencePiece model is refused. A phrase with some unknown pieces among known ones is
-    /// kept, `<unk>` and all, as NeMo keeps it.
-    pub fn new(tokenizer: &Tokenizer, cfg: &BoostingConfig) -> Result<BoostingTree> {
+/// Phrases tokenised into NeMo's trie, before its fail arcs and layout: kept by a server so
+/// that a request's own phrases are added to its `--boost-file` without tokenising those again
+/// (the tokenising is most of a tree's cost). The tree of the whole is the one
+/// [`BoostingTree::new`] builds from all the phrases, state for state.
+#[derive(Clone)]
+pub struct PhraseTrie {
+    graph: ContextGraph,
+    seen: std::collections::HashSet<String>,
+    /// Phrases given so far, repeats included (errors number the phrases in this order).
+    given: usize,
+    config: BoostingConfig,
+    vocab: usize,
+}
+
+impl PhraseTrie {
+    /// `cfg.phrases` tokenised; the errors of [`BoostingTree::new`].
+    pub fn new(tokenizer: &Tokenizer, cfg: &BoostingConfig) -> Result<PhraseTrie> {
         if !tokenizer.can_encode() {
             bail!(
                 "phrase boosting needs the model's SentencePiece tokenizer, which this model \
@@ -246,17 +258,34 @@ impl BoostingTree {
                 "the boosting {name} must be a finite number, not {value}"
             );
         }
-        let vocab = tokenizer.len();
+        let mut trie = PhraseTrie {
+            graph: ContextGraph::new(),
+            seen: std::collections::HashSet::new(),
+            given: 0,
+            config: BoostingConfig {
+                phrases: Vec::new(),
+                ..cfg.clone()
+            },
+            vocab: tokenizer.len(),
+        };
+        trie.add(tokenizer, &cfg.phrases)?;
+        Ok(trie)
+    }
+
+    /// Adds `phrases` (numbered after those given before in errors). On an error the trie may
+    /// hold some of them: a caller adding a request's phrases adds them to a copy.
+    pub fn add(&mut self, tokenizer: &Tokenizer, phrases: &[String]) -> Result<()> {
+        let cfg = &self.config;
+        let vocab = self.vocab;
         let unknown = tokenizer.unknown_id();
-        let mut seen = std::collections::HashSet::new();
-        let mut graph = ContextGraph::new();
-        for (i, phrase) in cfg.phrases.iter().enumerate() {
-            let shown = || format!("boost phrase {} ({phrase:?})", i + 1);
+        for phrase in phrases {
+            self.given += 1;
+            let shown = || format!("boost phrase {} ({phrase:?})", self.given);
             if phrase.trim().is_empty() {
                 bail!("{} is empty", shown());
             }
             // NeMo keys its phrases by text: a repeated phrase adds nothing.
-            if !seen.insert(phrase.as_str()) {
+            if self.seen.contains(phrase.as_str()) {
                 continue;
             }
             let ids = tokenizer.encode(phrase)?;
@@ -283,13 +312,38 @@ impl BoostingTree {
             } else {
                 per_phrase
             };
-            graph.add(&ids, score, widen(cfg.depth_scaling), cfg.uniform_weights);
+            self.graph
+                .add(&ids, score, widen(cfg.depth_scaling), cfg.uniform_weights);
+            self.seen.insert(phrase.clone());
         }
-        graph.fill_fail();
-        let mut tree = BoostingTree::from_graph(&graph, vocab, cfg.unk_score, cfg.uniform_weights);
+        Ok(())
+    }
+
+    /// Distinct phrases so far.
+    pub fn phrases(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// The tree of the phrases: the fail arcs, then NeMo's layout.
+    pub fn into_tree(mut self) -> BoostingTree {
+        let cfg = &self.config;
+        self.graph.fill_fail();
+        let mut tree =
+            BoostingTree::from_graph(&self.graph, self.vocab, cfg.unk_score, cfg.uniform_weights);
         tree.alpha = cfg.alpha;
-        tree.phrases = seen.len();
-        Ok(tree)
+        tree.phrases = self.seen.len();
+        tree
+    }
+}
+
+impl BoostingTree {
+    /// Tokenises `cfg.phrases` with the model's `tokenizer` and builds NeMo's tree from them
+    /// (`GPUBoostingTreeModel.from_config`). Errors name the phrase: an empty one, one that
+    /// tokenises to nothing or to `<unk>` and bare word marks alone; and a tokenizer without its
+    /// SentencePiece model is refused. A phrase with some unknown pieces among known ones is
+    /// kept, `<unk>` and all, as NeMo keeps it.
+    pub fn new(tokenizer: &Tokenizer, cfg: &BoostingConfig) -> Result<BoostingTree> {
+        Ok(PhraseTrie::new(tokenizer, cfg)?.into_tree())
     }
 
     /// NeMo's `from_context_graph`: the start state with one arc per label (to a first token's
@@ -701,6 +755,55 @@ mod tests {
             "/tests/fixtures/tokenizers/spe_bpe_v1024.model"
         );
         Tokenizer::with_sentencepiece(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    /// A server's phrases extended by a request's (sharing prefixes and suffixes with them,
+    /// one repeated): the same tree as built from all of them at once, state for state and
+    /// arc for arc; a bad request phrase is numbered after the server's.
+    #[test]
+    fn phrases_added_to_a_trie_give_the_tree_of_all_of_them() {
+        let tok = tokenizer();
+        let owned = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        let server = owned(&[
+            "nvidia parakeet",
+            "cuda graphs",
+            "speech recognition",
+            "nemo",
+        ]);
+        let request = owned(&["parakeet tdt", "graphs", "nemo", "recognition speech"]);
+        for uniform_weights in [false, true] {
+            let cfg = |phrases: Vec<String>| BoostingConfig {
+                phrases,
+                alpha: 0.5,
+                depth_scaling: 1.5,
+                uniform_weights,
+                ..BoostingConfig::default()
+            };
+            let trie = PhraseTrie::new(&tok, &cfg(server.clone())).unwrap();
+            let mut extended = trie.clone();
+            extended.add(&tok, &request).unwrap();
+            let merged = extended.into_tree();
+            let whole =
+                BoostingTree::new(&tok, &cfg([server.clone(), request.clone()].concat())).unwrap();
+            assert_eq!(merged.states(), whole.states());
+            assert_eq!(merged.arcs(), whole.arcs());
+            assert_eq!((merged.phrases(), merged.alpha()), (7, 0.5));
+            // The server's own trie is untouched by a request's phrases.
+            assert_eq!(trie.into_tree().phrases(), 4);
+        }
+        let mut bad = PhraseTrie::new(
+            &tok,
+            &BoostingConfig {
+                phrases: server.clone(),
+                ..BoostingConfig::default()
+            },
+        )
+        .unwrap();
+        let e = bad
+            .add(&tok, &owned(&["fine", " "]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "boost phrase 6 (\" \") is empty");
     }
 
     #[test]

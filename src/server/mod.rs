@@ -12,10 +12,12 @@ mod openai;
 pub mod pool;
 pub mod realtime;
 
+use crate::decoder::boosting::PhraseTrie;
 use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
 use crate::diar::Diarizer;
 use crate::error::{Blame, Error};
 use crate::model::Model;
+use crate::session::options::{boosting_error, boosting_trie};
 use crate::session::pipeline::{Input, Limits, load_samples_for, transcribe_samples};
 use crate::session::{DecodeOptions, DecodeRequest, Session, SpeechRequest, Threads};
 use crate::stream::open::{LiveOptions, open_live};
@@ -176,11 +178,11 @@ struct AppState {
     /// verbose_json's words carry (built once; a request with phrases of its own gets options
     /// of both, checked by the same function).
     options: DecodeOptions,
-    /// The request `options` was built from, and the boosting flags with the server's
-    /// phrases, for requests that add phrases.
+    /// The request `options` was built from (without phrases), the boosting flags, and the
+    /// server's phrases tokenised: for requests that add phrases.
     request: DecodeRequest,
     boost: BoostArgs,
-    boost_phrases: Arc<Vec<String>>,
+    boost_trie: Option<Arc<PhraseTrie>>,
     /// Each worker's compute buffer after its last request (0 after a release).
     buffers: Arc<Vec<AtomicUsize>>,
     next_id: AtomicU64,
@@ -213,10 +215,17 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let model = Arc::new(Model::load(&path).map_err(Error::model)?);
     let request = DecodeRequest {
         confidence,
-        boost: args.boost.config(boost_phrases.clone()),
         ..DecodeRequest::default()
     };
-    let options = DecodeOptions::new(&model, &request)?;
+    let mut options = DecodeOptions::new(&model, &request)?;
+    // The server's phrases tokenised once, kept for the requests that add phrases of their own.
+    let boost_trie = match args.boost.config(boost_phrases) {
+        Some(cfg) => Some(Arc::new(boosting_trie(&model, &cfg)?)),
+        None => None,
+    };
+    if let Some(trie) = &boost_trie {
+        options = options.with_boosting(Arc::new(trie.as_ref().clone().into_tree()))?;
+    }
     let diar_model = match &args.diar_model {
         None => None,
         Some(spec) => {
@@ -311,7 +320,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         options,
         request,
         boost: args.boost.clone(),
-        boost_phrases: Arc::new(boost_phrases),
+        boost_trie,
         buffers,
         next_id: AtomicU64::new(0),
     });
@@ -526,13 +535,19 @@ struct Fields {
 
 /// A request's decoding options: the server's, or the server's with the request's own phrases
 /// added, checked as the server's were and built on the worker (a tree of many phrases takes
-/// seconds: never on the async threads, which must stay free to answer everyone else).
+/// time: never on the async threads, which must stay free to answer everyone else). The
+/// server's phrases are not tokenised again: the request's are added to a copy of their trie.
 enum RequestOptions {
     Ready(DecodeOptions),
+    Extend {
+        options: DecodeOptions,
+        server: Arc<PhraseTrie>,
+        request: Vec<String>,
+        vad: bool,
+    },
     Build {
         args: BoostArgs,
         base: DecodeRequest,
-        server: Arc<Vec<String>>,
         request: Vec<String>,
         vad: bool,
     },
@@ -543,12 +558,19 @@ impl RequestOptions {
         if request.is_empty() && !vad {
             return RequestOptions::Ready(st.options.clone());
         }
-        RequestOptions::Build {
-            args: st.boost.clone(),
-            base: st.request.clone(),
-            server: st.boost_phrases.clone(),
-            request,
-            vad,
+        match &st.boost_trie {
+            Some(server) => RequestOptions::Extend {
+                options: st.options.clone(),
+                server: server.clone(),
+                request,
+                vad,
+            },
+            None => RequestOptions::Build {
+                args: st.boost.clone(),
+                base: st.request.clone(),
+                request,
+                vad,
+            },
         }
     }
 
@@ -556,16 +578,36 @@ impl RequestOptions {
     fn build(self, model: &Model, with_confidence: bool) -> Result<DecodeOptions, ApiError> {
         let options = match self {
             RequestOptions::Ready(options) => options,
-            RequestOptions::Build {
-                args,
-                base,
+            RequestOptions::Extend {
+                options,
                 server,
                 request,
                 vad,
             } => {
-                let all = server.iter().cloned().chain(request).collect();
+                let mut options = options;
+                if !request.is_empty() {
+                    let mut all = server.as_ref().clone();
+                    all.add(model.tokenizer(), &request)
+                        .map_err(|e| api_error(boosting_error(e), Some("boost")))?;
+                    options = options
+                        .with_boosting(Arc::new(all.into_tree()))
+                        .map_err(|e| api_error(e, Some("boost")))?;
+                }
+                if vad {
+                    options = options
+                        .with_speech(&SpeechRequest::default())
+                        .map_err(|e| api_error(e, Some("vad")))?;
+                }
+                options
+            }
+            RequestOptions::Build {
+                args,
+                base,
+                request,
+                vad,
+            } => {
                 let request = DecodeRequest {
-                    boost: args.config(all),
+                    boost: args.config(request),
                     speech: vad.then(SpeechRequest::default),
                     ..base
                 };

@@ -7,7 +7,7 @@
 //! [`Session`]: super::Session
 
 use crate::decoder::beam::{BeamConfig, BeamHead, BeamStrategy};
-use crate::decoder::boosting::{BoostingConfig, BoostingTree};
+use crate::decoder::boosting::{BoostingConfig, BoostingTree, PhraseTrie};
 use crate::decoder::confidence::{ConfidenceConfig, Measure};
 use crate::encoder::{AttentionChoice, Outputs};
 use crate::error::{Error, Result};
@@ -327,6 +327,30 @@ impl DecodeOptions {
         DecodeOptions::new(model, &DecodeRequest::default())
     }
 
+    /// These options with `tree` for the boosting tree, built by the caller from phrases
+    /// already checked (a server's phrases plus a request's: [`PhraseTrie`]). Its settings
+    /// must be those these options were checked with.
+    ///
+    /// [`PhraseTrie`]: crate::decoder::boosting::PhraseTrie
+    pub fn with_boosting(&self, tree: Arc<BoostingTree>) -> Result<DecodeOptions> {
+        if let Some(plan) = &self.beam {
+            plan.config.check_boosting(true).map_err(Error::options)?;
+        }
+        Ok(DecodeOptions {
+            boosting: Some(tree),
+            ..self.clone()
+        })
+    }
+
+    /// These options transcribing only the speech `r` finds, checked as [`DecodeOptions::new`]
+    /// checks a request's.
+    pub fn with_speech(&self, r: &SpeechRequest) -> Result<DecodeOptions> {
+        Ok(DecodeOptions {
+            speech: Some(speech_plan(r, self.beam.as_ref())?),
+            ..self.clone()
+        })
+    }
+
     /// These options without confidence (always valid: confidence only restricts).
     pub fn without_confidence(&self) -> DecodeOptions {
         DecodeOptions {
@@ -469,6 +493,12 @@ fn check_confidence(model: &Model, head: Head, c: &ConfidenceConfig, beam: bool)
 }
 
 fn boosting_tree(model: &Model, cfg: &BoostingConfig) -> Result<BoostingTree> {
+    Ok(boosting_trie(model, cfg)?.into_tree())
+}
+
+/// `cfg`'s settings checked against their ranges and its phrases tokenised with `model`'s
+/// tokenizer, kept as a trie more phrases can be added to; errors as [`DecodeOptions::new`]'s.
+pub fn boosting_trie(model: &Model, cfg: &BoostingConfig) -> Result<PhraseTrie> {
     for (flag, value, range) in [
         ("--boost-alpha", cfg.alpha, BOOST_ALPHA_RANGE),
         (
@@ -496,8 +526,12 @@ fn boosting_tree(model: &Model, cfg: &BoostingConfig) -> Result<BoostingTree> {
             )));
         }
     }
-    BoostingTree::new(model.tokenizer(), cfg)
-        .map_err(|e| Error::Options(format!("phrase boosting: {e:#}")))
+    PhraseTrie::new(model.tokenizer(), cfg).map_err(boosting_error)
+}
+
+/// A boosting failure (a phrase the tokenizer cannot spell) as an options error.
+pub fn boosting_error(e: anyhow::Error) -> Error {
+    Error::Options(format!("phrase boosting: {e:#}"))
 }
 
 #[cfg(test)]

@@ -8,6 +8,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use std::fs::File;
 use std::io::{self, BufReader, Cursor, Read};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
+use std::time::Duration;
 
 /// Audio that arrives a piece at a time.
 pub trait AudioSource {
@@ -384,6 +387,95 @@ pub fn open_stdin(raw: Option<RawLayout>) -> Result<Box<dyn AudioSource>> {
     open_reader(io::stdin(), "<stdin>", raw, true)
 }
 
+/// [`open_stdin`] whose input ends as soon as `stop` turns true, even while the writer is
+/// silent (Ctrl-C while reading a slow pipe).
+pub fn open_stdin_until(
+    raw: Option<RawLayout>,
+    stop: &'static AtomicBool,
+) -> Result<Box<dyn AudioSource>> {
+    open_reader(
+        StoppableReader::new(io::stdin(), stop),
+        "<stdin>",
+        raw,
+        true,
+    )
+}
+
+/// A reader read on a thread of its own, so that a stop request ends it at once: a read from
+/// a pipe blocks until the writer writes, and a signal does not interrupt it.
+pub struct StoppableReader {
+    chunks: Receiver<io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    at: usize,
+    stop: &'static AtomicBool,
+}
+
+/// How often a reader waiting for data looks at its stop flag.
+const STOP_POLL: Duration = Duration::from_millis(20);
+
+impl StoppableReader {
+    pub fn new<R: Read + Send + 'static>(mut reader: R, stop: &'static AtomicBool) -> Self {
+        // A few chunks ahead at most: the reading thread waits for the stream as the pump does.
+        let (tx, chunks) = sync_channel(4);
+        let spawned = std::thread::Builder::new()
+            .name("input".into())
+            .spawn(move || {
+                loop {
+                    let mut chunk = vec![0; 64 << 10];
+                    let sent = match reader.read(&mut chunk) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            chunk.truncate(n);
+                            tx.send(Ok(chunk))
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => tx.send(Err(e)),
+                    };
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+            });
+        let chunks = match spawned {
+            Ok(_) => chunks,
+            Err(e) => {
+                // No thread to read on: the error is what the stream reads.
+                let (tx, rx) = sync_channel(1);
+                let _ = tx.send(Err(e));
+                rx
+            }
+        };
+        StoppableReader {
+            chunks,
+            chunk: Vec::new(),
+            at: 0,
+            stop,
+        }
+    }
+}
+
+impl Read for StoppableReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.chunk.len() {
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(0);
+            }
+            match self.chunks.recv_timeout(STOP_POLL) {
+                Ok(chunk) => {
+                    self.chunk = chunk?;
+                    self.at = 0;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.at);
+        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
 /// Opens any reader as a stream (WAV unless `raw` says how its samples are laid out).
 pub fn open_reader<R: Read + 'static>(
     reader: R,
@@ -426,11 +518,24 @@ fn open_wav<R: Read + 'static>(
 /// Opens a file: raw samples with `raw`; a WAV is read as it is needed (a FIFO like a pipe);
 /// any other format is decoded whole by the audio room, then handed out in pieces.
 pub fn open_file(path: &Path, raw: Option<RawLayout>) -> Result<Box<dyn AudioSource>> {
+    open_file_until(path, raw, None)
+}
+
+/// [`open_file`] whose input ends as soon as `stop` turns true, even while a named pipe's
+/// writer is silent.
+pub fn open_file_until(
+    path: &Path,
+    raw: Option<RawLayout>,
+    stop: Option<&'static AtomicBool>,
+) -> Result<Box<dyn AudioSource>> {
     let name = path.display().to_string();
     let mut file = File::open(path).with_context(|| format!("cannot open {name}"))?;
     let pipe = !file.metadata().map(|m| m.is_file()).unwrap_or(false);
     if raw.is_some() || pipe {
-        return open_reader(file, &name, raw, pipe);
+        return match stop {
+            Some(stop) if pipe => open_reader(StoppableReader::new(file, stop), &name, raw, pipe),
+            _ => open_reader(file, &name, raw, pipe),
+        };
     }
     let mut magic = [0u8; 12];
     let n = read_up_to(&mut file, &mut magic).with_context(|| format!("cannot read {name}"))?;

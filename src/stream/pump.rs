@@ -6,6 +6,7 @@ use super::{LiveTranscriber, StreamEvent};
 use crate::audio::decode::check_samples;
 use crate::audio::resample::StreamResampler;
 use anyhow::{Context, Result, bail};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How the audio is fed.
@@ -16,6 +17,9 @@ pub struct PumpOptions {
     pub realtime: bool,
     /// Stop after this many seconds of input (`--max-seconds`).
     pub max_seconds: Option<f64>,
+    /// Stop reading when this turns true (Ctrl-C): the utterance in progress is finished as at
+    /// the end of the input.
+    pub stop: Option<&'static AtomicBool>,
 }
 
 /// What a pumped stream came to.
@@ -26,6 +30,8 @@ pub struct PumpSummary {
     /// The input went on past `max_seconds`: it was cut there (and its last utterance ended
     /// with a final, as at the end of the input).
     pub cut_at_limit: bool,
+    /// `stop` turned true: the input was left there (its last utterance finished).
+    pub stopped: bool,
 }
 
 /// Feeds `source` to `transcriber` until the source ends (or reaches `max_seconds`), then
@@ -47,8 +53,12 @@ pub fn pump<T: LiveTranscriber + ?Sized>(
     let started = Instant::now();
     let mut read = 0u64;
     let mut cut_at_limit = false;
+    let stop_asked = || options.stop.is_some_and(|s| s.load(Ordering::SeqCst));
     let mut resampled = Vec::new();
     let failure = loop {
+        if stop_asked() {
+            break None;
+        }
         let mut piece = match source.next_piece() {
             Ok(Some(piece)) => piece,
             Ok(None) => break None,
@@ -91,12 +101,14 @@ pub fn pump<T: LiveTranscriber + ?Sized>(
     if let Some(e) = failure {
         return Err(e);
     }
-    if read == 0 {
+    let stopped = stop_asked();
+    if read == 0 && !stopped {
         // As for an empty WAV: nothing to transcribe is a mistake, not a silent success.
         bail!("{}: no audio (the input is empty)", source.name());
     }
     Ok(PumpSummary {
         audio_seconds: read as f64 / f64::from(rate),
         cut_at_limit,
+        stopped,
     })
 }

@@ -99,6 +99,83 @@ impl Normalizer {
     }
 }
 
+impl Normalizer {
+    /// Checks the rule table's structure, so that a damaged one is refused when the model is
+    /// loaded instead of silently normalising text wrongly: the header's trie size fits the
+    /// table and is whole units; the replacement strings are NUL-terminated UTF-8; every value
+    /// unit (a rule's end) addresses the start of one of them; every other unit's children lie
+    /// inside the trie; and there is at least one rule. One pass over the units (the trie is a
+    /// DAWG whose paths share suffixes: walking every key would cost far more). Says what is
+    /// wrong.
+    pub fn check_charsmap(&self) -> Result<(), String> {
+        let table = &self.charsmap;
+        if table.is_empty() {
+            return Ok(());
+        }
+        let Some(header) = table.get(..4) else {
+            return Err(format!(
+                "{} bytes, shorter than its 4-byte header",
+                table.len()
+            ));
+        };
+        let size = u32::from_le_bytes(header.try_into().expect("4 bytes")) as usize;
+        let held = table.len() - 4;
+        if size > held {
+            return Err(format!(
+                "its header gives a {size}-byte trie, but the table holds {held} bytes"
+            ));
+        }
+        if size == 0 || !size.is_multiple_of(4) {
+            return Err(format!(
+                "its trie of {size} bytes is not a whole number of 4-byte units"
+            ));
+        }
+        let rules = Rules::new(table);
+        let strings = rules.replacements;
+        if strings.last() != Some(&0) {
+            return Err("its replacement strings do not end with a NUL".into());
+        }
+        for (i, s) in strings[..strings.len() - 1].split(|&b| b == 0).enumerate() {
+            if std::str::from_utf8(s).is_err() {
+                return Err(format!(
+                    "its replacement string {} is not UTF-8 text",
+                    i + 1
+                ));
+            }
+        }
+        let units = size / 4;
+        let mut values = 0usize;
+        for index in 0..units {
+            let unit = rules.unit(index).expect("a unit inside the trie");
+            if unit >> 31 == 1 {
+                let value = (unit & ((1 << 31) - 1)) as usize;
+                if value >= strings.len() || (value > 0 && strings[value - 1] != 0) {
+                    return Err(format!(
+                        "unit {index} points to byte {value} of the {}-byte replacement \
+                         strings, not to the start of one",
+                        strings.len()
+                    ));
+                }
+                values += 1;
+            } else if index ^ offset(unit) >= units {
+                return Err(format!(
+                    "unit {index} points outside the trie of {units} units"
+                ));
+            }
+        }
+        if values == 0 {
+            return Err("its trie holds no rule".into());
+        }
+        Ok(())
+    }
+}
+
+/// Where a unit's children start, relative to it (darts-clone's unit format: bits 10.., shifted
+/// by 8 more when bit 9 is set).
+fn offset(unit: u32) -> usize {
+    ((unit >> 10) << ((unit & (1 << 9)) >> 6)) as usize
+}
+
 /// A view of a compiled rule table.
 struct Rules<'a> {
     /// The trie's units (little-endian u32).
@@ -136,7 +213,6 @@ impl<'a> Rules<'a> {
     /// its label, bit 8 says a rule ends here, bits 10.. (shifted by 8 more if bit 9 is set)
     /// give the offset to its children; a leaf unit's low 31 bits are the value.
     fn longest_match(&self, text: &[u8]) -> Option<(&'a [u8], usize)> {
-        let offset = |unit: u32| ((unit >> 10) << ((unit & (1 << 9)) >> 6)) as usize;
         let mut node = offset(self.unit(0)?);
         let mut best = None;
         for (i, &byte) in text.iter().enumerate() {

@@ -208,6 +208,12 @@ impl SentencePiece {
             .iter()
             .position(|&t| t == PieceType::Unknown)
             .context("the SentencePiece model has no <unk> piece")?;
+        if let Err(why) = model.normalizer.check_charsmap() {
+            bail!(
+                "its text normalisation table ({}, precompiled_charsmap) is corrupt: {why}",
+                model.normalizer.name
+            );
+        }
         let (mut ids, mut segments) = (HashMap::new(), HashMap::new());
         let mut user_defined = Vec::new();
         let (mut min_score, mut max_score) = (f32::MAX, f32::MIN_POSITIVE);
@@ -494,5 +500,78 @@ impl SentencePiece {
         }
         out.reverse();
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// nmt_nfkc's table, from the 1024-piece BPE model of the fixtures.
+    fn nfkc() -> Normalizer {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/tokenizers/spe_bpe_v1024.model"
+        );
+        let bytes = std::fs::read(path).unwrap();
+        parse_model(&bytes).unwrap().1.normalizer
+    }
+
+    #[test]
+    fn a_damaged_table_is_named_and_a_sound_one_passes() {
+        let sound = nfkc();
+        assert_eq!(sound.name, "nmt_nfkc");
+        assert_eq!(sound.check_charsmap(), Ok(()));
+        let identity = Normalizer {
+            charsmap: Vec::new(),
+            ..sound.clone()
+        };
+        assert_eq!(identity.check_charsmap(), Ok(()));
+        let size = u32::from_le_bytes(sound.charsmap[..4].try_into().unwrap()) as usize;
+        let damaged = |edit: &dyn Fn(&mut Vec<u8>)| {
+            let mut n = sound.clone();
+            edit(&mut n.charsmap);
+            n.check_charsmap().unwrap_err()
+        };
+        let e = damaged(&|t| t.truncate(3));
+        assert_eq!(e, "3 bytes, shorter than its 4-byte header");
+        let e = damaged(&|t| t.truncate(size));
+        assert_eq!(
+            e,
+            format!(
+                "its header gives a {size}-byte trie, but the table holds {} bytes",
+                size - 4
+            )
+        );
+        let e = damaged(&|t| t[..4].copy_from_slice(&(size as u32 - 2).to_le_bytes()));
+        assert!(e.contains("not a whole number of 4-byte units"), "{e}");
+        let e = damaged(&|t| {
+            let end = t.len() - 1;
+            t[end] = b'x';
+        });
+        assert_eq!(e, "its replacement strings do not end with a NUL");
+        // A rule's value past the strings, and a replacement that is not UTF-8: the value
+        // units are those with bit 31 set.
+        let value_at = (4..4 + size)
+            .step_by(4)
+            .find(|&i| sound.charsmap[i + 3] & 0x80 != 0)
+            .unwrap();
+        let e = damaged(&|t| t[value_at..value_at + 3].fill(0xff));
+        assert!(
+            e.contains("-byte replacement strings, not to the start of one"),
+            "{e}"
+        );
+        let e = damaged(&|t| t[4 + size] = 0xff);
+        assert_eq!(e, "its replacement string 1 is not UTF-8 text");
+        // A unit whose children would lie past the trie's end.
+        let inner_at = (4..4 + size)
+            .step_by(4)
+            .find(|&i| sound.charsmap[i + 3] & 0x80 == 0)
+            .unwrap();
+        let e = damaged(&|t| t[inner_at + 2..inner_at + 4].copy_from_slice(&[0xff, 0x7f]));
+        assert!(e.contains("points outside the trie of"), "{e}");
+        // Units that hold no value at all.
+        let e = damaged(&|t| t[4..4 + size].fill(0));
+        assert_eq!(e, "its trie holds no rule");
     }
 }

@@ -117,15 +117,20 @@ pub fn scratch_dir(suite: &str, name: &str) -> PathBuf {
     dir
 }
 
-/// Run the `parakeet` binary with `args` and its model cache in `cache`.
-pub fn run_parakeet(args: &[&str], cache: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_parakeet"))
+/// The `parakeet` binary with `args` and its model cache in `cache`, not started.
+pub fn parakeet_command(args: &[&str], cache: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_parakeet"));
+    command
         .args(args)
         .env("PARAKEET_CACHE", cache)
         .env("GGML_NO_BACKTRACE", "1")
-        .env_remove("PARAKEET_MODEL")
-        .output()
-        .unwrap()
+        .env_remove("PARAKEET_MODEL");
+    command
+}
+
+/// Run the `parakeet` binary with `args` and its model cache in `cache`.
+pub fn run_parakeet(args: &[&str], cache: &Path) -> Output {
+    parakeet_command(args, cache).output().unwrap()
 }
 
 /// [`run_parakeet`] with `stdin` on its standard input.

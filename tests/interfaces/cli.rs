@@ -484,6 +484,15 @@ fn bad_decoding_flags_exit_2_and_write_nothing() {
             "line 2 is not UTF-8",
         ),
         (&["--boost-file", missing.to_str().unwrap()], "missing.txt"),
+        // Capped: read until memory ran out before.
+        (
+            &["--boost-file", "/dev/zero"],
+            "--boost-file /dev/zero: larger than 16 MiB",
+        ),
+        (
+            &["--boost-file", "/dev/urandom"],
+            "--boost-file /dev/urandom: larger than 16 MiB",
+        ),
         (&["--confidence", "entropy_shannon_lin"], "--confidence"),
         (&["--confidence-alpha", "0"], "--confidence-alpha"),
         (

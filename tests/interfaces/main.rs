@@ -12,6 +12,7 @@ mod live_nemo;
 mod realtime;
 mod serve;
 mod serve_diarize;
+mod signals;
 mod speech;
 mod stream;
 mod stream_buffered;

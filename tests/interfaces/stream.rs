@@ -214,6 +214,7 @@ fn a_stream_past_max_seconds_ends_with_a_final_and_says_so() {
     let options = PumpOptions {
         realtime: false,
         max_seconds: Some(0.25),
+        stop: None,
     };
     let summary = pump(source.as_mut(), &mut transcriber, &options, &mut |e| {
         events.push(e.clone());
@@ -253,6 +254,7 @@ fn realtime_paces_a_file_at_the_speakers_pace() {
         &PumpOptions {
             realtime: true,
             max_seconds: None,
+            stop: None,
         },
     );
     let paced = start.elapsed().as_secs_f64();

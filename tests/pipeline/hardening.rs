@@ -45,6 +45,7 @@ enum Set<'a> {
     U32(u32),
     F32(f32),
     Str(&'a str),
+    Bytes(Vec<u8>),
 }
 
 /// Copy of `src` with the metadata `overrides` applied (everything else as it was).
@@ -59,6 +60,7 @@ fn rewrite(src: &Path, dst: &Path, overrides: &[(&str, Set)]) {
                 Set::U32(x) => w.set_u32(k, *x),
                 Set::F32(x) => w.set_f32(k, *x),
                 Set::Str(x) => w.set_str(k, x),
+                Set::Bytes(x) => w.set_bytes(k, x),
             }
             .unwrap();
             continue;
@@ -95,6 +97,92 @@ fn tdt() -> PathBuf {
 
 // ---------------------------------------------------------------------------------------------
 // GGUF: hyperparameters range-checked at load, naming key, value and what is supported
+
+/// A damaged text normalisation table is refused at load, naming the file; before, the model
+/// loaded and tokenised boosting phrases wrongly.
+#[test]
+fn a_corrupt_normalisation_table_is_refused_at_load() {
+    let dir = scratch("charsmap");
+    let key = "parakeet.tokenizer.normalizer.precompiled_charsmap";
+    let table = GgufFile::open(&tdt()).unwrap().bytes(key).unwrap();
+    assert!(
+        table.len() > 1000,
+        "nmt_nfkc's table: {} bytes",
+        table.len()
+    );
+    let mut cut = table.clone();
+    cut.truncate(table.len() / 2);
+    let mut noise = table.clone();
+    let mut x = 0x9e37_79b9u32;
+    for b in &mut noise[4..] {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    for (name, bytes, why) in [("cut", cut, "but the table holds"), ("noise", noise, "")] {
+        let path = dir.join(format!("{name}.gguf"));
+        rewrite(&tdt(), &path, &[(key, Set::Bytes(bytes))]);
+        let e = load_err(&path);
+        assert!(
+            e.contains(&format!(
+                "{}: the tokenizer's SentencePiece model",
+                path.display()
+            )) && e.contains("(nmt_nfkc, precompiled_charsmap) is corrupt: ")
+                && e.contains(why),
+            "{e}"
+        );
+    }
+}
+
+/// A .nemo without its SentencePiece model converts (the vocabulary is enough to transcribe),
+/// and the conversion says then that boosting will be unavailable and why; the converted
+/// model's boosting error is the one the warning announced.
+#[test]
+fn a_nemo_without_its_tokenizer_model_converts_with_a_warning() {
+    let dir = scratch("no-tokenizer-model");
+    let stripped = dir.join("stripped.nemo");
+    let mut out = tar::Builder::new(std::fs::File::create(&stripped).unwrap());
+    let mut archive = tar::Archive::new(std::fs::File::open(nemo("tiny_tdt")).unwrap());
+    let mut dropped = 0;
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = entry.path().unwrap().into_owned();
+        if path.to_string_lossy().ends_with("tokenizer.model") {
+            dropped += 1;
+            continue;
+        }
+        let header = entry.header().clone();
+        out.append_data(&mut header.clone(), &path, &mut entry)
+            .unwrap();
+    }
+    out.finish().unwrap();
+    drop(out);
+    assert_eq!(dropped, 1);
+    let converted = dir.join("stripped.gguf");
+    let report = parakeet::convert::convert(&stripped, &converted, OutType::F32).unwrap();
+    assert_eq!(
+        report.warnings,
+        [format!(
+            "{}: the archive holds no *tokenizer.model member, so only the vocabulary is \
+             stored: phrase boosting (--boost, which tokenises phrases with the SentencePiece \
+             model) will be unavailable with this model",
+            stripped.display()
+        )]
+    );
+    // The whole archive converts without one.
+    let whole =
+        parakeet::convert::convert(&nemo("tiny_tdt"), &dir.join("whole.gguf"), OutType::F32);
+    assert!(whole.unwrap().warnings.is_empty());
+    // The command line prints it.
+    let cli = parakeet(&["convert", s(&stripped), s(&dir.join("cli.gguf"))], &dir);
+    assert!(cli.status.success(), "{}", text(&cli.stderr));
+    assert!(
+        text(&cli.stderr).contains("warning: ") && text(&cli.stderr).contains("phrase boosting"),
+        "{}",
+        text(&cli.stderr)
+    );
+}
 
 #[test]
 fn hyperparameters_out_of_range_are_refused_by_key_and_value() {
