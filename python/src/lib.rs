@@ -518,18 +518,24 @@ impl Model {
         drop(tx);
         let mut results: Vec<Option<Result<_, Error>>> = (0..n).map(|_| None).collect();
         let mut received = 0;
+        // Signals are checked every 100 ms, also while results keep arriving (short inputs
+        // never let the wait time out).
+        let mut checked = std::time::Instant::now();
         while received < n {
-            match rx.recv_timeout(Duration::from_millis(100)) {
+            let got = rx.recv_timeout(Duration::from_millis(100));
+            if checked.elapsed() >= Duration::from_millis(100) || got.is_err() {
+                checked = std::time::Instant::now();
+                if let Err(interrupt) = Python::attach(|py| py.check_signals()) {
+                    cancelled.store(true, Ordering::SeqCst);
+                    return Err(interrupt);
+                }
+            }
+            match got {
                 Ok((i, result)) => {
                     results[i] = Some(result);
                     received += 1;
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Err(interrupt) = Python::attach(|py| py.check_signals()) {
-                        cancelled.store(true, Ordering::SeqCst);
-                        return Err(interrupt);
-                    }
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
                 // Every job is done and some sent nothing: they panicked.
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
