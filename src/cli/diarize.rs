@@ -107,17 +107,12 @@ impl DiarizeArgs {
             Some(name) => PostProcessing::published(name, generation)?,
             None => PostProcessing::default(),
         };
-        let set = |v: &mut f64, flag: Option<f64>| {
-            if let Some(x) = flag {
-                *v = x;
-            }
-        };
-        set(&mut p.onset, self.onset);
-        set(&mut p.offset, self.offset);
-        set(&mut p.pad_onset, self.pad_onset);
-        set(&mut p.pad_offset, self.pad_offset);
-        set(&mut p.min_duration_on, self.min_duration_on);
-        set(&mut p.min_duration_off, self.min_duration_off);
+        p.onset = self.onset.unwrap_or(p.onset);
+        p.offset = self.offset.unwrap_or(p.offset);
+        p.pad_onset = self.pad_onset.unwrap_or(p.pad_onset);
+        p.pad_offset = self.pad_offset.unwrap_or(p.pad_offset);
+        p.min_duration_on = self.min_duration_on.unwrap_or(p.min_duration_on);
+        p.min_duration_off = self.min_duration_off.unwrap_or(p.min_duration_off);
         p.check()?;
         Ok(p)
     }

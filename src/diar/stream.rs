@@ -77,17 +77,14 @@ impl StreamSettings {
     /// The model's settings with NeMo's inference sizes, then the ones set here.
     pub fn resolve(&self, model: SortformerStreaming) -> SortformerStreaming {
         let mut s = model.inference_defaults();
-        let set = |v: &mut usize, flag: Option<usize>| {
-            if let Some(x) = flag {
-                *v = x;
-            }
-        };
-        set(&mut s.chunk_len, self.chunk_len);
-        set(&mut s.chunk_left_context, self.chunk_left_context);
-        set(&mut s.chunk_right_context, self.chunk_right_context);
-        set(&mut s.fifo_len, self.fifo_len);
-        set(&mut s.spkcache_len, self.spkcache_len);
-        set(&mut s.spkcache_update_period, self.spkcache_update_period);
+        s.chunk_len = self.chunk_len.unwrap_or(s.chunk_len);
+        s.chunk_left_context = self.chunk_left_context.unwrap_or(s.chunk_left_context);
+        s.chunk_right_context = self.chunk_right_context.unwrap_or(s.chunk_right_context);
+        s.fifo_len = self.fifo_len.unwrap_or(s.fifo_len);
+        s.spkcache_len = self.spkcache_len.unwrap_or(s.spkcache_len);
+        s.spkcache_update_period = self
+            .spkcache_update_period
+            .unwrap_or(s.spkcache_update_period);
         s
     }
 }

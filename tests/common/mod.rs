@@ -137,11 +137,7 @@ pub fn run_parakeet(args: &[&str], cache: &Path) -> Output {
 pub fn run_parakeet_stdin(args: &[&str], cache: &Path, stdin: &[u8]) -> Output {
     use std::io::Write as _;
     use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
-        .args(args)
-        .env("PARAKEET_CACHE", cache)
-        .env("GGML_NO_BACKTRACE", "1")
-        .env_remove("PARAKEET_MODEL")
+    let mut child = parakeet_command(args, cache)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

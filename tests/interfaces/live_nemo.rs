@@ -9,8 +9,6 @@ use parakeet::server::realtime::TranscriberFactory;
 use parakeet::session::DecoderChoice;
 use parakeet::stream::open::{LiveOptions, open_live};
 use serde_json::Value;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 pub(crate) const MODEL: &str = "tiny_stream_tdt_ctc";
@@ -53,32 +51,7 @@ fn texts_of(jsonl: &str) -> (Vec<String>, Vec<String>) {
 }
 
 fn run_stream(args: &[&str], stdin: Option<&[u8]>) -> (Vec<String>, Vec<String>) {
-    let model = gguf(MODEL, OutType::F32);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
-        .arg("stream")
-        .args(args)
-        .args([
-            "-m",
-            model.to_str().unwrap(),
-            "--format",
-            "jsonl",
-            "-t",
-            "1",
-        ])
-        .env("GGML_NO_BACKTRACE", "1")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(bytes) = stdin {
-        child.stdin.take().unwrap().write_all(bytes).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = crate::stream_buffered::stream_cmd(MODEL, args, stdin);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     texts_of(&String::from_utf8(out.stdout).unwrap())

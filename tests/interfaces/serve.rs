@@ -668,14 +668,12 @@ fn serve_checks_its_decoding_and_thread_flags_as_transcribe_does() {
         (&["--confidence-alpha", "100"][..], "--confidence-alpha 100"),
         (&["--threads", "0"][..], "--threads 0: at least 1 thread"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
-            .args(["serve", "-m", model.to_str().unwrap(), "--port", "0"])
-            .args(flags)
-            .env("GGML_NO_BACKTRACE", "1")
-            .env_remove("PARAKEET_MODEL")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let args = [
+            &["serve", "-m", model.to_str().unwrap(), "--port", "0"][..],
+            flags,
+        ]
+        .concat();
+        let out = run_parakeet(&args, Path::new(env!("CARGO_TARGET_TMPDIR")));
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");

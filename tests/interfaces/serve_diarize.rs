@@ -158,19 +158,11 @@ fn diarization_needs_a_sortformer_given_to_the_server() {
     assert!(r.body.contains("--diar-model"), "{}", r.body);
 
     let asr = gguf(ASR, OutType::F32);
-    let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
-        .args(["serve", "-m", asr.to_str().unwrap(), "--port", "0"])
-        .args(["--diar-model", asr.to_str().unwrap()])
-        .env("GGML_NO_BACKTRACE", "1")
-        .env_remove("PARAKEET_MODEL")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let asr = asr.to_str().unwrap();
+    let args = ["serve", "-m", asr, "--port", "0", "--diar-model", asr];
+    let out = run_parakeet(&args, std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains(&format!("--diar-model {}", asr.display())),
-        "{err}"
-    );
+    assert!(err.contains(&format!("--diar-model {asr}")), "{err}");
     assert!(err.contains("not a Sortformer diarization model"), "{err}");
 }

@@ -9,8 +9,7 @@ use parakeet::model::Model;
 use parakeet::server::realtime::TranscriberFactory;
 use parakeet::stream::open::{LiveOptions, open_live};
 use serde_json::Value;
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::Arc;
 
 /// NeMo's final texts for a fixture (`<model>_buffered_<head>_<setting>`, the 10 s clip).
@@ -28,35 +27,25 @@ fn json_file(path: &std::path::Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
-fn stream_cmd(model: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+/// `parakeet stream ARGS -m MODEL --format jsonl -t 1`, with `stdin` piped in when given.
+pub(crate) fn stream_cmd(model: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
     let model = gguf(model, OutType::F32);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_parakeet"))
-        .arg("stream")
-        .args(args)
-        .args([
-            "-m",
-            model.to_str().unwrap(),
-            "--format",
-            "jsonl",
-            "-t",
-            "1",
-        ])
-        .env("GGML_NO_BACKTRACE", "1")
-        .env_remove("PARAKEET_MODEL")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(bytes) = stdin {
-        // The command may refuse before reading: a closed pipe is expected then.
-        let _ = child.stdin.take().unwrap().write_all(bytes);
+    let mut all = vec!["stream"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&[
+        "-m",
+        model.to_str().unwrap(),
+        "--format",
+        "jsonl",
+        "-t",
+        "1",
+    ]);
+    // A GGUF model needs no conversion: the cache stays empty.
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    match stdin {
+        Some(bytes) => run_parakeet_stdin(&all, cache, bytes),
+        None => run_parakeet(&all, cache),
     }
-    child.wait_with_output().unwrap()
 }
 
 /// The finals of a successful `parakeet stream --format jsonl` run, and its standard error.
