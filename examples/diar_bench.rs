@@ -76,7 +76,7 @@ fn main() -> anyhow::Result<()> {
     );
 
     let mut d1 = Diarizer::load(&v1, THREADS)?;
-    let (v1_s, v1_cpu) = best_of(runs, || d1.diarize_offline(&samples).map(|_| ()))?;
+    let (v1_s, v1_cpu) = best_of(runs, || Ok(d1.diarize_offline(&samples).map(|_| ())?))?;
     println!(
         "v1 offline diarization ({}): {:.1} ms (cpu {:.1} s), RTF {:.4}, {:.3}x the transcription, \
          {:.3}x its features + encoder",
@@ -94,7 +94,7 @@ fn main() -> anyhow::Result<()> {
     d2.diarize_streaming_traced(&samples, &settings, &mut trace)?;
     let chunks = trace.len();
     let (v2_s, v2_cpu) = best_of(runs, || {
-        d2.diarize_streaming(&samples, &settings).map(|_| ())
+        Ok(d2.diarize_streaming(&samples, &settings).map(|_| ())?)
     })?;
     let chunk_s = settings.chunk_len as f64 * d2.frame_seconds();
     let per_chunk = v2_s / chunks as f64;
@@ -109,7 +109,7 @@ fn main() -> anyhow::Result<()> {
         per_chunk * 1e3,
         100.0 * per_chunk / chunk_s
     );
-    let (v2_off, _) = best_of(runs, || d2.diarize_offline(&samples).map(|_| ()))?;
+    let (v2_off, _) = best_of(runs, || Ok(d2.diarize_offline(&samples).map(|_| ())?))?;
     println!(
         "v2 full context (one pass): {:.1} ms, {:.3}x the transcription",
         v2_off * 1e3,

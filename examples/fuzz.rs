@@ -568,7 +568,10 @@ impl parakeet::stream::LiveTranscriber for Counter {
         0.08
     }
 
-    fn accept(&mut self, samples: &[f32]) -> anyhow::Result<Vec<parakeet::stream::StreamEvent>> {
+    fn accept(
+        &mut self,
+        samples: &[f32],
+    ) -> parakeet::error::Result<Vec<parakeet::stream::StreamEvent>> {
         // The pump's checks come before the resampler: nothing else may reach a model.
         assert!(
             samples.iter().all(|s| s.is_finite()),
@@ -578,7 +581,7 @@ impl parakeet::stream::LiveTranscriber for Counter {
         Ok(Vec::new())
     }
 
-    fn finish(&mut self) -> anyhow::Result<Vec<parakeet::stream::StreamEvent>> {
+    fn finish(&mut self) -> parakeet::error::Result<Vec<parakeet::stream::StreamEvent>> {
         Ok(Vec::new())
     }
 }

@@ -6,7 +6,8 @@ module that src/lib.rs declares) a layer (rows like `| 2 | `kernels`, `gguf` | .
 
 1. a room names rooms of lower layers only;
 2. inside a room, modules do not import each other in a cycle;
-3. no room holds more than 40 % of the library's lines.
+3. no room holds more than 40 % of the library's lines;
+4. no library module names `anyhow` (its errors are `crate::error::Error`, by whose fault).
 
 How it reads Rust: a tokenizer (nested block comments, raw and byte strings, char literals
 against lifetimes, raw identifiers) feeds a parser that walks the module tree from src/lib.rs the
@@ -551,6 +552,14 @@ def check(root):
     for comp in strongly_connected(edges):
         names = " <-> ".join("::".join(m) for m in sorted(comp))
         errors.append(f"import cycle: {names}")
+
+    # Rule 4: the library reports with its own Error (src/error.rs), classified by whose fault a
+    # failure is; `anyhow` erases that, so only the binary and tools may use it.
+    for f in [lib] + list(files.values()):
+        for kind, text, off in lex(f.src):
+            if kind == "ident" and text in ("anyhow", "r#anyhow"):
+                errors.append(f"{f.where(off)}: `anyhow` in the library: return "
+                              "crate::error::Error, of the kind whose fault the failure is")
 
     # Rule 3: no room over MAX_SHARE of the library's lines.
     lines = {}

@@ -11,6 +11,10 @@ pub enum Error {
     /// not numbers, a rate or layout out of range.
     #[error("{0}")]
     Audio(String),
+    /// The user's audio holds no samples at all (a WAV with an empty `data` chunk): an error
+    /// for transcription, no speech for speech detection. `sample_rate` is its header's.
+    #[error("{message}")]
+    NoSamples { message: String, sample_rate: u32 },
     /// The user's audio is longer than the front end's limit (the server's
     /// `--max-audio-seconds`).
     #[error("{0}")]
@@ -87,10 +91,21 @@ impl Error {
 
     /// The same failure with `prefix` before its message ("a.wav: ..."), of the same kind.
     pub fn context(self, prefix: impl fmt::Display) -> Error {
-        let with = |m: String| format!("{prefix}: {m}");
+        self.map_message(|m| format!("{prefix}: {m}"))
+    }
+
+    /// The same failure, of the same kind, with its message rewritten by `with`.
+    pub fn map_message(self, with: impl FnOnce(String) -> String) -> Error {
         match self {
             Error::Audio(m) => Error::Audio(with(m)),
             Error::AudioTooLong(m) => Error::AudioTooLong(with(m)),
+            Error::NoSamples {
+                message,
+                sample_rate,
+            } => Error::NoSamples {
+                message: with(message),
+                sample_rate,
+            },
             Error::Options(m) => Error::Options(with(m)),
             Error::Model(m) => Error::Model(with(m)),
             Error::Io { message, kind } => Error::Io {
@@ -116,57 +131,143 @@ pub fn is_users_io(kind: std::io::ErrorKind) -> bool {
     )
 }
 
-/// Whether `e` is a write to a closed pipe (`parakeet ... | head -1`): a front end ends quietly
-/// then, since nobody is left to read what it would say.
-pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
-}
-
-/// The engine below the library's boundary still reports with `anyhow`: what reaches a caller
-/// unclassified is ours, unless an I/O error in its chain says otherwise.
-impl From<anyhow::Error> for Error {
-    fn from(e: anyhow::Error) -> Error {
-        let io = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>());
-        match (e.downcast_ref::<Error>(), io) {
-            (Some(inner), _) => inner.clone_kind(format!("{e:#}")),
-            (None, Some(io)) => Error::Io {
-                message: format!("{e:#}"),
-                kind: io.kind(),
-            },
-            (None, None) => Error::Internal(format!("{e:#}")),
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        Error::Io {
+            message: e.to_string(),
+            kind: e.kind(),
         }
     }
 }
 
 impl Error {
-    /// This error's kind with another message (an `anyhow` chain around it adds context).
-    fn clone_kind(&self, message: String) -> Error {
-        match self {
-            Error::Audio(_) => Error::Audio(message),
-            Error::AudioTooLong(_) => Error::AudioTooLong(message),
-            Error::Options(_) => Error::Options(message),
-            Error::Model(_) => Error::Model(message),
-            Error::Io { kind, .. } => Error::Io {
-                message,
-                kind: *kind,
-            },
-            Error::Internal(_) => Error::Internal(message),
-        }
+    /// Whether this is a write to a closed pipe (`parakeet ... | head -1`): a front end ends
+    /// quietly then, since nobody is left to read what it would say.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, Error::Io { kind, .. } if *kind == std::io::ErrorKind::BrokenPipe)
     }
+}
+
+/// What was being done, put before a failure's message, its kind kept: a library error stays
+/// the kind it was found as, an I/O error becomes [`Error::Io`] with its `ErrorKind`.
+pub trait Context<T> {
+    /// The failure with `context` before its message ("a.wav: ...").
+    fn context(self, context: impl fmt::Display) -> Result<T>;
+
+    /// [`Context::context`] with the context built only on failure.
+    fn with_context<C: fmt::Display>(self, context: impl FnOnce() -> C) -> Result<T>;
+}
+
+impl<T> Context<T> for Result<T> {
+    fn context(self, context: impl fmt::Display) -> Result<T> {
+        self.map_err(|e| e.context(context))
+    }
+
+    fn with_context<C: fmt::Display>(self, context: impl FnOnce() -> C) -> Result<T> {
+        self.map_err(|e| e.context(context()))
+    }
+}
+
+impl<T> Context<T> for Result<T, std::io::Error> {
+    fn context(self, context: impl fmt::Display) -> Result<T> {
+        self.map_err(|e| Error::io(context, &e))
+    }
+
+    fn with_context<C: fmt::Display>(self, context: impl FnOnce() -> C) -> Result<T> {
+        self.map_err(|e| Error::io(context(), &e))
+    }
+}
+
+/// A failure of another library (or a missing value) as an [`Error`] of the kind whose fault it
+/// is, with what was being done before its message: `.fault(Error::Model, "tokenizer")`.
+pub trait Fault<T> {
+    /// The failure as `kind`, `context` before its message (and its causes').
+    fn fault(self, kind: fn(String) -> Error, context: impl fmt::Display) -> Result<T>;
+
+    /// [`Fault::fault`] with the context built only on failure.
+    fn with_fault<C: fmt::Display>(
+        self,
+        kind: fn(String) -> Error,
+        context: impl FnOnce() -> C,
+    ) -> Result<T>;
+}
+
+impl<T, E: std::error::Error> Fault<T> for Result<T, E> {
+    fn fault(self, kind: fn(String) -> Error, context: impl fmt::Display) -> Result<T> {
+        self.map_err(|e| kind(format!("{context}: {}", chain(&e))))
+    }
+
+    fn with_fault<C: fmt::Display>(
+        self,
+        kind: fn(String) -> Error,
+        context: impl FnOnce() -> C,
+    ) -> Result<T> {
+        self.map_err(|e| kind(format!("{}: {}", context(), chain(&e))))
+    }
+}
+
+/// A missing value is a failure of `kind` that `context` describes.
+impl<T> Fault<T> for Option<T> {
+    fn fault(self, kind: fn(String) -> Error, context: impl fmt::Display) -> Result<T> {
+        self.ok_or_else(|| kind(context.to_string()))
+    }
+
+    fn with_fault<C: fmt::Display>(
+        self,
+        kind: fn(String) -> Error,
+        context: impl FnOnce() -> C,
+    ) -> Result<T> {
+        self.ok_or_else(|| kind(context().to_string()))
+    }
+}
+
+/// An error and its causes in one line ("outer: inner").
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// An [`Error`] of a kind (`Audio`, `Options`, `Model`, `Internal`, `AudioTooLong`) with a
+/// `format!` message: `err!(Model, "{path}: not a model")`.
+#[macro_export]
+macro_rules! err {
+    ($kind:ident, $($arg:tt)+) => {
+        $crate::error::Error::$kind(format!($($arg)+))
+    };
+}
+
+/// Returns an [`err!`] from the function: `bail!(Options, "--beam {n} is out of range")`.
+#[macro_export]
+macro_rules! bail {
+    ($kind:ident, $($arg:tt)+) => {
+        return Err($crate::err!($kind, $($arg)+))
+    };
+}
+
+/// Returns an [`err!`] from the function unless `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $kind:ident, $($arg:tt)+) => {
+        if !$cond {
+            $crate::bail!($kind, $($arg)+);
+        }
+    };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anyhow::Context as _;
 
     #[test]
-    fn a_kind_survives_anyhow_context_and_prefixes() {
-        let inner: anyhow::Result<()> = Err(Error::Audio("sample 5 is NaN".into()).into());
-        let e = Error::from(inner.context("a.wav").unwrap_err());
+    fn a_kind_survives_context_and_prefixes() {
+        let inner: Result<()> = Err(Error::Audio("sample 5 is NaN".into()));
+        let e = inner.context("a.wav").unwrap_err();
         assert!(
             matches!(&e, Error::Audio(m) if m == "a.wav: sample 5 is NaN"),
             "{e:?}"
@@ -178,13 +279,22 @@ mod tests {
     }
 
     #[test]
-    fn io_errors_keep_their_kind_and_the_rest_is_ours() {
-        let missing = std::fs::read("/nonexistent/parakeet").unwrap_err();
-        let e = Error::from(anyhow::Error::new(missing).context("x.wav"));
+    fn io_errors_keep_their_kind_and_faults_take_theirs() {
+        let missing = std::fs::read("/nonexistent/parakeet").context("x.wav");
+        let e = missing.unwrap_err();
         assert!(e.is_not_found(), "{e:?}");
+        assert!(e.to_string().starts_with("x.wav: "), "{e}");
         assert_eq!(e.blame(), Blame::User);
-        let e = Error::from(anyhow::anyhow!("a graph exceeds its capacity"));
-        assert_eq!(e.blame(), Blame::Ours);
+        let bad: Result<u8, _> = u8::try_from(300i32).fault(Error::Model, "n_layers");
+        let e = bad.unwrap_err();
+        assert!(
+            matches!(&e, Error::Model(m) if m.starts_with("n_layers: ")),
+            "{e:?}"
+        );
+        let none: Result<u8> = None.fault(Error::Internal, "a graph lost its state");
+        assert_eq!(none.unwrap_err().blame(), Blame::Ours);
+        let e = err!(Options, "--beam {}", 0);
+        assert!(matches!(e, Error::Options(m) if m == "--beam 0"));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 
 use std::ops::RangeInclusive;
 
-use anyhow::{Result, anyhow, bail, ensure};
+use crate::error::{Context, Result};
+use crate::{bail, ensure, err};
 
 use crate::audio::TARGET_RATE;
 use crate::audio::mel::MelConfig;
@@ -470,10 +471,13 @@ impl Hparams {
     /// Reads and range-checks the hyperparameters of a parakeet GGUF. Every error names the
     /// file, the key, the value and what is supported.
     pub fn read(f: &GgufFile) -> Result<Hparams> {
-        let shown = f.path().display().to_string();
+        let shown = f.shown().to_string();
         let arch = f.str(keys::ARCHITECTURE)?;
         if arch != ARCHITECTURE {
-            bail!("{shown}: architecture '{arch}' is not a parakeet model");
+            bail!(
+                Model,
+                "{shown}: architecture '{arch}' is not a parakeet model"
+            );
         }
         let mut hp = Hparams::unread();
         schema(&mut Io::Read { f, shown }, &mut hp)?;
@@ -487,6 +491,7 @@ impl Hparams {
         ensure!(
             t.is_some() == self.model_type.has_transducer()
                 && t.is_none_or(|t| t.durations.is_empty() != self.model_type.is_tdt()),
+            Internal,
             "internal: {} hyperparameters with transducer {t:?}",
             self.model_type.name()
         );
@@ -655,7 +660,8 @@ fn schema(io: &mut Io, hp: &mut Hparams) -> Result<()> {
     if let Io::Read { shown, .. } = io {
         e.attention =
             Attention::from_keys(&model, [context[0], context[1]], &style).ok_or_else(|| {
-                anyhow!(
+                err!(
+                    Model,
                     "{shown}: self_attention_model '{model}' with att_context_size {context:?} and \
                      att_context_style '{style}' is not supported (rel_pos with [-1, -1], \
                      rel_pos_local_attn with a window, or chunked_limited rel_pos with [L, R], L a \
@@ -774,7 +780,10 @@ fn schema(io: &mut Io, hp: &mut Hparams) -> Result<()> {
         }
         (Io::Write(w), ModelType::Sortformer) => match &hp.sortformer {
             Some(s) => s.write(w)?,
-            None => bail!("internal: sortformer hyperparameters without their parameters"),
+            None => bail!(
+                Internal,
+                "internal: sortformer hyperparameters without their parameters"
+            ),
         },
         _ => hp.sortformer = None,
     }
@@ -862,7 +871,9 @@ impl Stored for Vec<i64> {
     fn set(&self, w: &mut GgufWriter, key: &str) -> Result<()> {
         let values = self
             .iter()
-            .map(|&v| i32::try_from(v).map_err(|_| anyhow!("{key}: {v} does not fit a GGUF i32")))
+            .map(|&v| {
+                i32::try_from(v).map_err(|_| err!(Model, "{key}: {v} does not fit a GGUF i32"))
+            })
             .collect::<Result<Vec<_>>>()?;
         w.set_i32_array(key, &values)
     }
@@ -889,7 +900,8 @@ impl Io<'_> {
                     _ => {
                         let stored = S::get(f, key)?;
                         *v = from(&stored).map_err(|supported| {
-                            anyhow!(
+                            err!(
+                                Model,
                                 "{shown}: {key} = {} is not supported ({supported})",
                                 stored.shown()
                             )
@@ -900,7 +912,7 @@ impl Io<'_> {
             }
             Io::Write(w) => match absent {
                 Absent::Default(d) if *v == d => Ok(()),
-                _ => to(v).map_err(|e| anyhow!("{key}: {e}"))?.set(w, key),
+                _ => to(v).context(key)?.set(w, key),
             },
         }
     }
@@ -937,7 +949,7 @@ impl Io<'_> {
             let found = named.iter().find(|(_, t)| t == v);
             found
                 .map(|(n, _)| n.to_string())
-                .ok_or_else(|| anyhow!("internal: {key} has no name for its value"))
+                .ok_or_else(|| err!(Internal, "internal: {key} has no name for its value"))
         };
         let from = |s: &String| {
             let found = named.iter().find(|(n, _)| n == s);
@@ -960,7 +972,7 @@ fn one_of<'a>(names: impl Iterator<Item = &'a str>) -> String {
 }
 
 fn to_u32(v: &usize) -> Result<u32> {
-    u32::try_from(*v).map_err(|_| anyhow!("{v} does not fit a GGUF u32"))
+    u32::try_from(*v).map_err(|_| err!(Model, "{v} does not fit a GGUF u32"))
 }
 
 fn within(v: u32, range: RangeInclusive<usize>) -> Result<usize, String> {

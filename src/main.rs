@@ -9,7 +9,6 @@ use parakeet::decoder::boosting::BoostingTree;
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
 use parakeet::diar::{DEFAULT_MODEL as DEFAULT_DIAR_MODEL, Diarizer};
 use parakeet::encoder::AttentionChoice;
-use parakeet::error::is_broken_pipe;
 use parakeet::hparams::Attention;
 use parakeet::kernels::cpu::Isa;
 use parakeet::layout::Layout;
@@ -285,14 +284,14 @@ fn main() -> ExitCode {
         Command::Info { model: None, .. } => system_info().map(|_| 0),
         Command::Models => list_models().map(|_| 0),
         Command::Stream(args) => stream(args),
-        Command::Serve(args) => parakeet::server::serve(args).map(|_| 0),
+        Command::Serve(args) => parakeet::server::serve(args).map(|_| 0).map_err(Into::into),
         Command::Diarize(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
             let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
-            parakeet::cli::diarize::run(args, &jobs)
+            Ok(parakeet::cli::diarize::run(args, &jobs)?)
         }),
         Command::Vad(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
             let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
-            parakeet::cli::vad::run(&args, &jobs)
+            Ok(parakeet::cli::vad::run(&args, &jobs)?)
         }),
     };
     match result {
@@ -304,6 +303,16 @@ fn main() -> ExitCode {
             ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// Whether `e` is a write to a closed pipe, anywhere in its chain.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<parakeet::error::Error>()
+                .is_some_and(parakeet::error::Error::is_broken_pipe)
+    })
 }
 
 /// The exit code of a failed command: the library's errors by whose they are (the user's:
@@ -384,10 +393,6 @@ fn run_convert(input: &Path, output: &Path, ty: OutType) -> Result<()> {
     Ok(())
 }
 
-fn resolve_model(model: &Path) -> Result<PathBuf> {
-    parakeet::model_source::resolve(model, &mut |line| eprintln!("{line}"))
-}
-
 fn list_models() -> Result<()> {
     let dir = parakeet::model_source::cache_dir();
     let models = parakeet::model_source::list_cached()?;
@@ -451,11 +456,10 @@ fn system_info() -> Result<()> {
 }
 
 fn info(model: &Path) -> Result<()> {
-    let path = resolve_model(model)?;
-    let m = Model::load(&path)?;
+    let m = parakeet::model_source::load(model, &mut |line| eprintln!("{line}"))?;
     let hp = &m.hparams();
     let e = &hp.encoder;
-    outln!("model:        {} ({})", m.name(), path.display())?;
+    outln!("model:        {} ({})", m.name(), m.path().display())?;
     outln!("type:         {}", hp.model_type.name())?;
     outln!(
         "front end:    {} Hz, {} mels, n_fft {}, window {}, hop {}",
@@ -811,14 +815,14 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         }
     }
     let start = Instant::now();
-    let model_path = resolve_model(&args.model)?;
+    let model = parakeet::model_source::load(&args.model, &mut |line| eprintln!("{line}"))?;
     // The first file's length, from its header: its compute buffer is readied during the load.
     let expect_seconds = plan
         .jobs
         .first()
         .filter(|j| j.path.as_os_str() != "-")
         .and_then(|j| audio::declared_seconds(&j.path));
-    let mut session = Session::load_for(&model_path, plan.threads, expect_seconds)?;
+    let mut session = Session::ready(model, plan.threads, expect_seconds)?;
     let options = DecodeOptions::new(session.model(), &plan.request)?;
     let mut diarizer = match (args.diarize, &args.diar_model) {
         (false, None) => None,
@@ -826,8 +830,8 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
             let spec = model
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_DIAR_MODEL));
-            let path = resolve_model(&spec)?;
-            let diarizer = Diarizer::load(&path, plan.threads.get());
+            let diarizer = parakeet::model_source::load(&spec, &mut |line| eprintln!("{line}"))
+                .and_then(|m| Diarizer::new(Arc::new(m), plan.threads.get()));
             Some(diarizer.with_context(|| format!("--diar-model {}", spec.display()))?)
         }
     };
@@ -1106,7 +1110,9 @@ fn stream(args: StreamArgs) -> Result<u8> {
     if let Some(w) = warning {
         eprintln!("warning: {w}");
     }
-    let model = Arc::new(Model::load(&resolve_model(&args.model)?)?);
+    let model = Arc::new(parakeet::model_source::load(&args.model, &mut |line| {
+        eprintln!("{line}")
+    })?);
     let boost = match args.boost.config(args.boost.phrases()?) {
         Some(cfg) => Some(Arc::new(BoostingTree::new(model.tokenizer(), &cfg)?)),
         None => None,
@@ -1203,8 +1209,8 @@ fn open_stream_input(
     stop: &'static std::sync::atomic::AtomicBool,
 ) -> Result<Box<dyn AudioSource>> {
     match input {
-        Some(p) if p.as_os_str() == "-" => input::open_stdin_until(raw, stop),
-        Some(p) => input::open_file_until(p, raw, Some(stop)),
+        Some(p) if p.as_os_str() == "-" => Ok(input::open_stdin_until(raw, stop)?),
+        Some(p) => Ok(input::open_file_until(p, raw, Some(stop))?),
         None if raw.is_some() => {
             bail!("--raw describes standard input or a file: give `-` or a path")
         }

@@ -4,11 +4,12 @@
 //! of PyTorch's).
 
 use crate::backend::{DType, HostWeights, Weight};
+use crate::bail;
+use crate::error::{Context, Result};
 use crate::gguf::GgufFile;
 use crate::hparams::{EncoderParams, Hparams, TransducerParams, keys};
 use crate::layout::{self, Elem, Layout, Role};
 use crate::tokenizer::Tokenizer;
-use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
 const F32: &[DType] = &[DType::F32];
@@ -187,6 +188,11 @@ impl Model {
         &self.path
     }
 
+    /// How errors name the model: what the user gave (a `.nemo` for a cached conversion).
+    pub fn shown(&self) -> &str {
+        self.file.shown()
+    }
+
     /// The model's name (`general.name`, or the file's stem).
     pub fn name(&self) -> &str {
         &self.name
@@ -232,8 +238,14 @@ impl Model {
     }
 
     pub fn load(path: &Path) -> Result<Model> {
-        let file = GgufFile::open(path)?;
-        let shown = path.display().to_string();
+        Model::load_as(path, &path.display().to_string())
+    }
+
+    /// [`Model::load`], naming the model `shown` in every error (what the user gave, e.g. the
+    /// `.nemo` a cached GGUF was converted from).
+    pub fn load_as(path: &Path, shown: &str) -> Result<Model> {
+        let file = GgufFile::open_as(path, shown)?;
+        let shown = shown.to_string();
         let hparams = Hparams::read(&file)?;
         // A diarization model has no vocabulary.
         let tokenizer = match hparams.model_type.is_asr() {
@@ -242,6 +254,7 @@ impl Model {
         };
         if tokenizer.len() != hparams.vocab_size {
             bail!(
+                Model,
                 "{shown}: {} has {} pieces, {} says {}",
                 keys::TOKENS,
                 tokenizer.len(),
@@ -296,6 +309,7 @@ impl Model {
             (None, Some(c)) => Heads::Ctc(c),
             (None, None) if !hparams.model_type.is_asr() => Heads::Diarization,
             (None, None) => bail!(
+                Model,
                 "{shown}: a {} model without a decoder head",
                 hparams.model_type.name()
             ),
@@ -361,9 +375,10 @@ fn check_layer_count(file: &GgufFile, n_layers: usize) -> Result<()> {
     }
     if present.len() != n_layers || present.iter().copied().ne(0..n_layers) {
         bail!(
+            Model,
             "{}: parakeet.encoder.n_layers = {n_layers}, but the file has weights for {} encoder \
              layers",
-            file.path().display(),
+            file.shown(),
             present.len()
         );
     }
@@ -377,7 +392,7 @@ struct Loader<'a> {
 
 impl Loader<'_> {
     fn w(&self, name: &str, shape: &[usize]) -> Result<Weight> {
-        self.file.weight(name, shape, F32)
+        Ok(self.file.weight(name, shape, F32)?)
     }
 
     fn opt_bias(&self, name: &str, n: usize) -> Result<Option<Weight>> {

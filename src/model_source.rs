@@ -3,7 +3,9 @@
 //! cache with `hf-hub`, honouring `HF_ENDPOINT`/`HF_HOME`, then converted and cached).
 
 use crate::convert::{OutType, convert_with_progress};
-use anyhow::{Context, Result, anyhow, bail};
+use crate::error::{Context, Result};
+use crate::model::Model;
+use crate::{bail, err};
 use std::path::{Path, PathBuf};
 
 /// Our cache of converted models: `$PARAKEET_CACHE`, else `$XDG_CACHE_HOME/parakeet`, else
@@ -94,6 +96,13 @@ pub fn resolve(spec: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     Ok(cached)
 }
 
+/// The model `spec` names ([`resolve`]), loaded. Errors name `spec` as the user gave it, never
+/// the cache's GGUF that a `.nemo` or a hub id was converted into.
+pub fn load(spec: &Path, log: &mut dyn FnMut(&str)) -> Result<Model> {
+    let path = resolve(spec, log)?;
+    Model::load_as(&path, &spec.display().to_string())
+}
+
 /// Cache entry of a `.nemo`: its stem plus a hash of its canonical path, size and mtime, so an
 /// edited or replaced checkpoint is converted again.
 fn cached_gguf_path(nemo: &Path) -> Result<PathBuf> {
@@ -117,21 +126,24 @@ fn fetch_from_hub(id: &str, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     let api = hf_hub::api::sync::ApiBuilder::from_env()
         .with_progress(false)
         .build()
-        .map_err(|e| anyhow!("{id}: cannot set up the hub client: {e}"))?;
+        .map_err(|e| err!(Model, "{id}: cannot set up the hub client: {e}"))?;
     let repo = api.model(id.to_string());
-    let info = repo
-        .info()
-        .map_err(|e| anyhow!("{id}: cannot read the model repository from the hub: {e}"))?;
+    let info = repo.info().map_err(|e| {
+        err!(
+            Model,
+            "{id}: cannot read the model repository from the hub: {e}"
+        )
+    })?;
     let file = info
         .siblings
         .iter()
         .map(|s| s.rfilename.as_str())
         .find(|f| f.ends_with(".nemo"))
-        .ok_or_else(|| anyhow!("{id}: the repository has no .nemo checkpoint"))?
+        .ok_or_else(|| err!(Model, "{id}: the repository has no .nemo checkpoint"))?
         .to_string();
     log(&format!("fetching {id}/{file} from the hub (once)"));
     repo.get(&file)
-        .map_err(|e| anyhow!("{id}: downloading {file} failed: {e}"))
+        .map_err(|e| err!(Model, "{id}: downloading {file} failed: {e}"))
 }
 
 /// A converted model in the cache.
@@ -147,7 +159,7 @@ pub fn list_cached() -> Result<Vec<CachedModel>> {
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => bail!("{}: {e}", dir.display()),
+        Err(e) => bail!(Model, "{}: {e}", dir.display()),
     };
     let mut out: Vec<CachedModel> = entries
         .filter_map(|e| e.ok())
@@ -185,7 +197,6 @@ mod tests {
         let msg = format!("{err:#}");
         assert!(msg.contains("models/tdt.gguf: no such model file"), "{msg}");
         assert!(msg.contains("not taken for a hub id"), "{msg}");
-        let io = err.downcast_ref::<std::io::Error>().map(|e| e.kind());
-        assert_eq!(io, Some(std::io::ErrorKind::NotFound));
+        assert!(err.is_not_found(), "{err:?}");
     }
 }

@@ -4,10 +4,11 @@
 //! Every rendering works in whole milliseconds, so the formats agree with each other to the
 //! millisecond and a file can be compared exactly with another rendering of the same transcript.
 
+use crate::bail;
 use crate::diar::words::speaker_name;
+use crate::error::{Context, Result};
 use crate::tokenizer::Word;
 use crate::transcript::Transcript;
-use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
@@ -249,7 +250,7 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
             .with_context(|| format!("{}: cannot write", path.display()));
     }
     if path.file_name().is_none() {
-        bail!("{}: not a file name", path.display());
+        bail!(Options, "{}: not a file name", path.display());
     }
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -351,6 +352,7 @@ pub fn plan_outputs<F: OutputKind>(
     let planned = plan(&keep);
     if let Some((a, b, path)) = clashes(&planned).into_iter().next() {
         bail!(
+            Options,
             "{} and {} would both be written to {}; refusing before any work (give them in \
              separate runs, into separate -o directories, or pass their common folder)",
             inputs[a].0.display(),
@@ -419,6 +421,7 @@ pub fn check_not_input(out: &Path, input: &Path) -> Result<()> {
     };
     if same_file(out, &out_meta, input, &in_meta) {
         bail!(
+            Options,
             "refusing to write {}: it is the input file {}",
             out.display(),
             input.display()

@@ -73,7 +73,7 @@ pub type Progress = std::sync::Arc<dyn Fn(&'static str, f64) + Send + Sync>;
 const PREPARE_MAX_SECONDS: f64 = 120.0;
 
 /// The encoder graphs of an utterance of `seconds` (zero features), allocated, not computed.
-fn prepare_encoder(backend: &mut Backend, model: &Model, seconds: f64) -> anyhow::Result<()> {
+fn prepare_encoder(backend: &mut Backend, model: &Model, seconds: f64) -> crate::error::Result<()> {
     let hp = model.hparams();
     if !seconds.is_finite() || seconds <= 0.0 {
         return Ok(());
@@ -120,7 +120,7 @@ impl Session {
             return Err(Error::Model(format!(
                 "{} is a Sortformer diarization model, not a speech recognition model (use \
                  `parakeet diarize`)",
-                model.path().display()
+                model.shown()
             )));
         }
         let backend = Backend::cpu(threads.get())?;
@@ -144,7 +144,11 @@ impl Session {
     /// [`Session::load`], also readying the compute buffer for an utterance of
     /// `expect_seconds` ([`Session::prepare`]) while another thread maps the weights' pages.
     pub fn load_for(path: &Path, threads: Threads, expect_seconds: Option<f64>) -> Result<Session> {
-        let model = Model::load(path).map_err(Error::model)?;
+        Session::ready(Model::load(path)?, threads, expect_seconds)
+    }
+
+    /// A session over a loaded `model`, its compute buffer readied as [`Session::load_for`]'s.
+    pub fn ready(model: Model, threads: Threads, expect_seconds: Option<f64>) -> Result<Session> {
         let mut session = Session::new(Arc::new(model), threads)?;
         let Session { model, backend, .. } = &mut session;
         std::thread::scope(|s| {

@@ -19,9 +19,8 @@ use crate::{Input, input, py_error};
 /// A Sortformer loaded for diarization (a `.gguf`, a `.nemo` or a hub id, resolved as the
 /// command line's `--diar-model`); a speech recognition model is a ValueError.
 pub fn load_sortformer(spec: &Path) -> Result<Arc<parakeet::model::Model>, PyErr> {
-    let path = parakeet::model_source::resolve(spec, &mut |line| eprintln!("{line}"))
-        .map_err(|e| py_error(Error::from(e)))?;
-    let model = parakeet::model::Model::load(&path).map_err(|e| py_error(Error::model(e)))?;
+    let model =
+        parakeet::model_source::load(spec, &mut |line| eprintln!("{line}")).map_err(py_error)?;
     Diarizer::check(&model).map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
     model.file().populate();
     Ok(Arc::new(model))

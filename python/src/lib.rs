@@ -49,7 +49,9 @@ create_exception!(
 pub(crate) fn py_error(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
-        Error::Audio(_) | Error::AudioTooLong(_) | Error::Options(_) => PyValueError::new_err(msg),
+        Error::Audio(_) | Error::NoSamples { .. } | Error::AudioTooLong(_) | Error::Options(_) => {
+            PyValueError::new_err(msg)
+        }
         Error::Io {
             kind: std::io::ErrorKind::NotFound,
             ..
@@ -166,12 +168,9 @@ impl Model {
             None => None,
         };
         py.detach(|| -> Result<Model, Error> {
-            let path = parakeet::model_source::resolve(&model, &mut |line| eprintln!("{line}"))
-                .map_err(|e| match Error::from(e) {
-                    missing if missing.is_not_found() => missing,
-                    other => Error::Model(other.to_string()),
-                })?;
-            let loaded = Arc::new(parakeet::model::Model::load(&path).map_err(Error::model)?);
+            let loaded = Arc::new(parakeet::model_source::load(&model, &mut |line| {
+                eprintln!("{line}")
+            })?);
             loaded.file().populate();
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let (workers, threads) = plan_workers(cores, workers, threads);
@@ -809,16 +808,10 @@ fn vad<'py>(
     }
     let found = py
         .detach(|| -> Result<_, Error> {
-            let model = parakeet::vad::VadModel::load(model.as_deref()).map_err(|e| {
-                match Error::from(e) {
-                    io @ Error::Io { .. } => io,
-                    other => Error::Model(other.to_string()),
-                }
-            })?;
+            let model = parakeet::vad::VadModel::load(model.as_deref())?;
             let mut vad = parakeet::vad::Vad::new(model, threads.get())?;
             let audio = match input {
-                Input::File(path) => audio_or_empty(parakeet::audio::load_audio(&path))
-                    .map_err(pipeline::audio_error)?,
+                Input::File(path) => audio_or_empty(parakeet::audio::load_audio(&path))?,
                 Input::Samples { audio, .. } => audio,
             };
             Ok(detect(&mut vad, audio, &params)?)

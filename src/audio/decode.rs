@@ -10,7 +10,8 @@ use std::fs::File;
 use std::io::{self, Cursor, Read, Seek, SeekFrom};
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow, bail};
+use crate::error::{Context, Error, Fault, Result, is_users_io};
+use crate::{bail, err};
 use symphonia::core::codecs::audio::{AudioDecoder, AudioDecoderOptions};
 use symphonia::core::errors::Error as SymphoniaError;
 use symphonia::core::formats::probe::Hint;
@@ -45,6 +46,7 @@ pub const MAX_SAMPLE_MAGNITUDE: f32 = 1e6;
 fn check_sample_rate(rate: u32) -> Result<()> {
     if !(MIN_SAMPLE_RATE..=MAX_SAMPLE_RATE).contains(&rate) {
         bail!(
+            Audio,
             "sample rate {rate} Hz is outside the supported {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz \
              (corrupt header?)"
         );
@@ -69,6 +71,7 @@ pub fn check_samples(samples: &[f32], first: u64, sample_rate: u32) -> Result<()
         };
         let i = first + i as u64;
         bail!(
+            Audio,
             "sample {i} (at {:.3} s) is {value}: the audio data is corrupt",
             i as f64 / f64::from(sample_rate),
         );
@@ -90,14 +93,15 @@ impl std::fmt::Display for NoSamples {
     }
 }
 
-impl std::error::Error for NoSamples {}
-
 impl NoSamples {
     /// The empty audio `e` reports, if that is its failure.
-    pub fn find(e: &anyhow::Error) -> Option<NoSamples> {
-        e.chain()
-            .find_map(|c| c.downcast_ref::<NoSamples>())
-            .copied()
+    pub fn find(e: &Error) -> Option<NoSamples> {
+        match e {
+            Error::NoSamples { sample_rate, .. } => Some(NoSamples {
+                sample_rate: *sample_rate,
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -105,7 +109,10 @@ impl Audio {
     fn new(samples: Vec<f32>, sample_rate: u32, channels_in: u16) -> Result<Self> {
         check_sample_rate(sample_rate)?;
         if samples.is_empty() {
-            return Err(NoSamples { sample_rate }.into());
+            return Err(Error::NoSamples {
+                message: NoSamples { sample_rate }.to_string(),
+                sample_rate,
+            });
         }
         check_samples(&samples, 0, sample_rate)?;
         let duration_s = samples.len() as f64 / f64::from(sample_rate);
@@ -126,11 +133,15 @@ impl Audio {
     pub fn from_interleaved(samples: &[f32], channels: usize, sample_rate: u32) -> Result<Audio> {
         if !(MIN_SAMPLE_RATE..=MAX_SAMPLE_RATE).contains(&sample_rate) {
             bail!(
+                Audio,
                 "sample rate {sample_rate} Hz is outside the supported {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz"
             );
         }
         if channels == 0 || channels > usize::from(MAX_WAV_CHANNELS) {
-            bail!("{channels} channels (1..={MAX_WAV_CHANNELS} supported)");
+            bail!(
+                Audio,
+                "{channels} channels (1..={MAX_WAV_CHANNELS} supported)"
+            );
         }
         let mono = samples.chunks_exact(channels).map(mean).collect();
         // At most 32 channels: the cast cannot truncate.
@@ -155,7 +166,9 @@ pub fn decode_file(path: &Path) -> Result<Audio> {
             extension(path),
         )
     };
-    decode().with_context(|| format!("cannot decode audio file {}", path.display()))
+    decode()
+        .map_err(audio_unless_users_io)
+        .with_context(|| format!("cannot decode audio file {}", path.display()))
 }
 
 /// Whether the file is a WAV whose `data` size is a streaming placeholder (rewinds the file).
@@ -172,7 +185,18 @@ fn is_streamed_wav(file: &mut File) -> io::Result<bool> {
 pub fn decode_bytes(bytes: &[u8], name: &str) -> Result<Audio> {
     let bytes = with_streamed_wav_length(bytes);
     decode_source(Cursor::new(bytes), extension(Path::new(name)))
+        .map_err(audio_unless_users_io)
         .with_context(|| format!("cannot decode audio from {name}"))
+}
+
+/// A failure to read the file the user named is I/O; any other reading failure (a truncated
+/// stream, a seek a container cannot take) is the audio's.
+pub(crate) fn audio_unless_users_io(e: Error) -> Error {
+    match e {
+        Error::Io { kind, .. } if is_users_io(kind) => e,
+        Error::Io { message, .. } => Error::Audio(message),
+        e => e,
+    }
 }
 
 fn extension(path: &Path) -> Option<&str> {
@@ -183,10 +207,10 @@ fn extension(path: &Path) -> Option<&str> {
 /// rejects at the header (other codecs, 64-bit float, unusual `fmt` chunks) or that is not WAV.
 fn decode_source<'a, S: MediaSource + 'a>(mut source: S, ext: Option<&str>) -> Result<Audio> {
     if source.byte_len() == Some(0) {
-        bail!("the file is empty");
+        bail!(Audio, "the file is empty");
     }
     if !is_riff_wave(&mut source)? {
-        return decode_symphonia_guarded(source, ext);
+        return decode_symphonia_guarded(source, ext).map_err(Symphonia::into_error);
     }
     let hound_err = match hound::WavReader::new(io::BufReader::new(&mut source)) {
         Ok(reader) => return decode_wav(reader),
@@ -197,12 +221,9 @@ fn decode_source<'a, S: MediaSource + 'a>(mut source: S, ext: Option<&str>) -> R
     // Symphonia reads the WAV flavours hound does not. When it cannot make sense of the header
     // either, hound's account of it is the one worth showing; past the header, symphonia's own
     // (one message, never both parsers').
-    decode_symphonia_guarded(source, ext).map_err(|e| {
-        if e.is::<Unrecognised>() {
-            anyhow!("invalid WAV header: {hound_err}")
-        } else {
-            e
-        }
+    decode_symphonia_guarded(source, ext).map_err(|e| match e {
+        Symphonia::Unrecognised(_) => err!(Audio, "invalid WAV header: {hound_err}"),
+        Symphonia::Failed(e) => e,
     })
 }
 
@@ -212,12 +233,14 @@ fn decode_source<'a, S: MediaSource + 'a>(mut source: S, ext: Option<&str>) -> R
 fn decode_symphonia_guarded<'a, S: MediaSource + 'a>(
     source: S,
     ext: Option<&str>,
-) -> Result<Audio> {
+) -> Result<Audio, Symphonia> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         decode_symphonia(source, ext)
     }))
     .unwrap_or_else(|_| {
-        Err(Unrecognised("corrupt header (the decoder's arithmetic overflowed)".into()).into())
+        Err(Symphonia::Unrecognised(
+            "corrupt header (the decoder's arithmetic overflowed)".into(),
+        ))
     })
 }
 
@@ -239,6 +262,7 @@ fn check_wav_channels<S: Read + Seek>(source: &mut S) -> Result<()> {
                 let channels = u16::from_le_bytes([c[0], c[1]]);
                 if channels == 0 || channels > MAX_WAV_CHANNELS {
                     bail!(
+                        Audio,
                         "invalid WAV header: {channels} channels (1..={MAX_WAV_CHANNELS} supported)"
                     );
                 }
@@ -250,17 +274,27 @@ fn check_wav_channels<S: Read + Seek>(source: &mut S) -> Result<()> {
     Ok(())
 }
 
-/// Symphonia could not read the container's header or find a codec for it.
-#[derive(Debug)]
-struct Unrecognised(String);
+/// Why symphonia gave no audio: it could not read the container's header or find a codec for
+/// it, or the audio it found is bad.
+enum Symphonia {
+    Unrecognised(String),
+    Failed(Error),
+}
 
-impl std::fmt::Display for Unrecognised {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+impl From<Error> for Symphonia {
+    fn from(e: Error) -> Symphonia {
+        Symphonia::Failed(e)
     }
 }
 
-impl std::error::Error for Unrecognised {}
+impl Symphonia {
+    fn into_error(self) -> Error {
+        match self {
+            Symphonia::Unrecognised(m) => Error::Audio(m),
+            Symphonia::Failed(e) => e,
+        }
+    }
+}
 
 /// Peeks at the first 12 bytes for `RIFF....WAVE`, then rewinds.
 fn is_riff_wave<S: Read + Seek>(source: &mut S) -> io::Result<bool> {
@@ -280,7 +314,7 @@ fn decode_wav<R: Read>(mut reader: hound::WavReader<R>) -> Result<Audio> {
     let spec = reader.spec();
     let channels = usize::from(spec.channels);
     if channels == 0 {
-        bail!("WAV header declares 0 channels");
+        bail!(Audio, "WAV header declares 0 channels");
     }
     check_sample_rate(spec.sample_rate)?;
     let declared = reader.len();
@@ -308,7 +342,10 @@ fn read_mono(
     let mut frame = Vec::with_capacity(channels);
     for (read, sample) in samples.enumerate() {
         let sample = sample.map_err(|e| {
-            anyhow!("truncated WAV data: {read} of {declared} declared samples ({e})")
+            err!(
+                Audio,
+                "truncated WAV data: {read} of {declared} declared samples ({e})"
+            )
         })?;
         frame.push(sample);
         if frame.len() == channels {
@@ -324,7 +361,10 @@ fn mean(frame: &[f32]) -> f32 {
     frame.iter().sum::<f32>() / frame.len() as f32
 }
 
-fn decode_symphonia<'a, S: MediaSource + 'a>(source: S, ext: Option<&str>) -> Result<Audio> {
+fn decode_symphonia<'a, S: MediaSource + 'a>(
+    source: S,
+    ext: Option<&str>,
+) -> Result<Audio, Symphonia> {
     let stream = MediaSourceStream::new(Box::new(source), Default::default());
     let mut hint = Hint::new();
     if let Some(ext) = ext {
@@ -339,39 +379,43 @@ fn decode_symphonia<'a, S: MediaSource + 'a>(source: S, ext: Option<&str>) -> Re
         )
         .map_err(|e| match e {
             SymphoniaError::IoError(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                anyhow!("truncated file (it ends while the container is being read)")
+                Symphonia::Failed(err!(
+                    Audio,
+                    "truncated file (it ends while the container is being read)"
+                ))
             }
-            e => Unrecognised(format!("not a recognised audio format ({e})")).into(),
+            e => Symphonia::Unrecognised(format!("not a recognised audio format ({e})")),
         })?;
     let track = format
         .default_track(TrackType::Audio)
-        .ok_or_else(|| Unrecognised("no audio track".into()))?;
+        .ok_or_else(|| Symphonia::Unrecognised("no audio track".into()))?;
     let track_id = track.id;
     let declared_frames = track.num_frames;
     let params = track
         .codec_params
         .as_ref()
         .and_then(|p| p.audio())
-        .ok_or_else(|| Unrecognised("audio track has no codec parameters".into()))?;
+        .ok_or_else(|| Symphonia::Unrecognised("audio track has no codec parameters".into()))?;
     if let Some(rate) = params.sample_rate {
         check_sample_rate(rate)?;
     }
     let mut decoder = symphonia::default::get_codecs()
         .make_audio_decoder(params, &AudioDecoderOptions::default())
-        .map_err(|e| Unrecognised(format!("unsupported codec ({e})")))?;
+        .map_err(|e| Symphonia::Unrecognised(format!("unsupported codec ({e})")))?;
 
     let mut mixer = Mixer::default();
     decode_packets(format.as_mut(), decoder.as_mut(), track_id, &mut mixer)?;
     if let Some(declared) = declared_frames
         && (mixer.samples.len() as u64) < declared
     {
-        bail!(
+        return Err(Symphonia::Failed(err!(
+            Audio,
             "truncated audio: decoded {} of {declared} frames",
             mixer.samples.len()
-        );
+        )));
     }
-    let channels = u16::try_from(mixer.channels).context("too many channels")?;
-    Audio::new(mixer.samples, mixer.sample_rate, channels)
+    let channels = u16::try_from(mixer.channels).fault(Error::Audio, "too many channels")?;
+    Ok(Audio::new(mixer.samples, mixer.sample_rate, channels)?)
 }
 
 /// The duration a file declares in its header (WAV, FLAC, ...), without decoding it; `None`
@@ -420,16 +464,16 @@ fn decode_packets(
             // End of stream; for chained Ogg streams (`ResetRequired`), the first one.
             Ok(None) | Err(SymphoniaError::ResetRequired) => return Ok(()),
             Err(SymphoniaError::IoError(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                bail!("truncated audio: the stream ends inside a packet")
+                bail!(Audio, "truncated audio: the stream ends inside a packet")
             }
-            Err(e) => bail!("cannot read the container: {e}"),
+            Err(e) => bail!(Audio, "cannot read the container: {e}"),
         };
         if packet.track_id != track_id {
             continue;
         }
         let buffer = decoder
             .decode(&packet)
-            .map_err(|e| anyhow!("corrupt audio data ({e})"))?;
+            .map_err(|e| err!(Audio, "corrupt audio data ({e})"))?;
         mixer.push(&buffer)?;
     }
 }
@@ -451,12 +495,12 @@ impl Mixer {
         let rate = buffer.spec().rate();
         let channels = buffer.spec().channels().count();
         if channels == 0 {
-            bail!("decoded audio has no channels");
+            bail!(Audio, "decoded audio has no channels");
         }
         if self.channels == 0 {
             (self.sample_rate, self.channels) = (rate, channels);
         } else if (rate, channels) != (self.sample_rate, self.channels) {
-            bail!("the sample rate or channel count changes mid-stream");
+            bail!(Audio, "the sample rate or channel count changes mid-stream");
         }
         buffer.copy_to_vecs_planar::<f32>(&mut self.planes);
         let mut frame = Vec::with_capacity(channels);

@@ -2,7 +2,7 @@
 //! normalised log-mel features.
 //!
 //! ```no_run
-//! # fn main() -> anyhow::Result<()> {
+//! # fn main() -> parakeet::error::Result<()> {
 //! use parakeet::audio::{self, mel};
 //! let audio = audio::load_audio("speech.flac".as_ref())?;
 //! let samples = audio::resample_to_16k(audio)?;
@@ -18,7 +18,7 @@ pub mod resample;
 use std::io::Read;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 
 pub use decode::{Audio, NoSamples, decode_bytes};
 pub use resample::TARGET_RATE;
@@ -48,7 +48,8 @@ pub fn read_stdin() -> Result<Audio> {
     std::io::stdin()
         .lock()
         .read_to_end(&mut bytes)
-        .context("cannot read audio from <stdin>")?;
+        .context("cannot read audio from <stdin>")
+        .map_err(decode::audio_unless_users_io)?;
     decode_bytes(&bytes, "<stdin>")
 }
 

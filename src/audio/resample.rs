@@ -8,7 +8,8 @@
 //! which keeps the top mel bands intact. Latency, the cost of a long filter, does not matter
 //! for whole-file processing.
 
-use anyhow::{Context, Result, anyhow};
+use crate::err;
+use crate::error::{Error, Fault, Result};
 use rubato::audioadapter_buffers::direct::InterleavedSlice;
 use rubato::{Fft, FixedSync, Resampler, WindowFunction};
 
@@ -34,12 +35,15 @@ pub fn resample(samples: Vec<f32>, from: u32, to: u32) -> Result<Vec<f32>> {
         WindowFunction::BlackmanHarris2,
         FixedSync::Both,
     )
-    .with_context(|| format!("cannot resample from {from} Hz to {to} Hz"))?;
-    let input = InterleavedSlice::new(&samples, 1, samples.len()).map_err(|e| anyhow!("{e}"))?;
+    .with_fault(Error::Audio, || {
+        format!("cannot resample from {from} Hz to {to} Hz")
+    })?;
+    let input =
+        InterleavedSlice::new(&samples, 1, samples.len()).map_err(|e| err!(Audio, "{e}"))?;
     // `process_all` trims the filter delay, so output sample j lies at time j / to.
     let mut output = resampler
         .process_all(&input, samples.len(), None)
-        .context("resampling failed")?
+        .fault(Error::Audio, "resampling failed")?
         .take_data();
     output.resize(output_len(samples.len(), from, to), 0.0);
     Ok(output)
@@ -99,7 +103,9 @@ impl StreamResampler {
                 WindowFunction::BlackmanHarris2,
                 FixedSync::Both,
             )
-            .with_context(|| format!("cannot resample from {from} Hz to {to} Hz"))?;
+            .with_fault(Error::Audio, || {
+                format!("cannot resample from {from} Hz to {to} Hz")
+            })?;
             Some(fft)
         };
         let (block, delay_left) = fft.as_ref().map_or((Vec::new(), 0), |f| {
@@ -173,13 +179,13 @@ impl StreamResampler {
             return Ok(());
         };
         let input = InterleavedSlice::new(&self.pending[start..start + len], 1, len)
-            .map_err(|e| anyhow!("{e}"))?;
+            .map_err(|e| err!(Audio, "{e}"))?;
         let frames = self.block.len();
-        let mut output =
-            InterleavedSlice::new_mut(&mut self.block, 1, frames).map_err(|e| anyhow!("{e}"))?;
+        let mut output = InterleavedSlice::new_mut(&mut self.block, 1, frames)
+            .map_err(|e| err!(Audio, "{e}"))?;
         let (_, written) = fft
             .process_into_buffer(&input, &mut output, None)
-            .context("resampling failed")?;
+            .fault(Error::Audio, "resampling failed")?;
         let skip = self.delay_left.min(written);
         self.delay_left -= skip;
         out.extend_from_slice(&self.block[skip..written]);

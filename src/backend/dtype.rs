@@ -1,8 +1,9 @@
 //! The element types of tensors and weights, and converting f32 values to them with ggml's own
 //! routines.
 
+use crate::bail;
+use crate::error::Result;
 use crate::layout::Elem;
-use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;
 
 /// Element types the rest of the crate needs to name.
@@ -78,6 +79,7 @@ pub fn quantize_rows(data: &[f32], n_per_row: usize, ty: DType) -> Result<Vec<u8
         || !n_per_row.is_multiple_of(ty.block_size())
     {
         bail!(
+            Internal,
             "cannot store {} values in rows of {n_per_row} as {}",
             data.len(),
             ty.name()
@@ -86,7 +88,7 @@ pub fn quantize_rows(data: &[f32], n_per_row: usize, ty: DType) -> Result<Vec<u8
     let rows = data.len() / n_per_row;
     match ty {
         DType::F32 => Ok(data.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::I32 => bail!("i32 is not a weight storage type"),
+        DType::I32 => bail!(Internal, "i32 is not a weight storage type"),
         _ => {
             let mut out = vec![0u8; ty.row_bytes(n_per_row) * rows];
             // SAFETY: out holds rows * row_size bytes; data holds rows * n_per_row floats.

@@ -10,8 +10,9 @@
 use super::custom::{self, Body, Out};
 use super::weight::Weight;
 use super::{Capture, DType, MAX_NAME};
+use crate::bail;
+use crate::error::Result;
 use crate::layout::Layout;
-use anyhow::{Result, bail};
 use llama_cpp_sys_2 as sys;
 use std::any::Any;
 use std::collections::HashMap;
@@ -142,7 +143,7 @@ impl<'g> Graph<'g> {
             })
         };
         let Some(ctx) = NonNull::new(ctx) else {
-            bail!("ggml: could not create a graph context");
+            bail!(Internal, "ggml: could not create a graph context");
         };
         Ok(Graph {
             ctx,

@@ -22,7 +22,8 @@ pub use graph::{Graph, Tensor};
 pub use state::StateTensors;
 pub use weight::{HostWeights, PaddedLinear, Realised, Slot, Weight};
 
-use anyhow::{Result, bail};
+use crate::bail;
+use crate::error::Result;
 use llama_cpp_sys_2 as sys;
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
@@ -75,7 +76,7 @@ impl Computed {
     pub fn get(&self, id: CaptureId) -> Result<&Capture> {
         match self.captures.get(id.0) {
             Some(c) => Ok(c),
-            None => bail!("internal: capture {} is not in this result", id.0),
+            None => bail!(Internal, "internal: capture {} is not in this result", id.0),
         }
     }
 
@@ -93,7 +94,7 @@ impl Computed {
     pub fn take(&mut self, id: CaptureId) -> Result<Vec<f32>> {
         match self.captures.get_mut(id.0) {
             Some(c) => Ok(std::mem::take(&mut c.data)),
-            None => bail!("internal: capture {} is not in this result", id.0),
+            None => bail!(Internal, "internal: capture {} is not in this result", id.0),
         }
     }
 }
@@ -246,17 +247,17 @@ impl Backend {
         unsafe {
             let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
             if dev.is_null() {
-                bail!("ggml: no CPU device in the backend registry");
+                bail!(Internal, "ggml: no CPU device in the backend registry");
             }
             let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
             if backend.is_null() {
-                bail!("ggml: could not initialise the CPU backend");
+                bail!(Internal, "ggml: could not initialise the CPU backend");
             }
             let buft = sys::ggml_backend_get_default_buffer_type(backend);
             let galloc = sys::ggml_gallocr_new(buft);
             if galloc.is_null() {
                 sys::ggml_backend_free(backend);
-                bail!("ggml: could not create the graph allocator");
+                bail!(Internal, "ggml: could not create the graph allocator");
             }
             let mut b = Backend {
                 backend,
@@ -360,7 +361,10 @@ impl Backend {
         // weights it reads (a few thousand at most).
         let made = graph.tensors_made();
         if made + WEIGHT_LEAFS > max_nodes {
-            bail!("internal: a graph of {made} tensors exceeds its capacity of {max_nodes} nodes");
+            bail!(
+                Internal,
+                "internal: a graph of {made} tensors exceeds its capacity of {max_nodes} nodes"
+            );
         }
         let start = Instant::now();
         // SAFETY: the graph and all its tensors live in `graph`'s context (or in weight buffers
@@ -373,7 +377,10 @@ impl Backend {
             if !sys::ggml_gallocr_reserve(self.galloc, gf)
                 || !sys::ggml_gallocr_alloc_graph(self.galloc, gf)
             {
-                bail!("ggml: could not allocate the compute graph (out of memory?)");
+                bail!(
+                    Internal,
+                    "ggml: could not allocate the compute graph (out of memory?)"
+                );
             }
             // A new (grown) buffer: ask for huge pages before anything touches it.
             let buffer = (*out.raw()).buffer;
@@ -422,7 +429,7 @@ impl Backend {
                 }
             }
             if status != sys::GGML_STATUS_SUCCESS {
-                bail!("ggml: graph compute failed (status {status})");
+                bail!(Internal, "ggml: graph compute failed (status {status})");
             }
             let captures = graph.read_captures();
             let (output, shape) = graph::read_f32(out.raw());
@@ -458,7 +465,7 @@ impl Backend {
             let buft = sys::ggml_backend_get_default_buffer_type(self.backend);
             let fresh = sys::ggml_gallocr_new(buft);
             if fresh.is_null() {
-                bail!("ggml: could not create the graph allocator");
+                bail!(Internal, "ggml: could not create the graph allocator");
             }
             sys::ggml_gallocr_free(self.galloc);
             self.galloc = fresh;

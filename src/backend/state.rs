@@ -4,7 +4,8 @@
 //! goes through the host between chunks.
 
 use super::DType;
-use anyhow::{Result, bail};
+use crate::bail;
+use crate::error::Result;
 use llama_cpp_sys_2 as sys;
 use std::ptr::NonNull;
 
@@ -34,7 +35,10 @@ impl StateTensors {
         shapes: &[[usize; 2]],
     ) -> Result<Self> {
         if shapes.is_empty() || shapes.iter().any(|s| s[0] == 0 || s[1] == 0) {
-            bail!("internal: state tensors need non-empty shapes, got {shapes:?}");
+            bail!(
+                Internal,
+                "internal: state tensors need non-empty shapes, got {shapes:?}"
+            );
         }
         // SAFETY: a metadata-only context sized for the tensors; the buffer allocates their
         // data; null results are checked and everything made is freed on every path (Drop).
@@ -45,7 +49,10 @@ impl StateTensors {
                 no_alloc: true,
             });
             let Some(ctx) = NonNull::new(ctx) else {
-                bail!("ggml: could not create a context for stream state");
+                bail!(
+                    Internal,
+                    "ggml: could not create a context for stream state"
+                );
             };
             let mut state = StateTensors {
                 ctx,
@@ -60,13 +67,16 @@ impl StateTensors {
                     s[1] as i64,
                 );
                 let Some(t) = NonNull::new(t) else {
-                    bail!("ggml: could not describe a stream state tensor");
+                    bail!(Internal, "ggml: could not describe a stream state tensor");
                 };
                 state.tensors.push(t);
             }
             state.buffer = sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), buft);
             if state.buffer.is_null() {
-                bail!("ggml: could not allocate stream state (out of memory?)");
+                bail!(
+                    Internal,
+                    "ggml: could not allocate stream state (out of memory?)"
+                );
             }
             sys::ggml_backend_buffer_clear(state.buffer, 0);
             Ok(state)

@@ -2,8 +2,9 @@
 //! the file reader, the `gguf` room) and weights computed on the host at load, realised once.
 
 use super::{DType, MAX_NAME};
+use crate::error::Result;
 use crate::layout::{self, Layout};
-use anyhow::{Result, anyhow, bail};
+use crate::{bail, err};
 use llama_cpp_sys_2 as sys;
 use memmap2::Mmap;
 use std::collections::HashMap;
@@ -333,7 +334,8 @@ impl HostWeights {
                 mem_buffer: std::ptr::null_mut(),
                 no_alloc: true,
             });
-            let ctx = NonNull::new(ctx).ok_or_else(|| anyhow!("ggml: cannot create a context"))?;
+            let ctx =
+                NonNull::new(ctx).ok_or_else(|| err!(Internal, "ggml: cannot create a context"))?;
             let mut owner = WeightBuffers::new(ctx);
             let mut tensors = Vec::with_capacity(n);
             for (name, shape, data) in &self.pending {
@@ -348,7 +350,8 @@ impl HostWeights {
                     ne.len() as i32,
                     ne.as_ptr(),
                 );
-                let t = NonNull::new(t).ok_or_else(|| anyhow!("ggml: cannot create {name}"))?;
+                let t =
+                    NonNull::new(t).ok_or_else(|| err!(Internal, "ggml: cannot create {name}"))?;
                 let short: String = name.chars().take(MAX_NAME).collect();
                 let c = CString::new(short).unwrap_or_default();
                 sys::ggml_set_name(t.as_ptr(), c.as_ptr());
@@ -357,7 +360,7 @@ impl HostWeights {
             let buft = sys::ggml_backend_cpu_buffer_type();
             let buffer = sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), buft);
             if buffer.is_null() {
-                bail!("ggml: cannot allocate {n} derived weights");
+                bail!(Internal, "ggml: cannot allocate {n} derived weights");
             }
             owner.buffer = buffer;
             sys::ggml_backend_buffer_set_usage(buffer, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);

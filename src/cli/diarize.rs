@@ -3,13 +3,14 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use crate::bail;
+use crate::error::Result;
 
 use crate::diar::postprocess::{Generation, PostProcessing, Segment, nemo_line, segments};
 use crate::diar::stream::StreamSettings;
 use crate::diar::{Activity, Diarizer};
-use crate::error::is_broken_pipe;
 use crate::output::{self, OutputKind};
 use crate::session::Threads;
 use crate::session::pipeline::{Input, Limits, load_samples};
@@ -134,12 +135,13 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
     let sizes = args.stream.given();
     if args.full_context && !sizes.is_empty() {
         bail!(
+            Options,
             "{}: streaming sizes, but --full-context runs the whole file at once",
             sizes.join(" ")
         );
     }
     if args.probabilities && !args.formats.contains(&DiarFormat::Json) {
-        bail!("--probabilities needs -f json");
+        bail!(Options, "--probabilities needs -f json");
     }
     let (threads, warning) = Threads::resolve(args.threads)?;
     if let Some(w) = warning {
@@ -164,11 +166,12 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
         }
         false => vec![Vec::new(); jobs.len()],
     };
-    let model_path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
-    let mut diarizer = Diarizer::load(&model_path, threads.get())?;
+    let model = crate::model_source::load(&args.model, &mut |line| eprintln!("{line}"))?;
+    let mut diarizer = Diarizer::new(Arc::new(model), threads.get())?;
     let params = diarizer.params().clone();
     if !params.streaming_mode && !sizes.is_empty() {
         bail!(
+            Options,
             "{}: {} is an offline Sortformer, which does not stream; these sizes are for a \
              streaming one",
             sizes.join(" "),
@@ -218,7 +221,7 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
             Ok(())
         })();
         if let Err(e) = result {
-            if is_broken_pipe(&e) {
+            if e.is_broken_pipe() {
                 return Err(e);
             }
             failed += 1;

@@ -1,7 +1,7 @@
 //! Ctrl-C (SIGINT) and SIGTERM for the commands that end cleanly on them: `transcribe` removes
 //! the output it was writing before it exits, `stream` finishes the utterance in progress.
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Set by [`stop_on_signal`] once a signal came.

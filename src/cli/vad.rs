@@ -2,13 +2,13 @@
 //! `get_speech_timestamps` makes them, as text, JSON, RTTM or SRT.
 
 use crate::audio;
-use crate::error::is_broken_pipe;
+use crate::error::{Context, Result};
 use crate::output::{self, OutputKind};
 use crate::session::{SpeechRequest, Threads};
 use crate::stream::turns::TurnParams;
 use crate::vad::detect::{Detection, audio_or_empty, detect};
 use crate::vad::{SpeechParams, Vad, VadModel};
-use anyhow::{Context, Result, bail};
+use crate::{bail, err};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -48,7 +48,7 @@ impl TurnArgs {
             speech_pad_ms: self.speech_pad_ms,
         };
         p.validate(["threshold", "min-silence-ms", "speech-pad-ms"])
-            .map_err(|e| anyhow::anyhow!("--{e:#}"))?;
+            .map_err(|e| err!(Options, "--{e:#}"))?;
         Ok(p)
     }
 }
@@ -100,7 +100,7 @@ impl SpeechArgs {
             min_silence_at_max_speech_ms: self.min_silence_at_max_speech_ms,
             use_max_poss_sil_at_max_speech: !self.legacy_max_speech_split,
         };
-        p.validate().map_err(|e| anyhow::anyhow!("--{e:#}"))?;
+        p.validate().map_err(|e| err!(Options, "--{e:#}"))?;
         Ok(p)
     }
 }
@@ -116,7 +116,10 @@ pub fn speech_request(
     let params = args.params()?;
     if !vad {
         if params != SpeechParams::default() {
-            bail!("the speech-detection flags (--threshold, --min-silence-ms, ...) need --vad");
+            bail!(
+                Options,
+                "the speech-detection flags (--threshold, --min-silence-ms, ...) need --vad"
+            );
         }
         return Ok(None);
     }
@@ -185,7 +188,7 @@ pub struct VadArgs {
 pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> {
     let params = args.speech.params()?;
     if args.probabilities && args.format != VadFormat::Json {
-        bail!("--probabilities needs -f json");
+        bail!(Options, "--probabilities needs -f json");
     }
     let (threads, warning) = Threads::resolve(Some(args.threads))?;
     if let Some(w) = warning {
@@ -226,7 +229,7 @@ pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> 
             }
         });
         if let Err(e) = result {
-            if is_broken_pipe(&e) {
+            if e.is_broken_pipe() {
                 return Err(e);
             }
             eprintln!("error: {shown}: {e:#}");

@@ -6,7 +6,8 @@
 
 use std::collections::HashMap;
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use crate::error::{Context, Error, Fault, Result};
+use crate::{bail, ensure, err};
 use serde_yaml::Value;
 
 use crate::hparams::{
@@ -62,6 +63,7 @@ impl ModelConfig {
         };
         ensure!(
             max_symbols > 0,
+            Model,
             "model_config.yaml: decoding.greedy.max_symbols must be positive"
         );
         let hparams = Hparams {
@@ -80,6 +82,7 @@ impl ModelConfig {
                     .context("the archive's SentencePiece tokenizer.model")?;
                 ensure!(
                     tokenizer.pieces() == vocab,
+                    Model,
                     "the archive's tokenizer.model lists other pieces than the config's \
                      vocabulary ({} pieces vs {})",
                     tokenizer.len(),
@@ -116,24 +119,28 @@ fn sortformer(cfg: &Cfg, t: &Tensors) -> Result<ModelConfig> {
     let max = cfg.u32_or("max_num_of_spks", n_spks)?;
     ensure!(
         max == n_spks,
+        Model,
         "model_config.yaml: max_num_of_spks {max} differs from sortformer_modules.num_spks {n_spks}"
     );
     let tf_d = cfg.u32("transformer_encoder.hidden_size")?;
     let configured_tf_d = cfg.u32_or("model_defaults.tf_d_model", tf_d)?;
     ensure!(
         configured_tf_d == tf_d,
+        Model,
         "model_config.yaml: model_defaults.tf_d_model {configured_tf_d} differs from \
          transformer_encoder.hidden_size {tf_d}"
     );
     let configured_fc_d = cfg.u32_or("model_defaults.fc_d_model", fc_d)?;
     ensure!(
         configured_fc_d == fc_d,
+        Model,
         "model_config.yaml: model_defaults.fc_d_model {configured_fc_d} differs from \
          encoder.d_model {fc_d}"
     );
     let heads = cfg.u32("transformer_encoder.num_attention_heads")?;
     ensure!(
         heads > 0 && tf_d.is_multiple_of(heads),
+        Model,
         "model_config.yaml: transformer_encoder.hidden_size {tf_d} is not divisible by \
          transformer_encoder.num_attention_heads {heads}"
     );
@@ -153,10 +160,12 @@ fn sortformer(cfg: &Cfg, t: &Tensors) -> Result<ModelConfig> {
     )?;
     ensure!(
         cfg.u32_or("sortformer_modules.upsample_factor", 1)? == 1,
+        Model,
         "model_config.yaml: sortformer_modules.upsample_factor other than 1 is not supported"
     );
     ensure!(
         !cfg.bool_or("sortformer_modules.use_learnable_sil_emb", false)?,
+        Model,
         "model_config.yaml: sortformer_modules.use_learnable_sil_emb is not supported"
     );
     t.check_dim(
@@ -192,6 +201,7 @@ fn sortformer(cfg: &Cfg, t: &Tensors) -> Result<ModelConfig> {
     let found = t.count_indexed("transformer_encoder.layers.");
     ensure!(
         found == layers as usize,
+        Model,
         "model_config.yaml: transformer_encoder.num_layers is {layers} but the checkpoint has \
          {found} Transformer layers"
     );
@@ -252,6 +262,7 @@ fn model_type(cfg: &Cfg, t: &Tensors) -> Result<ModelType> {
     if !transducer {
         ensure!(
             pure_ctc,
+            Model,
             "the checkpoint has no decoder: expected decoder.prediction.* and joint.* (transducer) \
              or decoder.decoder_layers.0.* (CTC)"
         );
@@ -261,12 +272,17 @@ fn model_type(cfg: &Cfg, t: &Tensors) -> Result<ModelType> {
         "decoder.prediction.embed.weight",
         "joint.joint_net.2.weight",
     ] {
-        ensure!(t.has(key), "transducer checkpoint without tensor {key}");
+        ensure!(
+            t.has(key),
+            Model,
+            "transducer checkpoint without tensor {key}"
+        );
     }
     let tdt = !durations(cfg)?.is_empty();
     if cfg.str_or("decoding.model_type", "")? == "tdt" {
         ensure!(
             tdt,
+            Model,
             "model_config.yaml: decoding.model_type is tdt but no durations are given \
              (decoding.durations / model_defaults.tdt_durations)"
         );
@@ -287,11 +303,13 @@ fn durations(cfg: &Cfg) -> Result<Vec<i32>> {
         .unwrap_or_default();
     ensure!(
         a.is_empty() || b.is_empty() || a == b,
+        Model,
         "model_config.yaml: decoding.durations {a:?} and model_defaults.tdt_durations {b:?} differ"
     );
     let d = if a.is_empty() { b } else { a };
     ensure!(
         d.iter().all(|&x| x >= 0),
+        Model,
         "model_config.yaml: negative TDT duration in {d:?}"
     );
     let big_blank = cfg
@@ -299,6 +317,7 @@ fn durations(cfg: &Cfg) -> Result<Vec<i32>> {
         .unwrap_or_default();
     ensure!(
         big_blank.is_empty(),
+        Model,
         "model_config.yaml: decoding.big_blank_durations (multi-blank transducers) is not supported"
     );
     Ok(d)
@@ -308,6 +327,7 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<PreprocessorParams> {
     let target = cfg.str_or("preprocessor._target_", "AudioToMelSpectrogramPreprocessor")?;
     ensure!(
         target.ends_with("AudioToMelSpectrogramPreprocessor"),
+        Model,
         "model_config.yaml: preprocessor._target_ {target} is not supported (mel spectrogram only)"
     );
     let sample_rate = match cfg.get("preprocessor.sample_rate") {
@@ -320,6 +340,7 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<PreprocessorParams> {
     // would silently change the transcript (and 0 would break the window arithmetic below).
     ensure!(
         sample_rate == crate::audio::TARGET_RATE,
+        Model,
         "model_config.yaml: preprocessor.sample_rate {sample_rate} is not supported ({} only)",
         crate::audio::TARGET_RATE
     );
@@ -333,6 +354,7 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<PreprocessorParams> {
         let n = (seconds * f64::from(sample_rate)).round();
         ensure!(
             n >= 1.0 && n <= f64::from(u32::MAX),
+            Model,
             "model_config.yaml: {s_key} = {seconds} is out of range"
         );
         Ok(n as u32)
@@ -346,6 +368,7 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<PreprocessorParams> {
     };
     ensure!(
         win_length <= n_fft,
+        Model,
         "model_config.yaml: window of {win_length} samples exceeds n_fft {n_fft}"
     );
     // An explicit null switches pre-emphasis off.
@@ -357,6 +380,7 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<PreprocessorParams> {
     let normalize = cfg.str_or("preprocessor.normalize", "per_feature")?;
     ensure!(
         matches!(normalize, "per_feature" | "NA"),
+        Model,
         "model_config.yaml: preprocessor.normalize {normalize} is not supported (per_feature or NA)"
     );
     require_setting(cfg, "preprocessor.log", &Value::Bool(true), "true")?;
@@ -371,6 +395,7 @@ fn preprocessor(cfg: &Cfg, t: &Tensors) -> Result<PreprocessorParams> {
     let mag_power = cfg.f64_or("preprocessor.mag_power", 2.0)?;
     ensure!(
         mag_power == 2.0,
+        Model,
         "model_config.yaml: preprocessor.mag_power {mag_power} is not supported (2.0 only)"
     );
     t.check_dim(
@@ -418,11 +443,13 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
     let target = cfg.str_or("encoder._target_", "ConformerEncoder")?;
     ensure!(
         target.contains("ConformerEncoder"),
+        Model,
         "model_config.yaml: encoder._target_ {target} is not supported (FastConformer only)"
     );
     let feat_in = cfg.u32("encoder.feat_in")?;
     ensure!(
         feat_in as usize == n_mels,
+        Model,
         "model_config.yaml: encoder.feat_in {feat_in} differs from preprocessor.features {n_mels}"
     );
     let d_model = cfg.u32("encoder.d_model")?;
@@ -430,22 +457,26 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
     let n_heads = cfg.u32("encoder.n_heads")?;
     ensure!(
         n_heads > 0 && d_model.is_multiple_of(n_heads),
+        Model,
         "model_config.yaml: encoder.d_model {d_model} is not divisible by encoder.n_heads {n_heads}"
     );
     let ff_expansion_factor = cfg.u32("encoder.ff_expansion_factor")?;
     let conv_kernel_size = cfg.u32("encoder.conv_kernel_size")?;
     ensure!(
         conv_kernel_size % 2 == 1,
+        Model,
         "model_config.yaml: encoder.conv_kernel_size must be odd"
     );
     let subsampling = cfg.str("encoder.subsampling")?;
     ensure!(
         subsampling == "dw_striding",
+        Model,
         "model_config.yaml: encoder.subsampling {subsampling} is not supported (dw_striding only)"
     );
     let subsampling_factor = cfg.u32("encoder.subsampling_factor")?;
     ensure!(
         subsampling_factor == 8,
+        Model,
         "model_config.yaml: encoder.subsampling_factor {subsampling_factor} is not supported (8 only)"
     );
     // NeMo: -1 (the default) means d_model channels.
@@ -453,11 +484,12 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
     let subsampling_conv_channels = if channels == -1 {
         d_model
     } else {
-        u32::try_from(channels)?
+        u32::try_from(channels).map_err(Error::model)?
     };
     let self_attention_model = cfg.str_or("encoder.self_attention_model", "rel_pos")?;
     ensure!(
         matches!(self_attention_model, "rel_pos" | "rel_pos_local_attn"),
+        Model,
         "model_config.yaml: encoder.self_attention_model {self_attention_model} is not supported \
          (rel_pos, rel_pos_local_attn)"
     );
@@ -473,7 +505,7 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
         }
         _ => None,
     }
-    .with_context(|| {
+    .with_fault(Error::Model, || {
         format!(
             "model_config.yaml: encoder.self_attention_model {self_attention_model} with \
              encoder.att_context_style {style} and encoder.att_context_size {contexts:?} is not \
@@ -486,6 +518,7 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
         for &[l, r] in &contexts {
             ensure!(
                 Attention::chunked([l.into(), r.into()]).is_some(),
+                Model,
                 "model_config.yaml: encoder.att_context_size [{l}, {r}] is not supported with \
                  chunked_limited (L a multiple of R + 1, both >= 0)"
             );
@@ -497,6 +530,7 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
         "batch_norm" => false,
         "layer_norm" => true,
         other => bail!(
+            Model,
             "model_config.yaml: encoder.conv_norm_type {other} is not supported (batch_norm or \
              layer_norm)"
         ),
@@ -507,6 +541,7 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
     let has_bias = t.has("encoder.layers.0.self_attn.linear_q.bias");
     ensure!(
         use_bias == has_bias,
+        Model,
         "model_config.yaml: encoder.use_bias is {use_bias} but the checkpoint {} biases \
          (encoder.layers.0.self_attn.linear_q.bias)",
         if has_bias { "has" } else { "has no" }
@@ -544,6 +579,7 @@ fn encoder(cfg: &Cfg, t: &Tensors, n_mels: usize) -> Result<EncoderParams> {
     let found = t.count_indexed("encoder.layers.");
     ensure!(
         found == n_layers as usize,
+        Model,
         "model_config.yaml: encoder.n_layers is {n_layers} but the checkpoint has {found} encoder layers"
     );
     Ok(EncoderParams {
@@ -572,11 +608,13 @@ fn reject_unsupported_setups(cfg: &Cfg) -> Result<()> {
     for key in ["encoder.reduction", "encoder.reduction_position"] {
         ensure!(
             cfg.get(key).is_none(),
+            Model,
             "model_config.yaml: {key} (time reduction) is not supported"
         );
     }
     ensure!(
         cfg.i64_or("encoder.global_tokens", 0)? == 0,
+        Model,
         "model_config.yaml: encoder.global_tokens (Longformer attention) is not supported"
     );
     Ok(())
@@ -601,7 +639,10 @@ fn conv_context_size(cfg: &Cfg, kernel: u32) -> Result<[usize; 2]> {
     } else if ctx == as_i64(causal) {
         Ok(causal)
     } else {
-        bail!("model_config.yaml: {KEY} {ctx:?} is not supported ({half:?} or causal {causal:?})")
+        bail!(
+            Model,
+            "model_config.yaml: {KEY} {ctx:?} is not supported ({half:?} or causal {causal:?})"
+        )
     }
 }
 
@@ -612,7 +653,10 @@ fn att_context_sizes(cfg: &Cfg) -> Result<Vec<[i32; 2]>> {
     let pair = |v: &[i32]| -> Result<[i32; 2]> {
         match *v {
             [left, right] if left >= -1 && right >= -1 => Ok([left, right]),
-            _ => bail!("model_config.yaml: bad {KEY} entry {v:?} (two values >= -1)"),
+            _ => bail!(
+                Model,
+                "model_config.yaml: bad {KEY} entry {v:?} (two values >= -1)"
+            ),
         }
     };
     if let Some(Value::Sequence(items)) = cfg.get(KEY)
@@ -626,7 +670,9 @@ fn att_context_sizes(cfg: &Cfg) -> Result<Vec<[i32; 2]>> {
                         .map(|x| x.as_i64().and_then(|n| i32::try_from(n).ok()))
                         .collect()
                 });
-                pair(&v.with_context(|| format!("model_config.yaml: bad {KEY} entry"))?)
+                pair(&v.with_fault(Error::Model, || {
+                    format!("model_config.yaml: bad {KEY} entry")
+                })?)
             })
             .collect();
     }
@@ -641,6 +687,7 @@ fn transducer(cfg: &Cfg, t: &Tensors) -> Result<TransducerParams> {
     let target = cfg.str_or("decoder._target_", "RNNTDecoder")?;
     ensure!(
         target.ends_with("RNNTDecoder"),
+        Model,
         "model_config.yaml: decoder._target_ {target} is not supported (LSTM RNNTDecoder only)"
     );
     require_setting(
@@ -652,6 +699,7 @@ fn transducer(cfg: &Cfg, t: &Tensors) -> Result<TransducerParams> {
     require_setting(cfg, "decoder.blank_as_pad", &Value::Bool(true), "true")?;
     ensure!(
         cfg.get("decoder.normalization_mode").is_none(),
+        Model,
         "model_config.yaml: decoder.normalization_mode (normalised LSTM) is not supported"
     );
     require_setting(
@@ -686,6 +734,7 @@ fn transducer(cfg: &Cfg, t: &Tensors) -> Result<TransducerParams> {
         .count();
     ensure!(
         layers == pred_rnn_layers as usize,
+        Model,
         "model_config.yaml: decoder.prednet.pred_rnn_layers is {pred_rnn_layers} but the checkpoint \
          has {layers} LSTM layers"
     );
@@ -711,7 +760,7 @@ fn vocabulary(cfg: &Cfg, tokenizer_vocab: Option<&str>) -> Result<Vec<String>> {
             return Ok(v);
         }
     }
-    let text = tokenizer_vocab.context(
+    let text = tokenizer_vocab.fault(Error::Model,
         "no vocabulary: model_config.yaml has none of joint.vocabulary, decoder.vocabulary, labels, \
          and the archive has no *tokenizer.vocab file",
     )?;
@@ -720,7 +769,11 @@ fn vocabulary(cfg: &Cfg, tokenizer_vocab: Option<&str>) -> Result<Vec<String>> {
         .lines()
         .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
         .collect();
-    ensure!(!pieces.is_empty(), "the tokenizer .vocab file is empty");
+    ensure!(
+        !pieces.is_empty(),
+        Model,
+        "the tokenizer .vocab file is empty"
+    );
     Ok(pieces)
 }
 
@@ -737,6 +790,7 @@ fn check_heads(cfg: &Cfg, t: &Tensors, ty: ModelType, v: usize, durations: &[i32
             let n = cfg.u32(key)?;
             ensure!(
                 n == v,
+                Model,
                 "model_config.yaml: {key} is {n} but the vocabulary has {v} pieces"
             );
         }
@@ -772,6 +826,7 @@ fn check_heads(cfg: &Cfg, t: &Tensors, ty: ModelType, v: usize, durations: &[i32
         let configured = cfg.u32_or("joint.num_extra_outputs", extra)?;
         ensure!(
             configured == extra,
+            Model,
             "model_config.yaml: joint.num_extra_outputs is {configured} but there are {extra} TDT durations"
         );
         t.check_dim(
@@ -790,6 +845,7 @@ fn require_setting(cfg: &Cfg, key: &str, want: &Value, shown: &str) -> Result<()
         None => Ok(()),
         Some(v) if v == want || yaml_num_eq(v, want) => Ok(()),
         Some(v) => bail!(
+            Model,
             "model_config.yaml: {key} = {} is not supported ({shown} only)",
             show(v)
         ),
@@ -821,13 +877,16 @@ impl Cfg<'_> {
         self.get_raw(key).filter(|v| !v.is_null())
     }
 
-    fn missing(&self, key: &str) -> anyhow::Error {
-        anyhow!("model_config.yaml: missing key {key}")
+    fn missing(&self, key: &str) -> Error {
+        err!(Model, "model_config.yaml: missing key {key}")
     }
 
-    fn wrong(&self, key: &str, want: &str) -> anyhow::Error {
+    fn wrong(&self, key: &str, want: &str) -> Error {
         let got = self.get_raw(key).map(show).unwrap_or_default();
-        anyhow!("model_config.yaml: {key} should be {want}, found {got}")
+        err!(
+            Model,
+            "model_config.yaml: {key} should be {want}, found {got}"
+        )
     }
 
     fn required(&self, key: &str) -> Result<&Value> {
@@ -918,7 +977,11 @@ impl Cfg<'_> {
             .enumerate()
             .map(|(i, x)| {
                 x.as_str().map(str::to_owned).ok_or_else(|| {
-                    anyhow!("model_config.yaml: {key}[{i}] is not a string: {}", show(x))
+                    err!(
+                        Model,
+                        "model_config.yaml: {key}[{i}] is not a string: {}",
+                        show(x)
+                    )
                 })
             })
             .collect::<Result<Vec<_>>>()
@@ -953,13 +1016,13 @@ impl Tensors<'_, '_> {
 
     /// `what` (from the config) must equal `tensor`'s size along `axis` (torch order).
     fn check_dim(&self, what: &str, expected: u32, tensor: &str, axis: usize) -> Result<()> {
-        let shape = self
-            .0
-            .get(tensor)
-            .with_context(|| format!("the checkpoint has no tensor {tensor}"))?;
+        let shape = self.0.get(tensor).with_fault(Error::Model, || {
+            format!("the checkpoint has no tensor {tensor}")
+        })?;
         let got = shape.get(axis).copied();
         ensure!(
             got == Some(expected as usize),
+            Model,
             "model_config.yaml: {what} = {expected} disagrees with the checkpoint: {tensor} has shape {shape:?}"
         );
         Ok(())

@@ -12,7 +12,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use crate::error::{Context, Error, Result};
+use crate::{ensure, err};
 
 use crate::backend::DType;
 use crate::gguf::GgufWriter;
@@ -27,13 +28,13 @@ pub use nemo::{NemoArchive, NemoModel, NemoTensor, TensorEntry, parse_config, re
 /// in-memory bytes. Not a stable API.
 #[doc(hidden)]
 pub mod fuzz {
-    use anyhow::Result;
+    use crate::error::{Error, Result};
     use std::io::Cursor;
 
     /// A torch checkpoint zip (`model_weights.ckpt`): its `data.pkl` index, then every tensor
     /// (storage lookup, size checks, decoding and view gathering). Returns the values read.
     pub fn checkpoint(zip_bytes: &[u8]) -> Result<usize> {
-        let mut zip = zip::ZipArchive::new(Cursor::new(zip_bytes))?;
+        let mut zip = zip::ZipArchive::new(Cursor::new(zip_bytes)).map_err(Error::model)?;
         let (prefix, tensors) = super::nemo::read_tensor_index(&mut zip)?;
         let mut values = 0;
         for t in &tensors {
@@ -93,11 +94,11 @@ impl OutType {
 }
 
 impl std::str::FromStr for OutType {
-    type Err = anyhow::Error;
+    type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
         <Self as clap::ValueEnum>::from_str(s, true)
-            .map_err(|_| anyhow::anyhow!("unknown output type {s:?} (f32, f16, q8_0, q4_0)"))
+            .map_err(|_| err!(Options, "unknown output type {s:?} (f32, f16, q8_0, q4_0)"))
     }
 }
 
@@ -157,6 +158,7 @@ fn convert_impl(
     let start = Instant::now();
     ensure!(
         !same_file(nemo, out),
+        Model,
         "refusing to overwrite the input {} with the output",
         nemo.display()
     );
@@ -242,7 +244,7 @@ fn convert_impl(
         .write(out, |i| {
             let data = archive.load(&archive.tensors()[i]);
             progress(i + 1, total);
-            data
+            Ok(data?)
         })
         .with_context(|| format!("writing {}", out.display()))?;
     report.elapsed = start.elapsed();
@@ -271,6 +273,7 @@ pub fn ggml_shape(name: &str, torch: &[usize]) -> Result<Vec<usize>> {
     if is_pointwise_conv1d(name) {
         ensure!(
             torch.len() == 3 && torch[2] == 1,
+            Model,
             "tensor {name}: expected a kernel-size-1 Conv1d weight [out, in, 1], got {torch:?}"
         );
         ne.remove(0);

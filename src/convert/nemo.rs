@@ -11,7 +11,8 @@ use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use crate::error::{Context, Error, Fault, Result};
+use crate::{bail, ensure, err};
 use zip::ZipArchive;
 
 use super::pickle::{self, DType, TensorDesc};
@@ -107,14 +108,15 @@ impl NemoArchive {
         let members = scan_tar(path)?;
         let config_text = members
             .config
-            .with_context(|| format!("no {CONFIG_NAME} in the archive"))?;
+            .with_fault(Error::Model, || format!("no {CONFIG_NAME} in the archive"))?;
         let config = parse_config(&config_text)?;
         let (start, len) = members
             .weights
-            .with_context(|| format!("no {WEIGHTS_NAME} in the archive"))?;
+            .with_fault(Error::Model, || format!("no {WEIGHTS_NAME} in the archive"))?;
         let window = FileWindow::new(File::open(path)?, start, len);
-        let mut zip = ZipArchive::new(BufReader::new(window))
-            .with_context(|| format!("{WEIGHTS_NAME} is not a valid torch zip archive"))?;
+        let mut zip = ZipArchive::new(BufReader::new(window)).with_fault(Error::Model, || {
+            format!("{WEIGHTS_NAME} is not a valid torch zip archive")
+        })?;
         let (prefix, tensors) =
             read_tensor_index(&mut zip).with_context(|| format!("reading {WEIGHTS_NAME}"))?;
         let tokenizer_models_found = members.tokenizer_models.len();
@@ -184,17 +186,21 @@ pub(crate) fn load_tensor<R: Read + Seek>(
     desc: &TensorDesc,
 ) -> Result<Vec<f32>> {
     let storage = &desc.storage;
-    let elem = storage.dtype.size().context("unsupported dtype")?;
+    let elem = storage
+        .dtype
+        .size()
+        .fault(Error::Model, "unsupported dtype")?;
     let member = format!("{prefix}data/{}", storage.key);
     let mut file = zip
         .by_name(&member)
-        .with_context(|| format!("missing storage {member}"))?;
+        .with_fault(Error::Model, || format!("missing storage {member}"))?;
     let want = storage
         .numel
         .checked_mul(elem)
-        .context("storage size overflows")?;
+        .fault(Error::Model, "storage size overflows")?;
     ensure!(
         file.size() >= want as u64,
+        Model,
         "storage {member} has {} bytes, expected {want}",
         file.size()
     );
@@ -202,6 +208,7 @@ pub(crate) fn load_tensor<R: Read + Seek>(
     let reach = view_reach(desc)?;
     ensure!(
         reach <= storage.numel,
+        Model,
         "tensor view runs past its storage ({reach} > {})",
         storage.numel
     );
@@ -211,9 +218,10 @@ pub(crate) fn load_tensor<R: Read + Seek>(
         .shape
         .iter()
         .try_fold(1usize, |acc, &n| acc.checked_mul(n))
-        .context("tensor view size overflows")?;
+        .fault(Error::Model, "tensor view size overflows")?;
     ensure!(
         numel <= reach,
+        Model,
         "tensor view of {numel} elements repeats storage elements (only {reach} reached)"
     );
     let mut bytes = vec![0u8; reach * elem];
@@ -234,19 +242,21 @@ const MAX_CONFIG_INDENT: usize = 512;
 /// `model_config.yaml`, its size and nesting bounded before the YAML parser sees it.
 pub fn parse_config(text: &str) -> Result<serde_yaml::Value> {
     check_config_shape(text)?;
-    serde_yaml::from_str(text).with_context(|| format!("parsing {CONFIG_NAME}"))
+    serde_yaml::from_str(text).with_fault(Error::Model, || format!("parsing {CONFIG_NAME}"))
 }
 
 fn check_config_shape(text: &str) -> Result<()> {
     ensure!(
         text.len() <= MAX_CONFIG_BYTES,
+        Model,
         "{CONFIG_NAME} is {} bytes, more than the {MAX_CONFIG_BYTES} a model config can need",
         text.len()
     );
     let mut flow = 0usize;
     for (n, line) in text.lines().enumerate() {
         let too_deep = |what: &str| {
-            anyhow!(
+            err!(
+                Model,
                 "{CONFIG_NAME} line {}: {what} nests deeper than {MAX_CONFIG_DEPTH} levels \
                  (indentation up to {MAX_CONFIG_INDENT} columns)",
                 n + 1
@@ -302,7 +312,10 @@ fn scan_tar(path: &Path) -> Result<TarMembers> {
     let file_len = file.metadata()?.len();
     let mut magic = [0u8; 2];
     if file.read(&mut magic)? == 2 && magic == [0x1f, 0x8b] {
-        bail!("gzip-compressed archive: decompress it first (gunzip < in.nemo > out.nemo)");
+        bail!(
+            Model,
+            "gzip-compressed archive: decompress it first (gunzip < in.nemo > out.nemo)"
+        );
     }
     file.rewind()?;
     let mut tar = tar::Archive::new(file);
@@ -310,8 +323,12 @@ fn scan_tar(path: &Path) -> Result<TarMembers> {
     // A bad first header means this isn't a tar at all; a bad later one, a damaged tar. The tar
     // crate's own message is left out: it quotes the (garbage) header bytes.
     let bad_header = |i: usize| match i {
-        0 => anyhow!("not a .nemo (tar) archive: no valid tar header at the start"),
-        _ => anyhow!(
+        0 => err!(
+            Model,
+            "not a .nemo (tar) archive: no valid tar header at the start"
+        ),
+        _ => err!(
+            Model,
             "damaged or truncated .nemo (tar) archive: bad header for member {}",
             i + 1
         ),
@@ -324,6 +341,7 @@ fn scan_tar(path: &Path) -> Result<TarMembers> {
         // Seeking past entry data never fails, so truncation must be checked explicitly.
         ensure!(
             start.saturating_add(size) <= file_len,
+            Model,
             "truncated archive: member {name} ends at byte {} but the file has {file_len} bytes",
             start.saturating_add(size)
         );
@@ -373,6 +391,7 @@ fn tokenizer_model(
 fn read_bytes(entry: &mut impl Read, size: u64, name: &str) -> Result<Vec<u8>> {
     ensure!(
         size <= MAX_TEXT_MEMBER,
+        Model,
         "member {name} is implausibly large ({size} bytes)"
     );
     let mut bytes = Vec::with_capacity(size as usize);
@@ -383,8 +402,9 @@ fn read_bytes(entry: &mut impl Read, size: u64, name: &str) -> Result<Vec<u8>> {
 }
 
 fn read_text(entry: &mut impl Read, size: u64, name: &str) -> Result<String> {
-    String::from_utf8(read_bytes(entry, size, name)?)
-        .with_context(|| format!("reading member {name}: not UTF-8 text"))
+    String::from_utf8(read_bytes(entry, size, name)?).with_fault(Error::Model, || {
+        format!("reading member {name}: not UTF-8 text")
+    })
 }
 
 /// Parses `<prefix>/data.pkl` into the list of tensors to load.
@@ -393,26 +413,33 @@ pub(crate) fn read_tensor_index<R: Read + Seek>(
 ) -> Result<(String, Vec<TensorEntry>)> {
     if let Some(name) = member_with_name(zip, "byteorder") {
         let mut order = String::new();
-        zip.by_name(&name)?.read_to_string(&mut order)?;
+        zip.by_name(&name)
+            .map_err(Error::model)?
+            .read_to_string(&mut order)?;
         ensure!(
             order.trim() == "little",
+            Model,
             "big-endian checkpoints are not supported"
         );
     }
-    let pkl_name = member_with_name(zip, "data.pkl")
-        .context("no data.pkl in the checkpoint (not a torch zip checkpoint?)")?;
+    let pkl_name = member_with_name(zip, "data.pkl").fault(
+        Error::Model,
+        "no data.pkl in the checkpoint (not a torch zip checkpoint?)",
+    )?;
     let prefix = pkl_name
         .strip_suffix("data.pkl")
         .expect("matched by name")
         .to_owned();
     // Real ones are well under 1 MB; the cap keeps a corrupt size field from exhausting memory.
     let mut pkl = Vec::new();
-    zip.by_name(&pkl_name)?
+    zip.by_name(&pkl_name)
+        .map_err(Error::model)?
         .take(MAX_TEXT_MEMBER + 1)
         .read_to_end(&mut pkl)
         .context("reading data.pkl")?;
     ensure!(
         pkl.len() as u64 <= MAX_TEXT_MEMBER,
+        Model,
         "data.pkl is implausibly large"
     );
     let root = pickle::load(&pkl).context("parsing data.pkl")?;
@@ -422,8 +449,8 @@ pub(crate) fn read_tensor_index<R: Read + Seek>(
             DType::F32 | DType::F16 | DType::BF16 => tensors.push(TensorEntry { name, desc }),
             // BatchNorm's step counter; inference never needs it.
             DType::I64 if name.ends_with(".num_batches_tracked") => {}
-            DType::I64 => bail!("tensor {name}: int64 tensors are not supported"),
-            DType::Other(class) => bail!("tensor {name}: unsupported storage type {class}"),
+            DType::I64 => bail!(Model, "tensor {name}: int64 tensors are not supported"),
+            DType::Other(class) => bail!(Model, "tensor {name}: unsupported storage type {class}"),
         }
     }
     Ok((prefix, tensors))
@@ -451,7 +478,7 @@ fn view_reach(desc: &TensorDesc) -> Result<usize> {
             (n - 1).checked_mul(s).and_then(|d| acc.checked_add(d))
         });
     span.and_then(|s| s.checked_add(desc.offset + 1))
-        .context("tensor view size overflows")
+        .fault(Error::Model, "tensor view size overflows")
 }
 
 fn decode(dtype: &DType, bytes: &[u8]) -> Result<Vec<f32>> {
@@ -468,7 +495,7 @@ fn decode(dtype: &DType, bytes: &[u8]) -> Result<Vec<f32>> {
             .chunks_exact(2)
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
-        DType::I64 | DType::Other(_) => bail!("dtype {dtype:?} cannot be converted to f32"),
+        DType::I64 | DType::Other(_) => bail!(Model, "dtype {dtype:?} cannot be converted to f32"),
     })
 }
 

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
 
-use anyhow::{Context, Result, bail, ensure};
+use crate::error::{Context, Error, Fault, Result};
+use crate::{bail, ensure};
 
 /// Element type of a torch storage, from its persistent id (`torch.FloatStorage`, ...).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,15 +119,17 @@ impl Value {
 
     fn as_index(&self, what: &str) -> Result<usize> {
         match self {
-            Self::Int(i) => usize::try_from(*i).with_context(|| format!("{what} is negative: {i}")),
-            other => bail!("{what}: expected an int, got {}", other.kind()),
+            Self::Int(i) => {
+                usize::try_from(*i).with_fault(Error::Model, || format!("{what} is negative: {i}"))
+            }
+            other => bail!(Model, "{what}: expected an int, got {}", other.kind()),
         }
     }
 
     fn as_index_tuple(&self, what: &str) -> Result<Vec<usize>> {
         match self {
             Self::Tuple(items) => items.iter().map(|v| v.as_index(what)).collect(),
-            other => bail!("{what}: expected a tuple, got {}", other.kind()),
+            other => bail!(Model, "{what}: expected a tuple, got {}", other.kind()),
         }
     }
 }
@@ -222,12 +225,13 @@ pub fn state_dict_tensors(root: &Value) -> Result<Vec<(String, TensorDesc)>> {
     entries
         .iter()
         .map(|(key, value)| {
-            let name = key
-                .as_str()
-                .with_context(|| format!("state dict key is a {}, not a str", key.kind()))?;
+            let name = key.as_str().with_fault(Error::Model, || {
+                format!("state dict key is a {}, not a str", key.kind())
+            })?;
             match value {
                 Value::Tensor(t) => Ok((name.to_owned(), (**t).clone())),
                 other => bail!(
+                    Model,
                     "state dict entry {name} is a {}, not a tensor",
                     other.kind()
                 ),
@@ -239,7 +243,7 @@ pub fn state_dict_tensors(root: &Value) -> Result<Vec<(String, TensorDesc)>> {
 fn as_dict(v: &Value) -> Result<std::cell::Ref<'_, Pairs>> {
     match v {
         Value::Dict(d) => Ok(d.borrow()),
-        other => bail!("expected a dict, got {}", other.kind()),
+        other => bail!(Model, "expected a dict, got {}", other.kind()),
     }
 }
 
@@ -324,7 +328,7 @@ impl<'a> Machine<'a> {
         match op {
             PROTO => {
                 let version = self.take(1)?[0];
-                ensure!(version <= 5, "unsupported pickle protocol {version}");
+                ensure!(version <= 5, Model, "unsupported pickle protocol {version}");
             }
             FRAME => {
                 self.take(8)?; // framing is only a read-ahead hint
@@ -338,7 +342,11 @@ impl<'a> Machine<'a> {
                 self.pop_mark()?;
             }
             DUP => {
-                let top = self.stack.last().context("DUP on an empty stack")?.clone();
+                let top = self
+                    .stack
+                    .last()
+                    .fault(Error::Model, "DUP on an empty stack")?
+                    .clone();
                 self.stack.push(top);
             }
             NONE => self.stack.push(Value::None),
@@ -375,7 +383,7 @@ impl<'a> Machine<'a> {
             }
             BINUNICODE8 => {
                 let n = u64::from_le_bytes(self.take_array()?);
-                self.push_str(usize::try_from(n)?)?;
+                self.push_str(usize::try_from(n).map_err(Error::model)?)?;
             }
             SHORT_BINBYTES => {
                 let n = usize::from(self.take(1)?[0]);
@@ -424,7 +432,7 @@ impl<'a> Machine<'a> {
                 self.memo_put(i)?;
             }
             MEMOIZE => {
-                let i = u32::try_from(self.memo.len())?;
+                let i = u32::try_from(self.memo.len()).map_err(Error::model)?;
                 self.memo_put(i)?;
             }
             BINGET => {
@@ -447,7 +455,7 @@ impl<'a> Machine<'a> {
                     (Value::Str(module), Value::Str(name)) => {
                         self.stack.push(Value::Global(Rc::new((module, name))));
                     }
-                    _ => bail!("STACK_GLOBAL needs two strings"),
+                    _ => bail!(Model, "STACK_GLOBAL needs two strings"),
                 }
             }
             BINPERSID => {
@@ -463,9 +471,9 @@ impl<'a> Machine<'a> {
                 // The only BUILD torch emits on a state dict sets its `_metadata` attribute,
                 // which holds module versions we don't need: drop the state, keep the object.
                 self.pop()?;
-                ensure!(!self.stack.is_empty(), "BUILD on an empty stack");
+                ensure!(!self.stack.is_empty(), Model, "BUILD on an empty stack");
             }
-            _ => bail!("unsupported pickle opcode 0x{op:02x}"),
+            _ => bail!(Model, "unsupported pickle opcode 0x{op:02x}"),
         }
         Ok(false)
     }
@@ -475,7 +483,7 @@ impl<'a> Machine<'a> {
             .pos
             .checked_add(n)
             .filter(|&end| end <= self.data.len());
-        let end = end.with_context(|| {
+        let end = end.with_fault(Error::Model, || {
             format!(
                 "pickle truncated: need {n} bytes at byte {}, have {}",
                 self.pos,
@@ -500,15 +508,16 @@ impl<'a> Machine<'a> {
         let len = rest
             .iter()
             .position(|&b| b == b'\n')
-            .context("unterminated GLOBAL name")?;
-        let line = std::str::from_utf8(&rest[..len]).context("GLOBAL name is not UTF-8")?;
+            .fault(Error::Model, "unterminated GLOBAL name")?;
+        let line =
+            std::str::from_utf8(&rest[..len]).fault(Error::Model, "GLOBAL name is not UTF-8")?;
         self.pos += len + 1;
         Ok(line.to_owned())
     }
 
     fn push_str(&mut self, n: usize) -> Result<()> {
         let bytes = self.take(n)?;
-        let s = std::str::from_utf8(bytes).context("string is not UTF-8")?;
+        let s = std::str::from_utf8(bytes).fault(Error::Model, "string is not UTF-8")?;
         self.stack.push(Value::Str(s.to_owned()));
         Ok(())
     }
@@ -520,12 +529,15 @@ impl<'a> Machine<'a> {
     /// Pops the top `n` values (in stack order), never reaching below the innermost MARK.
     fn pop_n(&mut self, n: usize) -> Result<Vec<Value>> {
         let floor = self.marks.last().copied().unwrap_or(0);
-        ensure!(self.stack.len() >= floor + n, "stack underflow");
+        ensure!(self.stack.len() >= floor + n, Model, "stack underflow");
         Ok(self.stack.split_off(self.stack.len() - n))
     }
 
     fn pop_mark(&mut self) -> Result<Vec<Value>> {
-        let mark = self.marks.pop().context("no MARK on the stack")?;
+        let mark = self
+            .marks
+            .pop()
+            .fault(Error::Model, "no MARK on the stack")?;
         Ok(self.stack.split_off(mark))
     }
 
@@ -533,7 +545,7 @@ impl<'a> Machine<'a> {
         let top = self
             .stack
             .last()
-            .context("memo put on an empty stack")?
+            .fault(Error::Model, "memo put on an empty stack")?
             .clone();
         self.memo.insert(i, top);
         Ok(())
@@ -543,7 +555,7 @@ impl<'a> Machine<'a> {
         let v = self
             .memo
             .get(&i)
-            .with_context(|| format!("memo key {i} not set"))?
+            .with_fault(Error::Model, || format!("memo key {i} not set"))?
             .clone();
         self.stack.push(v);
         Ok(())
@@ -555,18 +567,19 @@ impl<'a> Machine<'a> {
                 list.borrow_mut().extend(items);
                 Ok(())
             }
-            Some(other) => bail!("append to a {}", other.kind()),
-            None => bail!("append on an empty stack"),
+            Some(other) => bail!(Model, "append to a {}", other.kind()),
+            None => bail!(Model, "append on an empty stack"),
         }
     }
 
     fn set_items(&mut self, items: Vec<Value>) -> Result<()> {
         ensure!(
             items.len().is_multiple_of(2),
+            Model,
             "odd number of items for SETITEMS"
         );
         let Some(Value::Dict(dict)) = self.stack.last() else {
-            bail!("SETITEM(S) target is not a dict");
+            bail!(Model, "SETITEM(S) target is not a dict");
         };
         let mut dict = dict.borrow_mut();
         let mut items = items.into_iter();
@@ -588,6 +601,7 @@ impl<'a> Machine<'a> {
 fn long_from_le(bytes: &[u8]) -> Result<i64> {
     ensure!(
         bytes.len() <= 8,
+        Model,
         "integer of {} bytes does not fit in i64",
         bytes.len()
     );
@@ -603,7 +617,7 @@ fn long_from_le(bytes: &[u8]) -> Result<i64> {
 /// torch's persistent ids: `('storage', <storage class>, key, location, numel)`.
 fn persistent_load(pid: &Value) -> Result<Value> {
     let Value::Tuple(items) = pid else {
-        bail!("persistent id is a {}, not a tuple", pid.kind());
+        bail!(Model, "persistent id is a {}, not a tuple", pid.kind());
     };
     match items.as_slice() {
         [
@@ -620,16 +634,19 @@ fn persistent_load(pid: &Value) -> Result<Value> {
             };
             Ok(Value::Storage(Rc::new(storage)))
         }
-        _ => bail!("unsupported persistent id (expected ('storage', class, key, location, numel))"),
+        _ => bail!(
+            Model,
+            "unsupported persistent id (expected ('storage', class, key, location, numel))"
+        ),
     }
 }
 
 fn reduce(callable: &Value, args: &Value) -> Result<Value> {
     let Value::Global(global) = callable else {
-        bail!("REDUCE on a {}, not a global", callable.kind());
+        bail!(Model, "REDUCE on a {}, not a global", callable.kind());
     };
     let Value::Tuple(args) = args else {
-        bail!("REDUCE arguments are a {}, not a tuple", args.kind());
+        bail!(Model, "REDUCE arguments are a {}, not a tuple", args.kind());
     };
     match (global.0.as_str(), global.1.as_str()) {
         ("collections", "OrderedDict") if args.is_empty() => Ok(Value::new_dict()),
@@ -637,9 +654,9 @@ fn reduce(callable: &Value, args: &Value) -> Result<Value> {
         // nn.Parameter(tensor, requires_grad, hooks): the tensor is all we need.
         ("torch._utils", "_rebuild_parameter") => match args.first() {
             Some(t @ Value::Tensor(_)) => Ok(t.clone()),
-            _ => bail!("_rebuild_parameter without a tensor"),
+            _ => bail!(Model, "_rebuild_parameter without a tensor"),
         },
-        (module, name) => bail!("unsupported pickle callable {module}.{name}"),
+        (module, name) => bail!(Model, "unsupported pickle callable {module}.{name}"),
     }
 }
 
@@ -647,11 +664,13 @@ fn reduce(callable: &Value, args: &Value) -> Result<Value> {
 fn rebuild_tensor(args: &[Value]) -> Result<Value> {
     ensure!(
         args.len() >= 4,
+        Model,
         "_rebuild_tensor_v2 with {} arguments",
         args.len()
     );
     let Value::Storage(storage) = &args[0] else {
         bail!(
+            Model,
             "_rebuild_tensor_v2: first argument is a {}, not a storage",
             args[0].kind()
         );
@@ -660,6 +679,7 @@ fn rebuild_tensor(args: &[Value]) -> Result<Value> {
     let stride = args[3].as_index_tuple("tensor stride")?;
     ensure!(
         shape.len() == stride.len(),
+        Model,
         "tensor has {} sizes but {} strides",
         shape.len(),
         stride.len()

@@ -11,8 +11,9 @@
 //! when asked, not tabulated: a dense state x vocabulary table for 10,000 phrases on a 1024-piece
 //! vocabulary would be hundreds of MB.
 
+use crate::error::Result;
 use crate::tokenizer::Tokenizer;
-use anyhow::{Result, bail, ensure};
+use crate::{bail, ensure};
 use std::collections::HashMap;
 
 /// What to boost and how much: NeMo's `greedy.boosting_tree` (`BoostingTreeModelConfig`) and
@@ -240,12 +241,13 @@ impl PhraseTrie {
     pub fn new(tokenizer: &Tokenizer, cfg: &BoostingConfig) -> Result<PhraseTrie> {
         if !tokenizer.can_encode() {
             bail!(
+                Options,
                 "phrase boosting needs the model's SentencePiece tokenizer, which this model \
                  file lacks (it was converted before the tokenizer was stored): convert the \
                  .nemo again with this version"
             );
         }
-        ensure!(!cfg.phrases.is_empty(), "no phrases to boost");
+        ensure!(!cfg.phrases.is_empty(), Options, "no phrases to boost");
         for (name, value) in [
             ("alpha", cfg.alpha),
             ("context score", cfg.context_score),
@@ -255,6 +257,7 @@ impl PhraseTrie {
         ] {
             ensure!(
                 value.is_finite(),
+                Options,
                 "the boosting {name} must be a finite number, not {value}"
             );
         }
@@ -282,7 +285,7 @@ impl PhraseTrie {
             self.given += 1;
             let shown = || format!("boost phrase {} ({phrase:?})", self.given);
             if phrase.trim().is_empty() {
-                bail!("{} is empty", shown());
+                bail!(Options, "{} is empty", shown());
             }
             // NeMo keys its phrases by text: a repeated phrase adds nothing.
             if self.seen.contains(phrase.as_str()) {
@@ -290,7 +293,7 @@ impl PhraseTrie {
             }
             let ids = tokenizer.encode(phrase)?;
             if ids.is_empty() {
-                bail!("{} tokenises to nothing", shown());
+                bail!(Options, "{} tokenises to nothing", shown());
             }
             // A bare word mark ("▁", which text in an unknown script also gets) spells nothing.
             let spells = |id: &u32| {
@@ -298,13 +301,18 @@ impl PhraseTrie {
             };
             if !ids.iter().any(spells) {
                 bail!(
+                    Options,
                     "{} spells nothing in the model's vocabulary (it tokenises to <unk> and word \
                      marks only)",
                     shown()
                 );
             }
             if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-                bail!("{}: token {bad} is outside the vocabulary", shown());
+                bail!(
+                    Options,
+                    "{}: token {bad} is outside the vocabulary",
+                    shown()
+                );
             }
             let per_phrase = round2(widen(cfg.score_per_phrase) / phrase.chars().count() as f64);
             let score = if per_phrase == 0.0 {

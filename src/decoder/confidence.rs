@@ -8,9 +8,10 @@
 //! blanks: every frame up to the next token's first).
 
 use super::ctc::argmax;
+use crate::bail;
+use crate::error::Result;
 use crate::kernels::vmath::exp_in_place;
 use crate::tokenizer::Token;
-use anyhow::{Result, bail};
 use std::fmt;
 use std::ops::{Range, RangeInclusive};
 use std::str::FromStr;
@@ -198,7 +199,11 @@ pub struct ScoredStep {
 impl ConfidenceConfig {
     pub fn validate(&self) -> Result<()> {
         if !(self.alpha > 0.0 && self.alpha.is_finite()) {
-            bail!("confidence alpha must be a number > 0, got {}", self.alpha);
+            bail!(
+                Options,
+                "confidence alpha must be a number > 0, got {}",
+                self.alpha
+            );
         }
         Ok(())
     }

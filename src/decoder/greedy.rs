@@ -11,9 +11,10 @@ use super::ctc::argmax;
 use super::hypothesis::Hypothesis;
 use super::nets::{InputGates, JointInput, NetCounts, Nets, PredictInput};
 use crate::backend::Backend;
+use crate::bail;
+use crate::error::Result;
 use crate::model::Model;
 use crate::tokenizer::Token;
-use anyhow::{Result, bail};
 
 /// One decoding step, for traces and tests (NeMo's `decode_trace.json` fields).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,6 +129,7 @@ impl<'m> GreedyTransducer<'m> {
             && tree.vocab_size() != blank
         {
             bail!(
+                Options,
                 "the boosting tree was built for {} labels, the model has {blank}",
                 tree.vocab_size()
             );
@@ -151,7 +153,7 @@ impl<'m> GreedyTransducer<'m> {
                             pred_out: &hyp.pred_out,
                         };
                         let Some(logits) = nets.joint(backend, &[input])?.pop() else {
-                            bail!("internal: a joint step without its result");
+                            bail!(Internal, "internal: a joint step without its result");
                         };
                         logits
                     }
@@ -228,7 +230,7 @@ impl<'m> GreedyTransducer<'m> {
                         next_enc: (next < frames).then(|| &joint_enc[next * width..][..width]),
                     };
                     let Some(p) = nets.predict(backend, &[input])?.pop() else {
-                        bail!("internal: a prediction step without its result");
+                        bail!(Internal, "internal: a prediction step without its result");
                     };
                     hyp.state = p.state;
                     hyp.pred_out = p.pred_out;

@@ -44,7 +44,8 @@ impl InputGates {
         }
     }
 }
-use anyhow::{Result, bail};
+use crate::bail;
+use crate::error::Result;
 
 /// Graph work done, for `--profile`: per hypothesis, not per graph.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -104,12 +105,13 @@ impl<'m> Nets<'m> {
         let hp = model.hparams();
         let (Some(transducer), Some(t)) = (model.transducer(), &hp.transducer) else {
             bail!(
+                Internal,
                 "{}: the model has no transducer decoder",
-                model.path().display()
+                model.shown()
             );
         };
         if gates.0.len() != hp.vocab_size + 1 {
-            bail!("internal: an input-gate cache of another model");
+            bail!(Internal, "internal: an input-gate cache of another model");
         }
         Ok(Nets {
             pred: &transducer.prediction,
@@ -149,6 +151,7 @@ impl<'m> Nets<'m> {
         let width = self.enc_width();
         if joint_enc.len() != frames * width {
             bail!(
+                Internal,
                 "encoder projection holds {} values, expected {frames} x {width}",
                 joint_enc.len()
             );
@@ -170,7 +173,7 @@ impl<'m> Nets<'m> {
             next_enc: None,
         };
         let Some(first) = self.predict(backend, &[input])?.pop() else {
-            bail!("internal: a prediction step without its result");
+            bail!(Internal, "internal: a prediction step without its result");
         };
         Ok(Hypothesis {
             state: first.state,
@@ -212,7 +215,10 @@ impl<'m> Nets<'m> {
             .iter()
             .any(|i| i.pred_out.len() != width || i.enc.len() != width)
         {
-            bail!("joint: encoder and prediction rows of different widths");
+            bail!(
+                Internal,
+                "joint: encoder and prediction rows of different widths"
+            );
         }
         for input in inputs {
             let fits = input.state.layers.len() == pred.lstm.len()
@@ -222,7 +228,10 @@ impl<'m> Nets<'m> {
                     .iter()
                     .all(|(hs, cs)| hs.len() == h && cs.len() == h);
             if !fits {
-                bail!("prediction network: a hypothesis' state does not fit this model");
+                bail!(
+                    Internal,
+                    "prediction network: a hypothesis' state does not fit this model"
+                );
             }
         }
         let with_enc: Vec<(usize, &[f32])> = inputs
@@ -279,7 +288,7 @@ impl<'m> Nets<'m> {
                 x = Some(h1);
             }
             let Some(x) = x else {
-                bail!("prediction network without LSTM layers");
+                bail!(Internal, "prediction network without LSTM layers");
             };
             let p = g.linear(x, &joint.pred.weight, joint.pred.bias.as_ref());
             if !with_enc.is_empty() {
@@ -307,7 +316,10 @@ impl<'m> Nets<'m> {
             self.gates.keep(token, out.take(id)?);
         }
         if state_ids.len() != pred.lstm.len() {
-            bail!("prediction network: missing LSTM state in the graph's results");
+            bail!(
+                Internal,
+                "prediction network: missing LSTM state in the graph's results"
+            );
         }
         let mut states = vec![Vec::with_capacity(state_ids.len()); n];
         for (h_id, c_id) in state_ids {
@@ -355,7 +367,10 @@ impl<'m> Nets<'m> {
             .iter()
             .any(|i| i.pred_out.len() != width || i.enc.len() != width)
         {
-            bail!("joint: encoder and prediction rows of different widths");
+            bail!(
+                Internal,
+                "joint: encoder and prediction rows of different widths"
+            );
         }
         let out = backend.compute(|g| {
             let pred: Vec<f32> = inputs.iter().flat_map(|i| i.pred_out).copied().collect();

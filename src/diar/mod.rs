@@ -15,7 +15,8 @@ pub mod words;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use crate::bail;
+use crate::error::Result;
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, DType, Graph, Tensor};
@@ -154,8 +155,9 @@ impl Diarizer {
     pub fn check(model: &Model) -> Result<()> {
         if model.hparams().sortformer.is_none() {
             bail!(
+                Model,
                 "{} is a {} speech recognition model, not a Sortformer diarization model",
-                model.path().display(),
+                model.shown(),
                 model.hparams().model_type.name()
             );
         }
@@ -166,7 +168,7 @@ impl Diarizer {
     pub fn new(model: Arc<Model>, threads: usize) -> Result<Diarizer> {
         Diarizer::check(&model)?;
         let Some(params) = model.hparams().sortformer.clone() else {
-            bail!("internal: a Sortformer without its parameters");
+            bail!(Internal, "internal: a Sortformer without its parameters");
         };
         debug_assert_eq!(model.hparams().model_type, ModelType::Sortformer);
         let weights = SortformerWeights::load(&model, &params)?;
@@ -235,6 +237,7 @@ impl Diarizer {
     fn check_length(&self, samples: usize) -> Result<()> {
         if self.frames_of(samples) == 0 {
             bail!(
+                Audio,
                 "audio too short to diarize: {samples} samples ({:.3} s), one frame needs at \
                  least {} samples",
                 samples as f64 / self.model.hparams().preprocessor.sample_rate as f64,
@@ -305,6 +308,7 @@ impl Diarizer {
         let fc = self.model.hparams().encoder.d_model;
         if frames == 0 || x.len() != frames * fc {
             bail!(
+                Internal,
                 "internal: encoder output of {} values is not {frames} x {fc}",
                 x.len()
             );

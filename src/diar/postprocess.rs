@@ -10,7 +10,8 @@
 //! `min_duration_off` are filled. The times are rounded to 2 decimals (Python's `round` on the
 //! f32 values), then merged again on a 1e-5 s integer grid (`merge_float_intervals`).
 
-use anyhow::{Result, bail};
+use crate::error::Result;
+use crate::{bail, err};
 
 use super::Activity;
 use crate::decoder::boosting::round2;
@@ -139,7 +140,8 @@ impl PostProcessing {
             .find(|(n, g, _)| *n == short && *g == generation)
             .map(|(_, _, p)| *p)
             .ok_or_else(|| {
-                anyhow::anyhow!(
+                err!(
+                    Options,
                     "unknown post-processing parameter set '{name}' (dihard3, callhome, or \
                      v1-/v2- before either)"
                 )
@@ -151,10 +153,10 @@ impl PostProcessing {
     /// certainty), negative or non-finite durations.
     pub fn check(&self) -> Result<()> {
         if !(self.onset > 0.0 && self.onset < 1.0) {
-            bail!("onset {} is outside (0, 1)", self.onset);
+            bail!(Options, "onset {} is outside (0, 1)", self.onset);
         }
         if !(self.offset > 0.0 && self.offset <= 1.0) {
-            bail!("offset {} is outside (0, 1]", self.offset);
+            bail!(Options, "offset {} is outside (0, 1]", self.offset);
         }
         for (name, v) in [
             ("pad-onset", self.pad_onset),
@@ -163,7 +165,10 @@ impl PostProcessing {
             ("min-duration-off", self.min_duration_off),
         ] {
             if !(v.is_finite() && (0.0..=3600.0).contains(&v)) {
-                bail!("{name} {v} is not a duration in seconds (0 to 3600)");
+                bail!(
+                    Options,
+                    "{name} {v} is not a duration in seconds (0 to 3600)"
+                );
             }
         }
         Ok(())

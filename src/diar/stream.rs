@@ -7,7 +7,8 @@
 //! compressed to the frames that best describe each speaker (`_compress_spkcache`), in arrival
 //! order within each speaker, with the mean silence embedding in the slots left over.
 
-use anyhow::{Result, bail};
+use crate::bail;
+use crate::error::Result;
 
 use super::{Activity, Diarizer};
 use crate::encoder::{FeatureImage, encode_embeddings, pre_encode_only};
@@ -60,7 +61,10 @@ impl StreamSettings {
             if let Some(v) = v
                 && !(min..=MAX_FRAMES).contains(&v)
             {
-                bail!("{name} {v} is out of range ({min} to {MAX_FRAMES} frames)");
+                bail!(
+                    Options,
+                    "{name} {v} is out of range ({min} to {MAX_FRAMES} frames)"
+                );
             }
         }
         Ok(())
@@ -150,13 +154,17 @@ impl Diarizer {
         let n_spks = self.params.n_spks;
         if s.spkcache_len < (1 + s.spkcache_sil_frames_per_spk) * n_spks {
             bail!(
+                Options,
                 "a speaker cache of {} frames is too small for {n_spks} speakers (at least {})",
                 s.spkcache_len,
                 (1 + s.spkcache_sil_frames_per_spk) * n_spks
             );
         }
         if s.chunk_len == 0 || s.spkcache_update_period == 0 {
-            bail!("chunk length and speaker cache update period must be at least 1 frame");
+            bail!(
+                Options,
+                "chunk length and speaker cache update period must be at least 1 frame"
+            );
         }
         Ok(())
     }
@@ -206,7 +214,10 @@ impl Diarizer {
             let lc = (left as f64 / factor as f64).round_ties_even() as usize;
             let rc = right.div_ceil(factor);
             if n < lc + rc {
-                bail!("internal: a chunk of {n} frames is shorter than its context {lc} + {rc}");
+                bail!(
+                    Internal,
+                    "internal: a chunk of {n} frames is shorter than its context {lc} + {rc}"
+                );
             }
             let (cache_frames, fifo_frames) = (st.frames(&st.spkcache, d), st.frames(&st.fifo, d));
             let mut input = Vec::with_capacity((cache_frames + fifo_frames + n) * d);

@@ -2,7 +2,7 @@
 //! the Sortformer's per-frame probabilities (each 80 ms frame weighted by how much of it the
 //! word covers), so that overlapping speech goes to whoever dominates the word.
 
-use anyhow::Result;
+use crate::error::Result;
 
 use super::stream::StreamSettings;
 use super::{Activity, Diarizer};

@@ -9,13 +9,14 @@
 use crate::audio::mel::Features;
 use crate::backend::graph::RowStack;
 use crate::backend::{Backend, CaptureId, Graph, Tensor};
+use crate::bail;
+use crate::error::Result;
 use crate::hparams::{Attention, EncoderParams};
 use crate::kernels::{Chunking, FusedOps, KeyWindow};
 use crate::layout::Layout;
 use crate::model::{
     ConformerLayer, ConvModule, FeedForward, LayerNorm, Model, PreEncode, RelPositionAttention,
 };
-use anyhow::{Result, bail};
 
 mod state;
 pub use state::{EncoderState, StreamCaches};
@@ -135,6 +136,7 @@ impl FeatureImage {
     pub fn from_frames(data: Vec<f32>, n_mels: usize) -> Result<FeatureImage> {
         if n_mels == 0 || !data.len().is_multiple_of(n_mels) {
             bail!(
+                Internal,
                 "{} feature values are not whole frames of {n_mels} mels",
                 data.len()
             );
@@ -177,24 +179,28 @@ pub fn encode(
     outputs: Outputs,
 ) -> Result<Encoded> {
     if state.started && state.stream.is_none() {
-        bail!("a whole-file encoder state takes one chunk: each utterance needs a fresh state");
+        bail!(
+            Internal,
+            "a whole-file encoder state takes one chunk: each utterance needs a fresh state"
+        );
     }
     let hp = &model.hparams().encoder;
     if chunk.n_mels != hp.feat_in {
         bail!(
+            Internal,
             "features have {} mel bins, the model expects {}",
             chunk.n_mels,
             hp.feat_in
         );
     }
     if chunk.n_frames == 0 {
-        bail!("audio too short: no complete feature frame");
+        bail!(Audio, "audio too short: no complete feature frame");
     }
     match outputs {
         Outputs::JointEnc if model.transducer().is_none() => {
-            bail!("the model has no transducer joint")
+            bail!(Options, "the model has no transducer joint")
         }
-        Outputs::CtcLogits if model.ctc().is_none() => bail!("the model has no CTC head"),
+        Outputs::CtcLogits if model.ctc().is_none() => bail!(Options, "the model has no CTC head"),
         _ => {}
     }
     let t_feat = chunk.n_frames;
@@ -207,7 +213,10 @@ pub fn encode(
         None => (0, None),
     };
     if subsampled <= drop {
-        bail!("a chunk of {t_feat} feature frames leaves no encoder frame after the cache");
+        bail!(
+            Internal,
+            "a chunk of {t_feat} feature frames leaves no encoder frame after the cache"
+        );
     }
     let frames = subsampled - drop;
     let past = cache.map_or(0, |c| c.params.last_channel_cache_size);
@@ -372,6 +381,7 @@ pub fn encode_heads(
     let d = model.hparams().encoder.d_model;
     if frames == 0 || output.len() != frames * d {
         bail!(
+            Internal,
             "encoder output of {} values is not {frames} x {d}",
             output.len()
         );
@@ -1039,6 +1049,7 @@ pub fn pre_encode_only(
     let hp = &model.hparams().encoder;
     if chunk.n_mels != hp.feat_in || chunk.n_frames == 0 {
         bail!(
+            Internal,
             "a chunk of {} frames of {} mels (the model expects {})",
             chunk.n_frames,
             chunk.n_mels,
@@ -1073,6 +1084,7 @@ pub fn encode_embeddings(
     let hp = &model.hparams().encoder;
     if frames == 0 || embeddings.len() != frames * hp.d_model {
         bail!(
+            Internal,
             "embeddings of {} values are not {frames} frames of {}",
             embeddings.len(),
             hp.d_model

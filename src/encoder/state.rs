@@ -3,7 +3,8 @@
 //! buffers (rings of keys, values and conv inputs per layer, and the projected positional
 //! tables), with the view of one layer's caches that a chunk's graph reads and writes.
 
-use anyhow::{Result, bail};
+use crate::bail;
+use crate::error::Result;
 
 use crate::backend::{Backend, Graph, StateTensors, Tensor};
 use crate::hparams::StreamingParams;
@@ -149,6 +150,7 @@ impl ResidentCaches {
         ] {
             if ring.keep + frames > ring.rows {
                 bail!(
+                    Internal,
                     "internal: a chunk of {frames} frames does not fit a stream cache of {} rows",
                     ring.rows
                 );

@@ -7,8 +7,9 @@
 
 use crate::backend::DType;
 use crate::backend::weight::{Weight, WeightBuffers};
+use crate::error::{Context, Error, Result};
 use crate::layout::{Layout, PANEL16_KEY, Q4_0X8_KEY, Q8_0X8_KEY};
-use anyhow::{Context, Result, anyhow, bail};
+use crate::{bail, err};
 use llama_cpp_sys_2 as sys;
 use memmap2::Mmap;
 use std::collections::HashMap;
@@ -35,6 +36,8 @@ pub enum MetaValue {
 /// An open GGUF file: its metadata and its weights (zero-copy over the mapping).
 pub struct GgufFile {
     path: PathBuf,
+    /// How errors name the file: what the user gave.
+    shown: String,
     meta: HashMap<String, MetaValue>,
     weights: HashMap<String, Weight>,
     /// Tensor names in file order.
@@ -44,7 +47,12 @@ pub struct GgufFile {
 impl GgufFile {
     /// Open and validate a GGUF: header, metadata, and every tensor's type and extent.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let shown = path.display();
+        GgufFile::open_as(path, &path.display().to_string())
+    }
+
+    /// [`GgufFile::open`], naming the file `shown` in every error (what the user gave, e.g.
+    /// the `.nemo` a cached GGUF was converted from).
+    pub fn open_as(path: &Path, shown: &str) -> Result<GgufFile> {
         let file = std::fs::File::open(path)
             .with_context(|| format!("{shown}: cannot open model file"))?;
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -55,6 +63,7 @@ impl GgufFile {
             let mut f = &file;
             if len < 24 || f.read_exact(&mut magic).is_err() || &magic != b"GGUF" {
                 bail!(
+                    Model,
                     "{shown}: not a GGUF model file (bad magic); convert a .nemo with `parakeet convert`"
                 );
             }
@@ -68,14 +77,14 @@ impl GgufFile {
         // Our own walk first: it names the defective field and its offset, where ggml's
         // reader only fails.
         let header = super::header::check_header(&map)
-            .map_err(|e| anyhow!("{shown}: malformed GGUF: {e}"))?;
+            .map_err(|e| err!(Model, "{shown}: malformed GGUF: {e}"))?;
         // With no tensors there is no data section to wrap (and its start need not be aligned).
         if header.n_tensors == 0 {
-            bail!("{shown}: the GGUF holds no tensors: not a model");
+            bail!(Model, "{shown}: the GGUF holds no tensors: not a model");
         }
 
         let cpath = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| anyhow!("{shown}: path contains a NUL byte"))?;
+            .map_err(|_| err!(Model, "{shown}: path contains a NUL byte"))?;
         let mut meta_ctx: *mut sys::ggml_context = std::ptr::null_mut();
         // SAFETY: ggml parses the header and tensor infos (no data: no_alloc) and returns null
         // on malformed input.
@@ -89,7 +98,10 @@ impl GgufFile {
             )
         };
         if gguf.is_null() || meta_ctx.is_null() {
-            bail!("{shown}: malformed GGUF header (rejected by ggml's reader)");
+            bail!(
+                Model,
+                "{shown}: malformed GGUF header (rejected by ggml's reader)"
+            );
         }
         let guard = GgufGuard(gguf);
         let ctx = NonNull::new(meta_ctx).expect("checked above");
@@ -117,12 +129,13 @@ impl GgufFile {
             // SAFETY: lookup by name in the metadata context.
             let t = unsafe { sys::ggml_get_tensor(ctx.as_ptr(), cname.as_ptr()) };
             let Some(t) = NonNull::new(t) else {
-                bail!("{shown}: tensor '{name}' listed but not described");
+                bail!(Model, "{shown}: tensor '{name}' listed but not described");
             };
             // SAFETY: metadata of a live tensor.
             let (ty, nbytes) = unsafe { (t.as_ref().type_, sys::ggml_nbytes(t.as_ptr())) };
             if DType::from_ggml(ty).is_none() {
                 bail!(
+                    Model,
                     "{shown}: tensor '{name}' has unsupported type {ty} (f32, f16, q8_0, q4_0 only)"
                 );
             }
@@ -130,6 +143,7 @@ impl GgufFile {
             let end = start.saturating_add(nbytes);
             if end as u64 > len {
                 bail!(
+                    Model,
                     "{shown}: truncated: tensor '{name}' needs bytes {start}..{end}, file has {len}"
                 );
             }
@@ -138,7 +152,10 @@ impl GgufFile {
         }
 
         if !(map.as_ptr() as usize + data_offset).is_multiple_of(32) {
-            bail!("{shown}: the tensor data at byte {data_offset} is not 32-byte aligned");
+            bail!(
+                Model,
+                "{shown}: the tensor data at byte {data_offset} is not 32-byte aligned"
+            );
         }
         // SAFETY: [data_offset, data_end) lies inside the mapping (checked per tensor); the
         // mapping is page-aligned and the data section 32-byte aligned (checked above).
@@ -147,28 +164,31 @@ impl GgufFile {
             let size = (data_end - data_offset).max(1);
             let buffer = sys::ggml_backend_cpu_buffer_from_ptr(base, size);
             if buffer.is_null() {
-                bail!("{shown}: could not wrap the weights in a backend buffer");
+                bail!(
+                    Internal,
+                    "{shown}: could not wrap the weights in a backend buffer"
+                );
             }
             owner.set_buffer(buffer);
             sys::ggml_backend_buffer_set_usage(buffer, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
             for (name, t, start) in &infos {
                 let addr = map.as_ptr().add(*start) as *mut std::ffi::c_void;
                 if !(addr as usize).is_multiple_of(32) {
-                    bail!("{shown}: tensor '{name}' is misaligned in the file");
+                    bail!(Model, "{shown}: tensor '{name}' is misaligned in the file");
                 }
                 if !t.as_ref().buffer.is_null() {
-                    bail!("{shown}: tensor '{name}' is listed twice");
+                    bail!(Model, "{shown}: tensor '{name}' is listed twice");
                 }
                 let st = sys::ggml_backend_tensor_alloc(buffer, t.as_ptr(), addr);
                 if st != sys::GGML_STATUS_SUCCESS {
-                    bail!("{shown}: could not place tensor '{name}'");
+                    bail!(Internal, "{shown}: could not place tensor '{name}'");
                 }
             }
         }
         owner.hold(map, file);
         let owner = Arc::new(owner);
         let order: Vec<String> = infos.iter().map(|(n, _, _)| n.clone()).collect();
-        let packed = panel16_names(&meta, path)?;
+        let packed = panel16_names(&meta, shown)?;
         let mut weights: HashMap<String, Weight> = infos
             .into_iter()
             .map(|(name, t, _)| {
@@ -183,10 +203,14 @@ impl GgufFile {
             .collect();
         for name in &packed {
             let w = weights.get(name).ok_or_else(|| {
-                anyhow!("{shown}: {PANEL16_KEY} names '{name}', which is not a tensor")
+                err!(
+                    Model,
+                    "{shown}: {PANEL16_KEY} names '{name}', which is not a tensor"
+                )
             })?;
             if !Layout::Panel16.fits(w.dtype().elem(), &trim(w.shape())) {
                 bail!(
+                    Model,
                     "{shown}: tensor '{name}' is listed as panel-packed but is {} {:?} \
                      (needs a 2-D f32 matrix with a multiple of 16 rows)",
                     w.dtype().name(),
@@ -194,9 +218,10 @@ impl GgufFile {
                 );
             }
         }
-        mark_repacked(path, &meta, &mut weights)?;
+        mark_repacked(shown, &meta, &mut weights)?;
         Ok(GgufFile {
             path: path.to_path_buf(),
+            shown: shown.to_string(),
             meta,
             weights,
             order,
@@ -218,6 +243,11 @@ impl GgufFile {
         &self.path
     }
 
+    /// How errors name the file: what the user gave (a `.nemo` for a cached conversion).
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
     pub fn metadata(&self) -> &HashMap<String, MetaValue> {
         &self.meta
     }
@@ -230,14 +260,15 @@ impl GgufFile {
         self.meta.get(key)
     }
 
-    fn missing(&self, key: &str) -> anyhow::Error {
-        anyhow!("{}: metadata key '{key}' is missing", self.path.display())
+    fn missing(&self, key: &str) -> Error {
+        err!(Model, "{}: metadata key '{key}' is missing", self.shown)
     }
 
-    fn wrong(&self, key: &str, want: &str, got: &MetaValue) -> anyhow::Error {
-        anyhow!(
+    fn wrong(&self, key: &str, want: &str, got: &MetaValue) -> Error {
+        err!(
+            Model,
             "{}: metadata key '{key}' should be {want}, found {got:?}",
-            self.path.display()
+            self.shown
         )
     }
 
@@ -300,21 +331,23 @@ impl GgufFile {
         let w = self
             .weights
             .get(name)
-            .ok_or_else(|| anyhow!("{}: tensor '{name}' is missing", self.path.display()))?;
+            .ok_or_else(|| err!(Model, "{}: tensor '{name}' is missing", self.shown))?;
         let mut want = [1usize; 4];
         want[..shape.len()].copy_from_slice(shape);
         if w.shape() != want {
             bail!(
+                Model,
                 "{}: tensor '{name}' has shape {:?}, expected {:?}",
-                self.path.display(),
+                self.shown,
                 trim(w.shape()),
                 shape
             );
         }
         if !types.contains(&w.dtype()) {
             bail!(
+                Model,
                 "{}: tensor '{name}' has type {}, expected one of {:?}",
-                self.path.display(),
+                self.shown,
                 w.dtype().name(),
                 types.iter().map(|t| t.name()).collect::<Vec<_>>()
             );
@@ -347,14 +380,14 @@ impl GgufFile {
 /// The tensors the file stores panel-packed (none for files written before the layout).
 fn panel16_names(
     meta: &HashMap<String, MetaValue>,
-    path: &Path,
+    shown: &str,
 ) -> Result<std::collections::HashSet<String>> {
     match meta.get(PANEL16_KEY) {
         None => Ok(Default::default()),
         Some(MetaValue::StrArray(names)) => Ok(names.iter().cloned().collect()),
         Some(_) => bail!(
-            "{}: metadata key '{PANEL16_KEY}' must be an array of tensor names",
-            path.display()
+            Model,
+            "{shown}: metadata key '{PANEL16_KEY}' must be an array of tensor names"
         ),
     }
 }
@@ -362,24 +395,30 @@ fn panel16_names(
 /// Flags the tensors that [`Q8_0X8_KEY`] and [`Q4_0X8_KEY`] list as stored in those layouts,
 /// after checking that each exists and is a matrix of the right type that the layout can hold.
 fn mark_repacked(
-    path: &Path,
+    shown: &str,
     meta: &HashMap<String, MetaValue>,
     weights: &mut HashMap<String, Weight>,
 ) -> Result<()> {
-    let shown = path.display();
     for (layout, key) in [(Layout::Q8_0x8, Q8_0X8_KEY), (Layout::Q4_0x8, Q4_0X8_KEY)] {
         let names = match meta.get(key) {
             None => continue,
             Some(MetaValue::StrArray(v)) => v,
-            Some(v) => bail!("{shown}: metadata key '{key}' should be a string array, found {v:?}"),
+            Some(v) => bail!(
+                Model,
+                "{shown}: metadata key '{key}' should be a string array, found {v:?}"
+            ),
         };
         let ty = layout.name().trim_end_matches("x8");
         for name in names {
             let Some(w) = weights.get_mut(name) else {
-                bail!("{shown}: '{key}' lists tensor '{name}', which is missing");
+                bail!(
+                    Model,
+                    "{shown}: '{key}' lists tensor '{name}', which is missing"
+                );
             };
             if !layout.fits(w.dtype().elem(), &trim(w.shape())) {
                 bail!(
+                    Model,
                     "{shown}: tensor '{name}' cannot be in the {} layout: it is {} {:?} ({ty} [k, m] with k % 32 == 0 and m % 8 == 0 needed)",
                     layout.name(),
                     w.dtype().name(),

@@ -6,8 +6,9 @@
 //! copy of the model. The file appears under its final name only once complete.
 
 use crate::backend::{DType, MAX_NAME, quantize_rows};
+use crate::error::{Context, Result};
 use crate::layout::{self, Layout};
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use crate::{bail, ensure, err};
 use llama_cpp_sys_2 as sys;
 use std::collections::HashSet;
 use std::ffi::{CString, c_char};
@@ -145,11 +146,16 @@ impl GgufWriter {
         validate_tensor(name, ne, ty)?;
         ensure!(
             layout.fits(ty.elem(), ne),
+            Model,
             "tensor {name}: {} {ne:?} cannot be stored in the {} layout",
             ty.name(),
             layout.name()
         );
-        ensure!(!self.names.contains(name), "duplicate tensor name {name}");
+        ensure!(
+            !self.names.contains(name),
+            Model,
+            "duplicate tensor name {name}"
+        );
         let cname = CString::new(name).expect("validated: no NUL");
         let ne64: Vec<i64> = ne.iter().map(|&n| n as i64).collect();
         // SAFETY: a metadata-only context sized for one tensor; gguf_add_tensor copies the
@@ -161,12 +167,13 @@ impl GgufWriter {
                 mem_buffer: std::ptr::null_mut(),
                 no_alloc: true,
             });
-            let ctx = NonNull::new(ctx).ok_or_else(|| anyhow!("ggml: cannot create a context"))?;
+            let ctx =
+                NonNull::new(ctx).ok_or_else(|| err!(Internal, "ggml: cannot create a context"))?;
             let t =
                 sys::ggml_new_tensor(ctx.as_ptr(), ty.to_ggml(), ne64.len() as i32, ne64.as_ptr());
             if t.is_null() {
                 sys::ggml_free(ctx.as_ptr());
-                bail!("ggml: cannot describe tensor {name}");
+                bail!(Internal, "ggml: cannot describe tensor {name}");
             }
             sys::ggml_set_name(t, cname.as_ptr());
             sys::gguf_add_tensor(self.ctx.as_ptr(), t);
@@ -213,12 +220,14 @@ impl GgufWriter {
             };
             ensure!(
                 pos == meta.len() as u64 + offset,
+                Internal,
                 "internal: tensor {} misplaced",
                 t.name
             );
             let bytes = encode(t, source(i)?)?;
             ensure!(
                 bytes.len() == size,
+                Internal,
                 "internal: tensor {} is {} bytes, expected {size}",
                 t.name,
                 bytes.len()
@@ -295,28 +304,34 @@ impl GgufWriter {
 fn validate_tensor(name: &str, ne: &[usize], ty: DType) -> Result<()> {
     ensure!(
         !name.is_empty() && name.len() <= MAX_NAME,
+        Model,
         "tensor name {name:?} must be 1 to {MAX_NAME} bytes"
     );
     ensure!(
         !name.contains('\0'),
+        Model,
         "tensor name {name:?} contains a NUL byte"
     );
     ensure!(
         (1..=4).contains(&ne.len()),
+        Model,
         "tensor {name}: {} dimensions (1 to 4 supported)",
         ne.len()
     );
     ensure!(
         ne.iter().all(|&n| n > 0 && n <= i64::MAX as usize),
+        Model,
         "tensor {name}: bad shape {ne:?}"
     );
     ensure!(
         matches!(ty, DType::F32 | DType::F16 | DType::Q8_0 | DType::Q4_0),
+        Model,
         "tensor {name}: cannot store as {}",
         ty.name()
     );
     ensure!(
         ne[0].is_multiple_of(ty.block_size()),
+        Model,
         "tensor {name}: rows of {} don't split into {} blocks of {}",
         ne[0],
         ty.name(),
@@ -329,6 +344,7 @@ fn encode(t: &PlannedTensor, data: Vec<f32>) -> Result<Vec<u8>> {
     let numel: usize = t.ne.iter().product();
     ensure!(
         data.len() == numel,
+        Model,
         "tensor {}: got {} values for shape {:?}",
         t.name,
         data.len(),
@@ -352,13 +368,15 @@ fn c_key(key: &str) -> Result<CString> {
     // ggml aborts on a mistyped alignment key; we always use the default alignment.
     ensure!(
         key != "general.alignment",
+        Model,
         "general.alignment is managed by the writer"
     );
-    CString::new(key).map_err(|_| anyhow!("metadata key {key:?} contains a NUL byte"))
+    CString::new(key).map_err(|_| err!(Model, "metadata key {key:?} contains a NUL byte"))
 }
 
 fn c_text(key: &str, value: &str) -> Result<CString> {
-    CString::new(value).map_err(|_| anyhow!("metadata {key}: value {value:?} contains a NUL byte"))
+    CString::new(value)
+        .map_err(|_| err!(Model, "metadata {key}: value {value:?} contains a NUL byte"))
 }
 
 /// The output file while it's written: `.parakeet-<pid>-<n>.partial` in the destination directory
@@ -390,7 +408,7 @@ impl PartialFile {
             });
         }
         dest.file_name()
-            .with_context(|| format!("{}: not a file path", dest.display()))?;
+            .ok_or_else(|| err!(Options, "{}: not a file path", dest.display()))?;
         let dir = dest
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
@@ -536,7 +554,7 @@ mod tests {
             if i == 0 {
                 Ok(vec![0.0; 4])
             } else {
-                bail!("source failed")
+                bail!(Model, "source failed")
             }
         });
         assert!(format!("{:#}", err.unwrap_err()).contains("source failed"));

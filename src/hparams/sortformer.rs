@@ -2,7 +2,8 @@
 //! its Transformer, its speaker head and the streaming settings its checkpoint carries
 //! (`sortformer_modules.*`). The FastConformer in front of it is [`super::EncoderParams`].
 
-use anyhow::{Result, anyhow};
+use crate::err;
+use crate::error::Result;
 
 use super::keys;
 use crate::gguf::{GgufFile, GgufWriter};
@@ -86,13 +87,14 @@ const MAX_FRAMES: usize = 1 << 20;
 
 impl SortformerParams {
     pub(super) fn read(f: &GgufFile) -> Result<SortformerParams> {
-        let shown = f.path().display().to_string();
+        let shown = f.shown().to_string();
         let u = |key: &str, lo: usize, hi: usize| -> Result<usize> {
             let v = f.u32(key)? as usize;
             if (lo..=hi).contains(&v) {
                 Ok(v)
             } else {
-                Err(anyhow!(
+                Err(err!(
+                    Model,
                     "{shown}: {key} = {v} is not supported ({lo}..={hi})"
                 ))
             }
@@ -102,7 +104,7 @@ impl SortformerParams {
             if v.is_finite() && (0.0..=1.0).contains(&v) {
                 Ok(v)
             } else {
-                Err(anyhow!("{shown}: {key} = {v} is not supported (0..=1)"))
+                Err(err!(Model, "{shown}: {key} = {v} is not supported (0..=1)"))
             }
         };
         let positive = |key: &str| -> Result<f32> {
@@ -110,7 +112,8 @@ impl SortformerParams {
             if v.is_finite() && v > 0.0 && v <= 100.0 {
                 Ok(v)
             } else {
-                Err(anyhow!(
+                Err(err!(
+                    Model,
                     "{shown}: {key} = {v} is not supported (0 < v <= 100)"
                 ))
             }
@@ -118,7 +121,8 @@ impl SortformerParams {
         let tf_d_model = u(keys::SF_TF_D_MODEL, 1, MAX_WIDTH)?;
         let tf_n_heads = u(keys::SF_TF_N_HEADS, 1, tf_d_model)?;
         if !tf_d_model.is_multiple_of(tf_n_heads) {
-            return Err(anyhow!(
+            return Err(err!(
+                Model,
                 "{shown}: {} = {tf_n_heads} is not supported (a divisor of {} {tf_d_model})",
                 keys::SF_TF_N_HEADS,
                 keys::SF_TF_D_MODEL
@@ -143,7 +147,8 @@ impl SortformerParams {
         };
         let eps = f.f32(keys::SF_EPS)?;
         if !(eps.is_finite() && eps >= 0.0) {
-            return Err(anyhow!(
+            return Err(err!(
+                Model,
                 "{shown}: {} = {eps} is not supported (finite, >= 0)",
                 keys::SF_EPS
             ));
@@ -164,7 +169,7 @@ impl SortformerParams {
         let u = |w: &mut GgufWriter, key: &str, v: usize| -> Result<()> {
             w.set_u32(
                 key,
-                u32::try_from(v).map_err(|_| anyhow!("{key} = {v} does not fit a GGUF u32"))?,
+                u32::try_from(v).map_err(|_| err!(Model, "{key} = {v} does not fit a GGUF u32"))?,
             )
         };
         let s = &self.streaming;

@@ -15,13 +15,12 @@ pub mod realtime;
 use crate::decoder::boosting::PhraseTrie;
 use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
 use crate::diar::Diarizer;
-use crate::error::{Blame, Error};
+use crate::error::{Blame, Context, Error, Result};
 use crate::model::Model;
 use crate::session::options::{boosting_error, boosting_trie};
 use crate::session::pipeline::{Input, Limits, load_samples_for, transcribe_samples};
 use crate::session::{DecodeOptions, DecodeRequest, Session, SpeechRequest, Threads};
 use crate::stream::open::{LiveOptions, open_live};
-use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Request, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -211,8 +210,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
-    let model = Arc::new(Model::load(&path).map_err(Error::model)?);
+    let model = Arc::new(crate::model_source::load(&args.model, &mut |line| {
+        eprintln!("{line}")
+    })?);
     let request = DecodeRequest {
         confidence,
         ..DecodeRequest::default()
@@ -229,8 +229,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let diar_model = match &args.diar_model {
         None => None,
         Some(spec) => {
-            let path = crate::model_source::resolve(spec, &mut |line| eprintln!("{line}"))?;
-            let sortformer = Model::load(&path)
+            let sortformer = crate::model_source::load(spec, &mut |line| eprintln!("{line}"))
                 .and_then(|m| {
                     // Refused here, with the flag named, rather than by the first worker.
                     Diarizer::check(&m)?;
@@ -277,7 +276,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             },
         )?
     };
-    let model_created = std::fs::metadata(&path)
+    let model_created = std::fs::metadata(model.path())
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -304,7 +303,13 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             threads,
             ..LiveOptions::default()
         };
-        Arc::new(move || open_live(&model, &options))
+        // A remote client learns no server path: the model is named by its public name.
+        Arc::new(move || {
+            open_live(&model, &options).map_err(|e| {
+                let path = model.path().display().to_string();
+                realtime::for_clients(e, &[model.shown(), &path], model.name())
+            })
+        })
     };
     let state = Arc::new(AppState {
         pool,
@@ -338,13 +343,13 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         eprintln!(
             "parakeet serve: {} ({}), {workers} worker(s) x {threads_n} thread(s), queue {}, listening on http://{addr}",
             model.name(),
-            path.display(),
+            model.path().display(),
             args.queue
         );
         let app = router(state.clone()).merge(realtime::router(live_config, live_factory));
         let finished =
             conn::serve(listener, app, limits, drain_control, drain, shutdown_signal()).await;
-        anyhow::Ok(finished)
+        Ok::<_, Error>(finished)
     });
     match finished {
         Ok(true) if state.pool.counters.busy.load(Ordering::SeqCst) == 0 => {
@@ -627,7 +632,7 @@ impl RequestOptions {
 fn api_error(e: Error, param: Option<&'static str>) -> ApiError {
     let message = e.to_string();
     let (param, code) = match &e {
-        Error::Audio(_) => (Some("file"), "invalid_audio"),
+        Error::Audio(_) | Error::NoSamples { .. } => (Some("file"), "invalid_audio"),
         Error::AudioTooLong(_) => (Some("file"), "audio_too_long"),
         Error::Options(_) => (param, "invalid_value"),
         Error::Model(_) | Error::Io { .. } | Error::Internal(_) => (None, "internal_error"),

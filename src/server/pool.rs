@@ -47,9 +47,14 @@ impl<S: 'static> Pool<S> {
     /// returned before any thread runs). At most `queue` jobs wait beyond the running ones.
     /// After each job, `recycle(&state)` says whether the state should be rebuilt (for the
     /// server: its compute buffer grew past a threshold); it is always rebuilt after a panic.
-    pub fn new<M, R>(workers: usize, queue: usize, make: M, recycle: R) -> anyhow::Result<Pool<S>>
+    pub fn new<M, R>(
+        workers: usize,
+        queue: usize,
+        make: M,
+        recycle: R,
+    ) -> crate::error::Result<Pool<S>>
     where
-        M: Fn(usize) -> anyhow::Result<S> + Send + Sync + 'static,
+        M: Fn(usize) -> crate::error::Result<S> + Send + Sync + 'static,
         R: Fn(usize, &S) -> bool + Send + Sync + 'static,
         S: Send,
     {
@@ -64,7 +69,7 @@ impl<S: 'static> Pool<S> {
         let counters = Arc::new(PoolCounters::default());
         let states = (0..workers)
             .map(|i| make(i))
-            .collect::<anyhow::Result<Vec<S>>>()?;
+            .collect::<crate::error::Result<Vec<S>>>()?;
         let handles = states
             .into_iter()
             .enumerate()
@@ -152,7 +157,7 @@ fn worker<S>(
     index: usize,
     mut state: S,
     rx: &Mutex<Receiver<Task<S>>>,
-    make: &dyn Fn(usize) -> anyhow::Result<S>,
+    make: &dyn Fn(usize) -> crate::error::Result<S>,
     recycle: &dyn Fn(usize, &S) -> bool,
 ) {
     loop {

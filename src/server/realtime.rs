@@ -30,11 +30,11 @@
 
 use crate::audio::decode::{MAX_SAMPLE_RATE, MIN_SAMPLE_RATE};
 use crate::audio::resample::StreamResampler;
+use crate::error::{Error, Result};
 use crate::server::conn::{ConnSlot, Drain};
 use crate::stream::StreamEvent;
 use crate::stream::turns::{TurnEvent, TurnParams, Turns};
 use crate::vad::VadModel;
-use anyhow::Result;
 use axum::Router;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
@@ -981,5 +981,47 @@ fn turn_json(params: Option<TurnParams>) -> Value {
             "prefix_padding_ms": ms(p.speech_pad_ms),
             "silence_duration_ms": ms(p.min_silence_ms),
         }),
+    }
+}
+
+/// A stream's failure as a remote client may read it: every server path in it (`paths`: the
+/// model file and what the operator named it by) replaced by the model's public `name`.
+pub fn for_clients(e: Error, paths: &[&str], name: &str) -> Error {
+    e.map_message(|m| {
+        let mut m = m;
+        // Longest first, so that a path inside another is not half replaced.
+        let mut paths: Vec<&str> = paths.iter().copied().filter(|p| !p.is_empty()).collect();
+        paths.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for p in paths {
+            m = m.replace(p, name);
+        }
+        m
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_no_server_path() {
+        let e = Error::Options(
+            "/srv/models/tiny.nemo is an offline model, not a cache-aware one; \
+             /var/cache/parakeet/tiny-0123.gguf"
+                .into(),
+        );
+        let e = for_clients(
+            e,
+            &[
+                "/srv/models/tiny.nemo",
+                "/var/cache/parakeet/tiny-0123.gguf",
+            ],
+            "tiny",
+        );
+        assert!(matches!(&e, Error::Options(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "tiny is an offline model, not a cache-aware one; tiny"
+        );
     }
 }

@@ -529,9 +529,10 @@ pub fn boosting_trie(model: &Model, cfg: &BoostingConfig) -> Result<PhraseTrie> 
     PhraseTrie::new(model.tokenizer(), cfg).map_err(boosting_error)
 }
 
-/// A boosting failure (a phrase the tokenizer cannot spell) as an options error.
-pub fn boosting_error(e: anyhow::Error) -> Error {
-    Error::Options(format!("phrase boosting: {e:#}"))
+/// A boosting failure (a phrase the tokenizer cannot spell: the user's options) saying it is
+/// one.
+pub fn boosting_error(e: Error) -> Error {
+    e.context("phrase boosting")
 }
 
 #[cfg(test)]

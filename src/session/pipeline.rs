@@ -6,7 +6,7 @@ use super::{DecodeOptions, Session};
 use crate::audio::{self, Audio};
 use crate::diar::Diarizer;
 use crate::diar::words::assign_speakers;
-use crate::error::{Error, Result, is_users_io};
+use crate::error::{Error, Result};
 use crate::transcript::Transcript;
 use std::path::Path;
 
@@ -77,7 +77,7 @@ fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
     let decoded = match decoded {
         Ok(decoded) => decoded,
         Err(e) if empty_ok && audio::NoSamples::find(&e).is_some() => return Ok(Vec::new()),
-        Err(e) => return Err(audio_error(e)),
+        Err(e) => return Err(e),
     };
     if let Some(max) = limits.max_seconds
         && decoded.duration_s > max
@@ -88,19 +88,6 @@ fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
         )));
     }
     audio::resample_to_16k(decoded).map_err(|e| Error::Audio(format!("{shown}: resampling: {e:#}")))
-}
-
-/// An audio decoder's failure: the file not there (or unreadable) is I/O, anything else the
-/// audio's.
-pub fn audio_error(e: anyhow::Error) -> Error {
-    let io = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>());
-    match io.map(|io| io.kind()) {
-        Some(kind) if is_users_io(kind) => Error::Io {
-            message: format!("{e:#}"),
-            kind,
-        },
-        _ => Error::Audio(format!("{e:#}")),
-    }
 }
 
 /// Transcribes one input by `opts`: [`load_samples_for`], then [`transcribe_samples`]. Every

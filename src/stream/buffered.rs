@@ -29,15 +29,16 @@
 
 use super::{LiveTranscriber, StreamEvent, Utterance};
 use crate::audio::mel::log_mel;
+use crate::bail;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::confidence::ConfidenceConfig;
 use crate::decoder::ctc::argmax;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::encoder::{AttentionChoice, EncoderState, FeatureImage, Outputs};
+use crate::error::Result;
 use crate::hparams::FrameGeometry;
 use crate::session::{DecoderChoice, Session};
 use crate::tokenizer::{Token, Tokenizer, Word};
-use anyhow::{Result, bail};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -131,12 +132,13 @@ impl BufferSizes {
         let check = |name: &str, secs: f64, zero_ok: bool| -> Result<usize> {
             if !secs.is_finite() || secs < 0.0 || (secs == 0.0 && !zero_ok) {
                 bail!(
+                    Options,
                     "{name} {secs} s: must be {} seconds",
                     if zero_ok { "0 or more" } else { "more than 0" }
                 );
             }
             if secs > MAX_SIZE_SECS {
-                bail!("{name} {secs} s: at most {MAX_SIZE_SECS} s");
+                bail!(Options, "{name} {secs} s: at most {MAX_SIZE_SECS} s");
             }
             let exact = secs / stride;
             let frames = exact.ceil();
@@ -148,6 +150,7 @@ impl BufferSizes {
                     .map(|c| format!("{c}"))
                     .collect();
                 bail!(
+                    Options,
                     "{name} {secs} s is not a whole number of {:.0} ms encoder frames as NeMo \
                      computes it ({secs} / {} = {exact} in floating point): NeMo would round it \
                      up to {frames} frames ({} s); sizes near it that NeMo takes whole: {} s",
@@ -167,6 +170,7 @@ impl BufferSizes {
         let buffer_frames = geometry.encoded_len(feature_frames);
         if left_frames + chunk_frames > buffer_frames {
             bail!(
+                Options,
                 "a buffer of {buffer_secs} s holds {buffer_frames} encoder frames, fewer than \
                  the left context and chunk ({} frames)",
                 left_frames + chunk_frames
@@ -328,6 +332,7 @@ impl BufferedStream {
             != hp.encoder.attention
         {
             bail!(
+                Options,
                 "a buffer of {} s (--chunk-secs + --left-secs + --right-secs) is longer than \
                  this model's {} attention is run for ({} s); use a shorter buffer",
                 config.chunk_secs + config.left_secs + config.right_secs,
@@ -462,7 +467,10 @@ impl BufferedStream {
             Head::Ctc => enc.ctc_logits,
         };
         let Some(rows) = rows else {
-            bail!("internal: the encoder pass lacks the decoder's head");
+            bail!(
+                Internal,
+                "internal: the encoder pass lacks the decoder's head"
+            );
         };
         Ok(rows)
     }
@@ -748,6 +756,7 @@ impl BufferedStream {
         if let Some(t) = &tree {
             if self.head == Head::Ctc {
                 bail!(
+                    Options,
                     "phrase boosting in buffered streaming needs the transducer head: NeMo's \
                      buffered CTC pipeline decodes by argmax alone (drop --decoder ctc)"
                 );
@@ -755,6 +764,7 @@ impl BufferedStream {
             let vocab = self.session.model().hparams().vocab_size;
             if t.vocab_size() != vocab {
                 bail!(
+                    Options,
                     "the boosting phrases were tokenised for a {}-piece vocabulary; this model \
                      has {vocab}",
                     t.vocab_size()

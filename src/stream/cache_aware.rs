@@ -11,13 +11,14 @@
 
 use super::{LiveTranscriber, StreamEvent, Utterance};
 use crate::audio::mel::StreamingMel;
+use crate::bail;
 use crate::decoder::ctc::{argmax, fold};
 use crate::decoder::hypothesis::Hypothesis;
 use crate::encoder::{EncoderState, FeatureImage, Outputs, StreamCaches};
+use crate::error::Result;
 use crate::hparams::{Attention, StreamingParams};
 use crate::session::{DecoderChoice, Session};
 use crate::tokenizer::Token;
-use anyhow::{Result, bail};
 
 /// How a [`CacheAwareStream`] runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -104,10 +105,11 @@ impl CacheAwareStream {
         let model = session.model().clone();
         let hp = model.hparams();
         let e = &hp.encoder;
-        let shown = model.path().display();
+        let shown = model.shown();
         let default = e.att_context_sizes.first().copied();
         let Some(params) = default.and_then(|c| e.streaming(c)) else {
             bail!(
+                Options,
                 "{shown} cannot stream: not a cache-aware streaming model (attention {}); models \
                  that stream: \
                  {STREAMING_MODELS}",
@@ -116,6 +118,7 @@ impl CacheAwareStream {
         };
         if hp.preprocessor.normalize_per_feature {
             bail!(
+                Options,
                 "{shown}: a streaming model with per_feature normalisation is not supported \
                  (NeMo's cache-aware models use normalize NA)"
             );
@@ -134,6 +137,7 @@ impl CacheAwareStream {
                         .map(|c| format!("{},{}", c[0], c[1]))
                         .collect();
                     bail!(
+                        Options,
                         "{shown}: att_context {l},{r} is not one of the model's lookaheads ({})",
                         have.join(" ")
                     );
@@ -143,7 +147,10 @@ impl CacheAwareStream {
         };
         let params = e.streaming(context).expect("checked above");
         let Some(attention) = Attention::chunked([context[0] as i64, context[1] as i64]) else {
-            bail!("{shown}: att_context {context:?} is not a chunked attention");
+            bail!(
+                Options,
+                "{shown}: att_context {context:?} is not a chunked attention"
+            );
         };
         let outputs = if config.record_chunks {
             Outputs::All { layers: false }
@@ -247,7 +254,7 @@ impl CacheAwareStream {
         let new_tokens = match &mut self.head {
             HeadState::Transducer(hyp) => {
                 let Some(joint_enc) = enc.joint_enc.as_deref() else {
-                    bail!("internal: a transducer chunk without joint.enc");
+                    bail!(Internal, "internal: a transducer chunk without joint.enc");
                 };
                 let mut h = self
                     .session
@@ -261,7 +268,7 @@ impl CacheAwareStream {
             }
             HeadState::Ctc { previous } => {
                 let Some(logits) = enc.ctc_logits.as_deref() else {
-                    bail!("internal: a CTC chunk without logits");
+                    bail!(Internal, "internal: a CTC chunk without logits");
                 };
                 let classes = logits.len() / frames.max(1);
                 let blank = classes - 1;

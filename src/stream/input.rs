@@ -4,7 +4,8 @@
 
 use crate::audio;
 use crate::audio::decode::{MAX_SAMPLE_RATE, MIN_SAMPLE_RATE};
-use anyhow::{Context, Result, anyhow, bail};
+use crate::error::{Context, Result};
+use crate::{bail, err};
 use std::fs::File;
 use std::io::{self, BufReader, Cursor, Read};
 use std::path::Path;
@@ -55,6 +56,7 @@ fn piece_frames(rate: u32) -> usize {
 fn check_rate(name: &str, rate: u32, what: &str) -> Result<()> {
     if !(MIN_SAMPLE_RATE..=MAX_SAMPLE_RATE).contains(&rate) {
         bail!(
+            Audio,
             "{name}: {what} sample rate {rate} Hz is outside the supported {MIN_SAMPLE_RATE}..={MAX_SAMPLE_RATE} Hz"
         );
     }
@@ -66,7 +68,10 @@ const MAX_CHANNELS: u16 = 32;
 
 fn check_channels(name: &str, channels: u16) -> Result<()> {
     if channels == 0 || channels > MAX_CHANNELS {
-        bail!("{name}: {channels} channels (1..={MAX_CHANNELS} supported)");
+        bail!(
+            Audio,
+            "{name}: {channels} channels (1..={MAX_CHANNELS} supported)"
+        );
     }
     Ok(())
 }
@@ -148,7 +153,7 @@ impl<R: Read> AudioSource for RawStream<R> {
         let whole = n - n % frame_bytes;
         if whole == 0 {
             if !self.received {
-                bail!("{}: no audio (the input is empty)", self.name);
+                bail!(Audio, "{}: no audio (the input is empty)", self.name);
             }
             return Ok(None);
         }
@@ -165,6 +170,7 @@ impl<R: Read> AudioSource for RawStream<R> {
                     let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                     if !v.is_finite() || v.abs() > audio::decode::MAX_SAMPLE_MAGNITUDE {
                         bail!(
+                            Audio,
                             "{}: sample {v} in the f32le stream is not audio (is the input really --raw f32le?)",
                             self.name,
                         );
@@ -221,10 +227,10 @@ impl<R: Read> WavStream<R> {
         pipe: bool,
     ) -> Result<Self> {
         let input = BufReader::new(Cursor::new(header).chain(reader));
-        let wav =
-            hound::WavReader::new(input).map_err(|e| anyhow!("{name}: invalid WAV header: {e}"))?;
+        let wav = hound::WavReader::new(input)
+            .map_err(|e| err!(Audio, "{name}: invalid WAV header: {e}"))?;
         let spec = wav.spec();
-        check_channels(name, spec.channels).map_err(|e| anyhow!("invalid WAV header: {e}"))?;
+        check_channels(name, spec.channels).map_err(|e| err!(Audio, "invalid WAV header: {e}"))?;
         check_rate(name, spec.sample_rate, "the WAV header's")?;
         let samples = match spec.sample_format {
             hound::SampleFormat::Float => WavSamples::Float(wav.into_samples()),
@@ -279,7 +285,11 @@ impl<R: Read> AudioSource for WavStream<R> {
                 {
                     break;
                 }
-                Some(Err(e)) => bail!("{}: truncated or unreadable WAV data ({e})", self.name),
+                Some(Err(e)) => bail!(
+                    Audio,
+                    "{}: truncated or unreadable WAV data ({e})",
+                    self.name
+                ),
             }
         }
         // A partial frame at the end (the writer stopped mid-frame) is dropped.
@@ -301,10 +311,11 @@ fn read_wav_header(reader: &mut dyn Read, name: &str) -> Result<(Vec<u8>, bool)>
     let mut head = vec![0u8; 12];
     let n = read_up_to(reader, &mut head).with_context(|| format!("{name}: cannot read"))?;
     if n == 0 {
-        bail!("{name}: no audio (the input is empty)");
+        bail!(Audio, "{name}: no audio (the input is empty)");
     }
     if n < 12 || &head[..4] != b"RIFF" || &head[8..12] != b"WAVE" {
         bail!(
+            Audio,
             "{name}: not a WAV stream (it starts with {:02x?}); give a WAV (`arecord -t wav`, `ffmpeg -f wav -`) or headerless samples with --raw s16le|f32le --rate HZ",
             &head[..n.min(8)]
         );
@@ -314,14 +325,20 @@ fn read_wav_header(reader: &mut dyn Read, name: &str) -> Result<(Vec<u8>, bool)>
         let at = head.len();
         head.resize(at + 8, 0);
         if read_up_to(reader, &mut head[at..])? < 8 {
-            bail!("{name}: invalid WAV header: the input ends before the `data` chunk");
+            bail!(
+                Audio,
+                "{name}: invalid WAV header: the input ends before the `data` chunk"
+            );
         }
         let size = u32::from_le_bytes(head[at + 4..at + 8].try_into().expect("4 bytes"));
         if &head[at..at + 4] == b"data" {
             let placeholder = size == 0 || size == u32::MAX;
             if placeholder {
                 if block_align == 0 {
-                    bail!("{name}: invalid WAV header: no `fmt ` chunk before `data`");
+                    bail!(
+                        Audio,
+                        "{name}: invalid WAV header: no `fmt ` chunk before `data`"
+                    );
                 }
                 let frames = u32::MAX - u32::MAX % block_align;
                 head[at + 4..at + 8].copy_from_slice(&frames.to_le_bytes());
@@ -332,13 +349,17 @@ fn read_wav_header(reader: &mut dyn Read, name: &str) -> Result<(Vec<u8>, bool)>
         let body = size as usize + (size as usize & 1);
         if at + 8 + body > MAX_WAV_HEADER {
             bail!(
+                Audio,
                 "{name}: invalid WAV header: no `data` chunk in its first {MAX_WAV_HEADER} bytes"
             );
         }
         let start = head.len();
         head.resize(start + body, 0);
         if read_up_to(reader, &mut head[start..])? < body {
-            bail!("{name}: invalid WAV header: the input ends inside a chunk");
+            bail!(
+                Audio,
+                "{name}: invalid WAV header: the input ends inside a chunk"
+            );
         }
         if &head[at..at + 4] == b"fmt " && body >= 14 {
             block_align = u32::from(u16::from_le_bytes([head[start + 12], head[start + 13]]));

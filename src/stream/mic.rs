@@ -2,7 +2,8 @@
 //! buffer to mono and sends it over a channel; [`Microphone::next_piece`] waits on that channel.
 
 use super::input::AudioSource;
-use anyhow::{Result, anyhow, bail};
+use crate::error::Result;
+use crate::{bail, err};
 use cpal::traits::{DeviceTrait, HostTrait, StreamTrait};
 use cpal::{FromSample, SampleFormat, SizedSample};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -22,6 +23,7 @@ impl Microphone {
         let host = cpal::default_host();
         let Some(device) = host.default_input_device() else {
             bail!(
+                Internal,
                 "no microphone: the audio system ({}) has no default input device; give a file, or pipe audio to `-`",
                 host.id().name()
             );
@@ -30,9 +32,12 @@ impl Microphone {
             |_| "the default microphone".to_string(),
             |d| d.name().to_string(),
         );
-        let config = device
-            .default_input_config()
-            .map_err(|e| anyhow!("microphone {name}: cannot read its configuration: {e}"))?;
+        let config = device.default_input_config().map_err(|e| {
+            err!(
+                Internal,
+                "microphone {name}: cannot read its configuration: {e}"
+            )
+        })?;
         let (tx, rx) = channel();
         let stream = match config.sample_format() {
             SampleFormat::F32 => build::<f32>(&device, config.config(), tx),
@@ -40,12 +45,15 @@ impl Microphone {
             SampleFormat::I32 => build::<i32>(&device, config.config(), tx),
             SampleFormat::U16 => build::<u16>(&device, config.config(), tx),
             SampleFormat::U8 => build::<u8>(&device, config.config(), tx),
-            other => bail!("microphone {name}: its sample format {other} is not supported"),
+            other => bail!(
+                Internal,
+                "microphone {name}: its sample format {other} is not supported"
+            ),
         }
-        .map_err(|e| anyhow!("microphone {name}: cannot open it: {e}"))?;
+        .map_err(|e| err!(Internal, "microphone {name}: cannot open it: {e}"))?;
         stream
             .play()
-            .map_err(|e| anyhow!("microphone {name}: cannot start capturing: {e}"))?;
+            .map_err(|e| err!(Internal, "microphone {name}: cannot start capturing: {e}"))?;
         Ok(Self {
             name,
             rate: config.sample_rate(),
@@ -97,7 +105,7 @@ impl AudioSource for Microphone {
     fn next_piece(&mut self) -> Result<Option<Vec<f32>>> {
         match self.pieces.recv() {
             Ok(Ok(piece)) => Ok(Some(piece)),
-            Ok(Err(e)) => bail!("microphone {}: {e}", self.name),
+            Ok(Err(e)) => bail!(Internal, "microphone {}: {e}", self.name),
             Err(_) => Ok(None),
         }
     }

@@ -14,8 +14,8 @@ pub mod pump;
 pub mod render;
 pub mod turns;
 
+use crate::error::Result;
 use crate::tokenizer::{Token, Word};
-use anyhow::Result;
 
 /// The text of one utterance, so far or finished. Times are seconds from the start of the
 /// stream (not of the utterance), so consecutive utterances line up on one clock.

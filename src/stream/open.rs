@@ -7,11 +7,12 @@ use super::{
     BufferedConfig, BufferedStream, CacheAwareConfig, CacheAwareStream,
     DEFAULT_MAX_UTTERANCE_SECONDS, LiveTranscriber,
 };
+use crate::bail;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::confidence::ConfidenceConfig;
+use crate::error::Result;
 use crate::model::Model;
 use crate::session::{DecoderChoice, Session, Threads};
-use anyhow::{Result, bail};
 use std::sync::Arc;
 
 /// What a front end asks of a live transcriber.
@@ -104,7 +105,7 @@ impl LiveOptions {
 
     /// Refuses the other kind's settings, naming the model's kind.
     fn check(&self, model: &Model, kind: LiveKind) -> Result<()> {
-        let shown = model.path().display();
+        let shown = model.shown();
         let buffered_flags = [
             ("--chunk-secs", self.chunk_secs),
             ("--left-secs", self.left_secs),
@@ -118,12 +119,14 @@ impl LiveOptions {
                 ];
                 if let Some((flag, _)) = decoding_flags.iter().find(|(_, on)| *on) {
                     bail!(
+                        Options,
                         "{shown} is a cache-aware streaming model: {flag} in live transcription \
                          is for offline models (buffered streaming)"
                     );
                 }
                 if let Some((flag, _)) = buffered_flags.iter().find(|(_, v)| v.is_some()) {
                     bail!(
+                        Options,
                         "{shown} is a cache-aware streaming model: {flag} sets buffered \
                          streaming of offline models; a cache-aware model's chunk is its \
                          lookahead (--att-context)"
@@ -133,6 +136,7 @@ impl LiveOptions {
             LiveKind::Buffered => {
                 if let Some([l, r]) = self.att_context {
                     bail!(
+                        Options,
                         "{shown} is an offline model (attention {}), not a cache-aware one: \
                          --att-context {l},{r} picks a cache-aware model's lookahead; an offline \
                          model streams by buffers (--chunk-secs, --left-secs, --right-secs)",

@@ -5,7 +5,8 @@ use super::input::AudioSource;
 use super::{LiveTranscriber, StreamEvent};
 use crate::audio::decode::check_samples;
 use crate::audio::resample::StreamResampler;
-use anyhow::{Context, Result, bail};
+use crate::bail;
+use crate::error::{Context, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -104,7 +105,7 @@ pub fn pump<T: LiveTranscriber + ?Sized>(
     let stopped = stop_asked();
     if read == 0 && !stopped {
         // As for an empty WAV: nothing to transcribe is a mistake, not a silent success.
-        bail!("{}: no audio (the input is empty)", source.name());
+        bail!(Audio, "{}: no audio (the input is empty)", source.name());
     }
     Ok(PumpSummary {
         audio_seconds: read as f64 / f64::from(rate),

@@ -12,8 +12,9 @@
 //! `transcribe --vad` cuts them). Tokens keep their encoder frames counted from the turn's start.
 
 use super::{LiveTranscriber, StreamEvent, Utterance};
+use crate::bail;
+use crate::error::Result;
 use crate::vad::{SampleRate, Vad, VadEvent, VadIterator, VadModel, VadState};
-use anyhow::{Result, bail};
 use std::sync::Arc;
 
 /// The `VADIterator`'s parameters, with the package's defaults.
@@ -44,14 +45,21 @@ impl TurnParams {
     pub fn validate(&self, what: [&str; 3]) -> Result<()> {
         let t = self.threshold;
         if !(t > 0.0 && t < 1.0) {
-            bail!("{} {t}: must be between 0 and 1 (exclusive)", what[0]);
+            bail!(
+                Options,
+                "{} {t}: must be between 0 and 1 (exclusive)",
+                what[0]
+            );
         }
         for (name, v) in [
             (what[1], self.min_silence_ms),
             (what[2], self.speech_pad_ms),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                bail!("{name} {v}: must be a number of milliseconds, not negative");
+                bail!(
+                    Options,
+                    "{name} {v}: must be a number of milliseconds, not negative"
+                );
             }
         }
         Ok(())
@@ -111,7 +119,10 @@ impl VadTurns {
     ) -> Result<VadTurns> {
         let hz = inner.sample_rate();
         let Some(rate) = SampleRate::from_hz(hz) else {
-            bail!("internal: the VAD cannot run at the transcriber's {hz} Hz");
+            bail!(
+                Internal,
+                "internal: the VAD cannot run at the transcriber's {hz} Hz"
+            );
         };
         Ok(VadTurns {
             inner,

@@ -5,7 +5,7 @@
 mod normalizer;
 mod sentencepiece;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Error, Fault, Result};
 use std::ops::Range;
 
 use crate::gguf::GgufFile;
@@ -197,13 +197,13 @@ impl Tokenizer {
     /// The tokenizer of a parakeet GGUF: its pieces, and its SentencePiece model when the file
     /// has one (files converted before it was stored have the pieces only).
     pub fn read(f: &GgufFile) -> Result<Tokenizer> {
-        let shown = f.path().display();
+        let shown = f.shown();
         let pieces = f.str_array(keys::TOKENS)?;
         if f.get(keys::TOKENIZER_ALGORITHM).is_none() {
             return Ok(Tokenizer::new(pieces));
         }
         let name = f.str(keys::TOKENIZER_ALGORITHM)?;
-        let algorithm = Algorithm::from_name(&name).with_context(|| {
+        let algorithm = Algorithm::from_name(&name).with_fault(Error::Model, || {
             format!(
                 "{shown}: {} = {name} is not supported (unigram, bpe)",
                 keys::TOKENIZER_ALGORITHM
@@ -214,7 +214,7 @@ impl Tokenizer {
             .int_array(keys::TOKEN_TYPE)?
             .into_iter()
             .map(|code| {
-                PieceType::from_code(code).with_context(|| {
+                PieceType::from_code(code).with_fault(Error::Model, || {
                     format!("{shown}: {} holds unknown type {code}", keys::TOKEN_TYPE)
                 })
             })
@@ -310,7 +310,8 @@ impl Tokenizer {
 
     /// `text` as the model's ids, exactly as NeMo's `text_to_ids` (SentencePiece's encoding).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let sentencepiece = self.sentencepiece.as_ref().context(
+        let sentencepiece = self.sentencepiece.as_ref().fault(
+            Error::Model,
             "this model file has no SentencePiece model, only its vocabulary, so text cannot \
              be turned into ids; convert the .nemo again with this version",
         )?;

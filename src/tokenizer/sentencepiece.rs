@@ -6,7 +6,8 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 
-use anyhow::{Context, Result, bail, ensure};
+use crate::error::{Error, Fault, Result};
+use crate::{bail, ensure};
 
 use super::normalizer::Normalizer;
 
@@ -131,17 +132,25 @@ mod proto {
 /// Parses a SentencePiece `.model` file: its pieces in id order, and the rest of the model.
 pub fn parse_model(bytes: &[u8]) -> Result<(Vec<String>, SentencePieceModel)> {
     use prost::Message;
-    let m = proto::ModelProto::decode(bytes).context("not a SentencePiece model (protobuf)")?;
+    let m = proto::ModelProto::decode(bytes)
+        .fault(Error::Model, "not a SentencePiece model (protobuf)")?;
     let trainer = m.trainer_spec.unwrap_or_default();
     let algorithm = match trainer.model_type() {
         1 => Algorithm::Unigram,
         2 => Algorithm::Bpe,
-        3 => bail!("SentencePiece model type WORD is not supported (unigram, bpe)"),
-        4 => bail!("SentencePiece model type CHAR is not supported (unigram, bpe)"),
-        other => bail!("unknown SentencePiece model type {other}"),
+        3 => bail!(
+            Model,
+            "SentencePiece model type WORD is not supported (unigram, bpe)"
+        ),
+        4 => bail!(
+            Model,
+            "SentencePiece model type CHAR is not supported (unigram, bpe)"
+        ),
+        other => bail!(Model, "unknown SentencePiece model type {other}"),
     };
     ensure!(
         !trainer.treat_whitespace_as_suffix(),
+        Model,
         "SentencePiece's treat_whitespace_as_suffix is not supported"
     );
     let spec = m.normalizer_spec.unwrap_or_default();
@@ -159,8 +168,9 @@ pub fn parse_model(bytes: &[u8]) -> Result<(Vec<String>, SentencePieceModel)> {
         pieces.push(p.piece().to_owned());
         scores.push(p.score());
         types.push(
-            PieceType::from_code(p.r#type().into())
-                .with_context(|| format!("piece {id} has unknown type {}", p.r#type()))?,
+            PieceType::from_code(p.r#type().into()).with_fault(Error::Model, || {
+                format!("piece {id} has unknown type {}", p.r#type())
+            })?,
         );
     }
     let model = SentencePieceModel {
@@ -198,6 +208,7 @@ impl SentencePiece {
     pub fn new(pieces: &[String], model: SentencePieceModel) -> Result<SentencePiece> {
         ensure!(
             model.scores.len() == pieces.len() && model.types.len() == pieces.len(),
+            Model,
             "{} pieces but {} scores and {} types",
             pieces.len(),
             model.scores.len(),
@@ -207,9 +218,10 @@ impl SentencePiece {
             .types
             .iter()
             .position(|&t| t == PieceType::Unknown)
-            .context("the SentencePiece model has no <unk> piece")?;
+            .fault(Error::Model, "the SentencePiece model has no <unk> piece")?;
         if let Err(why) = model.normalizer.check_charsmap() {
             bail!(
+                Model,
                 "its text normalisation table ({}, precompiled_charsmap) is corrupt: {why}",
                 model.normalizer.name
             );
@@ -221,6 +233,7 @@ impl SentencePiece {
             let ty = model.types[id];
             ensure!(
                 ids.insert(piece.clone(), id as u32).is_none(),
+                Model,
                 "the SentencePiece model lists piece {piece:?} twice"
             );
             if ty.is_segment() {

@@ -4,7 +4,7 @@
 
 use super::{SampleRate, SpeechParams, SpeechSegment, Vad, speech_segments};
 use crate::audio::{self, Audio};
-use anyhow::Result;
+use crate::error::Result;
 
 /// What [`detect`] found in one signal.
 #[derive(Clone, Debug)]

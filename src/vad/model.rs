@@ -2,9 +2,10 @@
 //! between windows as the package carries it, and probabilities for a whole signal.
 
 use crate::backend::{Backend, HostWeights, Weight};
+use crate::error::{Context, Result};
 use crate::gguf::header::{TensorSpan, check_header};
 use crate::kernels::FusedOps;
-use anyhow::{Context, Result, anyhow, bail};
+use crate::{bail, err};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -130,8 +131,12 @@ impl VadModel {
 
     /// Parses a whole GGUF held in memory; `shown` names it in errors.
     pub fn from_gguf_bytes(bytes: &[u8], shown: &str) -> Result<VadModel> {
-        let header = check_header(bytes)
-            .map_err(|e| anyhow!("{shown}: not a Silero VAD model: malformed GGUF: {e}"))?;
+        let header = check_header(bytes).map_err(|e| {
+            err!(
+                Model,
+                "{shown}: not a Silero VAD model: malformed GGUF: {e}"
+            )
+        })?;
         let spans: HashMap<&str, &TensorSpan> = header
             .tensors
             .iter()
@@ -140,7 +145,10 @@ impl VadModel {
         // `torch` is the tensor's torch shape; GGUF stores it reversed.
         let read = |name: &str, torch: &[usize]| -> Result<Vec<f32>> {
             let t = spans.get(name).ok_or_else(|| {
-                anyhow!("{shown}: not a Silero VAD model: tensor '{name}' is missing")
+                err!(
+                    Model,
+                    "{shown}: not a Silero VAD model: tensor '{name}' is missing"
+                )
             })?;
             let mut want = [1u64; 4];
             for (w, &n) in want.iter_mut().zip(torch.iter().rev()) {
@@ -148,6 +156,7 @@ impl VadModel {
             }
             if t.ggml_type != 0 || t.ne != want {
                 bail!(
+                    Model,
                     "{shown}: not a Silero VAD model: tensor '{name}' is type {} shape {:?}, expected f32 {:?}",
                     t.ggml_type,
                     t.ne,
@@ -160,7 +169,10 @@ impl VadModel {
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
             if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-                bail!("{shown}: not a usable VAD model: tensor '{name}' value {i} is not finite");
+                bail!(
+                    Model,
+                    "{shown}: not a usable VAD model: tensor '{name}' value {i} is not finite"
+                );
             }
             Ok(values)
         };
@@ -217,7 +229,7 @@ impl VadModel {
         let mut w = host.realize()?;
         let mut take = |name: String| {
             w.remove(&name)
-                .ok_or_else(|| anyhow!("internal: VAD weight {name} was not realized"))
+                .ok_or_else(|| err!(Internal, "internal: VAD weight {name} was not realized"))
         };
         let mut nets = Vec::new();
         for rate in [SampleRate::Hz16000, SampleRate::Hz8000] {
@@ -338,6 +350,7 @@ impl Vad {
         let w = rate.window();
         if !samples.len().is_multiple_of(w) {
             bail!(
+                Internal,
                 "internal: VAD input of {} samples is not whole windows of {w}",
                 samples.len()
             );
@@ -407,7 +420,7 @@ impl Vad {
             let logit = g.add(logit, head_b);
             Ok(g.sigmoid(logit))
         })?;
-        let lstm = lstm.ok_or_else(|| anyhow!("internal: the VAD graph lost its state"))?;
+        let lstm = lstm.ok_or_else(|| err!(Internal, "internal: the VAD graph lost its state"))?;
         let hs = out.take(lstm)?;
         state.h.copy_from_slice(&hs[(n - 1) * HIDDEN..n * HIDDEN]);
         state.c.copy_from_slice(&hs[n * HIDDEN..(n + 1) * HIDDEN]);

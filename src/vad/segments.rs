@@ -7,7 +7,8 @@
 //! Every quantity is in samples, computed in f64 from the millisecond parameters as the package
 //! computes them in Python, so that segments agree sample for sample.
 
-use anyhow::{Result, bail};
+use crate::bail;
+use crate::error::Result;
 
 /// The parameters of `get_speech_timestamps`, with the package's defaults.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,14 +59,23 @@ impl SpeechParams {
     pub fn validate(&self) -> Result<()> {
         let t = self.threshold;
         if !(t > 0.0 && t < 1.0) {
-            bail!("threshold {t}: must be between 0 and 1 (exclusive)");
+            bail!(
+                Options,
+                "threshold {t}: must be between 0 and 1 (exclusive)"
+            );
         }
         if let Some(n) = self.neg_threshold {
             if !(n > 0.0 && n < 1.0) {
-                bail!("neg-threshold {n}: must be between 0 and 1 (exclusive)");
+                bail!(
+                    Options,
+                    "neg-threshold {n}: must be between 0 and 1 (exclusive)"
+                );
             }
             if n > t {
-                bail!("neg-threshold {n}: must not be above the threshold {t}");
+                bail!(
+                    Options,
+                    "neg-threshold {n}: must not be above the threshold {t}"
+                );
             }
         }
         for (name, v) in [
@@ -79,11 +89,11 @@ impl SpeechParams {
             ),
         ] {
             if v.is_nan() || v < 0.0 {
-                bail!("{name} {v}: must not be negative");
+                bail!(Options, "{name} {v}: must not be negative");
             }
         }
         if self.max_speech_s == 0.0 {
-            bail!("max-speech-s 0: must be above 0");
+            bail!(Options, "max-speech-s 0: must be above 0");
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! sample count where it was "heard" (`s1600` after 1600 samples at 16 kHz), so a test knows
 //! exactly which events a front end must produce from the audio it fed.
 
-use anyhow::Result;
+use parakeet::error::Result;
 use parakeet::stream::{LiveTranscriber, StreamEvent, Utterance};
 use parakeet::tokenizer::Word;
 use std::sync::Arc;

@@ -445,8 +445,12 @@ fn idle_too_long_too_much_audio_too_many_streams_and_no_streaming_model_close_wi
     assert_eq!(code, "idle_timeout", "{e}");
     assert!(next(&mut idle).is_none());
 
-    let refusing: TranscriberFactory =
-        Arc::new(|| anyhow::bail!("the model tiny cannot stream: it is not cache-aware"));
+    let refusing: TranscriberFactory = Arc::new(|| {
+        parakeet::bail!(
+            Options,
+            "the model tiny cannot stream: it is not cache-aware"
+        )
+    });
     let addr = start(config(), refusing);
     let mut ws = connect(addr);
     let (code, e) = error_code(&mut ws);

@@ -994,7 +994,7 @@ fn a_build_error_is_returned_not_panicked() {
     let err = be
         .compute(|g| {
             let _ = g.input_f32(&[1.0], &[1]);
-            anyhow::bail!("caller gave up")
+            parakeet::bail!(Internal, "caller gave up")
         })
         .unwrap_err();
     assert!(err.to_string().contains("caller gave up"));

@@ -7,9 +7,10 @@
 //! from the hypothesis' tree state, and moves that state.
 
 use super::{BeamConfig, BeamHead, NBest, TokenPath, check_boost, extend_hash, rank, top_k};
+use crate::bail;
 use crate::decoder::boosting::BoostingTree;
+use crate::error::Result;
 use crate::tokenizer::Token;
-use anyhow::{Result, bail};
 
 #[derive(Clone)]
 struct Slot {
@@ -34,6 +35,7 @@ pub fn ctc_beam(
     check_boost(boost, classes - 1)?;
     if classes < 2 || !log_probs.len().is_multiple_of(classes) {
         bail!(
+            Internal,
             "CTC log-probabilities: {} values are not rows of {classes} classes",
             log_probs.len()
         );
@@ -75,7 +77,7 @@ pub fn ctc_beam(
         }
         let best = top_k(&scores, beam);
         let Some(&first) = best.first() else {
-            bail!("internal: no candidate on frame {frame}");
+            bail!(Internal, "internal: no candidate on frame {frame}");
         };
         let floor = scores[first] - cfg.beam_threshold;
         let mut next: Vec<Slot> = Vec::with_capacity(best.len());

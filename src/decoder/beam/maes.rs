@@ -18,11 +18,12 @@ use super::{
     top_k,
 };
 use crate::backend::Backend;
+use crate::bail;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::error::Result;
 use crate::tokenizer::Token;
-use anyhow::{Result, bail};
 
 #[derive(Clone)]
 struct Hyp {
@@ -57,7 +58,10 @@ impl Hyp {
     fn logits_at(&self, t: usize) -> Result<&[f32]> {
         match &self.logits {
             Some((frame, logits)) if *frame == t => Ok(logits),
-            _ => bail!("internal: a hypothesis' joint at frame {t} was not computed"),
+            _ => bail!(
+                Internal,
+                "internal: a hypothesis' joint at frame {t} was not computed"
+            ),
         }
     }
 
@@ -190,7 +194,7 @@ impl Search<'_, '_> {
                         pred_out: dec_out,
                     };
                     let Some(logits) = self.nets.joint(&mut *self.backend, &[input])?.pop() else {
-                        bail!("internal: a joint step without its result");
+                        bail!(Internal, "internal: a joint step without its result");
                     };
                     score += self.prefix_step_logp(&logits, tail[m + 1]);
                 }
@@ -224,6 +228,7 @@ impl TransducerSearch for Maes {
         let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
         if blank < cfg.beam_size + cfg.maes_expansion_beta {
             bail!(
+                Options,
                 "maes: beam size {} + expansion beta {} exceed the vocabulary ({blank})",
                 cfg.beam_size,
                 cfg.maes_expansion_beta
@@ -335,7 +340,10 @@ fn search_tdt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
         .filter(|&i| durations[i] > 0)
         .min_by_key(|&i| durations[i])
     else {
-        bail!("TDT maes: the model's durations {durations:?} never move");
+        bail!(
+            Options,
+            "TDT maes: the model's durations {durations:?} never move"
+        );
     };
     let gamma = cfg.maes_expansion_gamma as f32;
     let mut kept = vec![start];

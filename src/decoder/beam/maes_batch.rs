@@ -16,11 +16,12 @@ use super::{
     log_softmax, rank, top_k,
 };
 use crate::backend::Backend;
+use crate::bail;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::error::Result;
 use crate::tokenizer::Token;
-use anyhow::Result;
 
 const DEAD: f32 = f32::NEG_INFINITY;
 
@@ -235,7 +236,7 @@ fn feed_and_join(
     }
     for (&(i, _), p) in feeding.iter().zip(predictions) {
         let Some(logits) = p.logits else {
-            anyhow::bail!("internal: a prediction step without its joint");
+            bail!(Internal, "internal: a prediction step without its joint");
         };
         out[i] = log_softmax(&logits[..classes]);
         slots[i].hyp.state = p.state;

@@ -15,11 +15,12 @@ use super::{
     log_softmax, rank, top_k,
 };
 use crate::backend::Backend;
+use crate::bail;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::error::Result;
 use crate::tokenizer::Token;
-use anyhow::{Result, bail};
 
 /// One hypothesis of the beam.
 #[derive(Clone)]
@@ -218,7 +219,10 @@ fn propose(
     out: &mut Vec<Candidate>,
 ) -> Result<()> {
     let Some(logits) = slot.logits.as_ref() else {
-        bail!("internal: an active hypothesis without its joint output");
+        bail!(
+            Internal,
+            "internal: an active hypothesis without its joint output"
+        );
     };
     let mut label_logp = log_softmax(&logits[..classes]);
     if let Some(fusion) = fusion {
@@ -271,7 +275,7 @@ fn propose(
         // Forced blank: the blank's probability with the best duration's, moving by the
         // duration of the best extension (at least 1), as NeMo does.
         let Some(&first) = top.first() else {
-            bail!("internal: no candidate for a hypothesis");
+            bail!(Internal, "internal: no candidate for a hypothesis");
         };
         let duration_best = duration_logp
             .iter()

@@ -29,10 +29,11 @@ use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{InputGates, JointInput, Nets, PredictInput};
+use crate::error::{Error, Result};
 use crate::hparams::ModelType;
 use crate::model::Model;
 use crate::tokenizer::Token;
-use anyhow::{Result, bail};
+use crate::{bail, err};
 use std::fmt;
 use std::str::FromStr;
 
@@ -185,12 +186,13 @@ impl fmt::Display for BeamStrategy {
 }
 
 impl FromStr for BeamStrategy {
-    type Err = anyhow::Error;
+    type Err = Error;
 
     fn from_str(s: &str) -> Result<BeamStrategy> {
         match STRATEGY_NAMES.iter().find(|(_, n)| *n == s) {
             Some((strategy, _)) => Ok(*strategy),
             None => bail!(
+                Options,
                 "unknown beam strategy {s:?}; NeMo's are {}",
                 STRATEGY_NAMES.map(|(_, n)| n).join(", ")
             ),
@@ -235,16 +237,21 @@ impl BeamConfig {
     /// of that size cannot run (in the words the `--beam` option is checked with).
     pub fn new(strategy: BeamStrategy, beam_size: usize) -> Result<BeamConfig> {
         if beam_size == 0 {
-            bail!("--beam 0: a beam search keeps at least one hypothesis");
+            bail!(
+                Options,
+                "--beam 0: a beam search keeps at least one hypothesis"
+            );
         }
         if beam_size > MAX_BEAM_SIZE {
             bail!(
+                Options,
                 "--beam {beam_size}: at most {MAX_BEAM_SIZE} hypotheses (NeMo's configurations use \
                  2 to 16)"
             );
         }
         if strategy == BeamStrategy::Maes && beam_size > MAX_MAES_BEAM_SIZE {
             bail!(
+                Options,
                 "--beam {beam_size}: maes takes at most {MAX_MAES_BEAM_SIZE} hypotheses (its steps \
                  grow with the square of the beam)"
             );
@@ -287,6 +294,7 @@ impl BeamConfig {
     pub fn check(&self, head: BeamHead) -> Result<()> {
         if !self.strategy.nemo_accepts(head) {
             bail!(
+                Options,
                 "beam strategy {} does not run on a {} decoder; NeMo's strategies for it: {}",
                 self.strategy,
                 head.name(),
@@ -302,13 +310,14 @@ impl BeamConfig {
         };
         if maes && self.maes_num_steps < fewest_rounds {
             bail!(
+                Options,
                 "maes_num_steps must be at least {fewest_rounds} for {self_strategy} on {head_name}",
                 self_strategy = self.strategy,
                 head_name = head.name()
             );
         }
         if head != BeamHead::Ctc && self.max_symbols_per_step == 0 {
-            bail!("max_symbols_per_step must be at least 1");
+            bail!(Options, "max_symbols_per_step must be at least 1");
         }
         Ok(())
     }
@@ -321,6 +330,7 @@ impl BeamConfig {
         let beta = self.maes_expansion_beta;
         if maes && self.beam_size + beta > vocab {
             bail!(
+                Options,
                 "--beam {}: {} draws the beam plus {beta} candidates from the vocabulary, which \
                  has {vocab} pieces: at most --beam {}",
                 self.beam_size,
@@ -336,6 +346,7 @@ impl BeamConfig {
     pub fn check_boosting(&self, boosting: bool) -> Result<()> {
         if boosting && !self.strategy.boosts() {
             bail!(
+                Options,
                 "beam strategy {} cannot boost phrases (NeMo refuses it too); use malsd_batch (transducers) or beam_batch (CTC)",
                 self.strategy
             );
@@ -371,8 +382,9 @@ pub fn transducer_beam(
 ) -> Result<Vec<NBest>> {
     let Some(head) = BeamHead::transducer_of(model.hparams().model_type) else {
         bail!(
+            Options,
             "{}: this model has no transducer decoder (it is {})",
-            model.path().display(),
+            model.shown(),
             model.hparams().model_type.name()
         );
     };
@@ -382,6 +394,7 @@ pub fn transducer_beam(
     cfg.check_boosting(boost.is_some())?;
     let Some(search) = cfg.strategy.transducer_search(head) else {
         bail!(
+            Options,
             "beam strategy {} does not run on a {} decoder",
             cfg.strategy,
             head.name()
@@ -428,13 +441,13 @@ fn feed_and_join(
             next_enc: Some(enc),
         };
         let Some(p) = nets.predict(backend, &[input])?.pop() else {
-            bail!("internal: a prediction step without its result");
+            bail!(Internal, "internal: a prediction step without its result");
         };
         hyp.state = p.state;
         hyp.pred_out = p.pred_out;
         return p
             .logits
-            .ok_or_else(|| anyhow::anyhow!("internal: a prediction step without its joint"));
+            .ok_or_else(|| err!(Internal, "internal: a prediction step without its joint"));
     }
     let input = JointInput {
         enc,
@@ -442,7 +455,7 @@ fn feed_and_join(
     };
     nets.joint(backend, &[input])?
         .pop()
-        .ok_or_else(|| anyhow::anyhow!("internal: a joint step without its result"))
+        .ok_or_else(|| err!(Internal, "internal: a joint step without its result"))
 }
 
 /// Why `boost` cannot steer a search over `vocab` non-blank labels, if it cannot.
@@ -451,6 +464,7 @@ fn check_boost(boost: Option<&BoostingTree>, vocab: usize) -> Result<()> {
         && tree.vocab_size() != vocab
     {
         bail!(
+            Options,
             "the boosting phrases were tokenised for a {}-piece vocabulary; this model has {vocab}",
             tree.vocab_size()
         );

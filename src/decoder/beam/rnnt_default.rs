@@ -13,11 +13,12 @@ use super::{
     rank_f64, toolkit, top_k,
 };
 use crate::backend::Backend;
+use crate::bail;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::Nets;
+use crate::error::Result;
 use crate::tokenizer::Token;
-use anyhow::{Result, bail};
 
 struct Candidate {
     /// Decoder state after the last fed token (`hyp.score` is unused: see `score`).
@@ -57,7 +58,10 @@ impl TransducerSearch for RnntBeam {
             let mut expanding = std::mem::take(&mut kept);
             loop {
                 let Some(at) = first_best(&expanding) else {
-                    bail!("internal: no hypothesis left to expand on frame {t}");
+                    bail!(
+                        Internal,
+                        "internal: no hypothesis left to expand on frame {t}"
+                    );
                 };
                 let mut best = expanding.remove(at);
                 let logits =
@@ -83,7 +87,10 @@ impl TransducerSearch for RnntBeam {
                     ..best
                 });
                 let Some(at) = first_best(&expanding) else {
-                    bail!("internal: no hypothesis left to expand on frame {t}");
+                    bail!(
+                        Internal,
+                        "internal: no hypothesis left to expand on frame {t}"
+                    );
                 };
                 let expanding_best = expanding[at].score;
                 if kept.iter().filter(|c| c.score > expanding_best).count() >= beam {

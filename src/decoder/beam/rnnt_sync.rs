@@ -14,8 +14,9 @@ use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::err;
+use crate::error::Result;
 use crate::tokenizer::Token;
-use anyhow::Result;
 
 #[derive(Clone)]
 struct Hyp {
@@ -98,7 +99,7 @@ fn score_all(
     logits
         .into_iter()
         .map(|l| {
-            let l = l.ok_or_else(|| anyhow::anyhow!("internal: a hypothesis without its joint"))?;
+            let l = l.ok_or_else(|| err!(Internal, "internal: a hypothesis without its joint"))?;
             Ok(log_softmax(&l[..classes]))
         })
         .collect()

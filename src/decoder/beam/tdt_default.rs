@@ -14,11 +14,12 @@ use super::{
     log_softmax, rank, toolkit, top_k,
 };
 use crate::backend::Backend;
+use crate::bail;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::Nets;
+use crate::error::Result;
 use crate::tokenizer::Token;
-use anyhow::{Result, bail};
 
 struct Candidate {
     /// Decoder state after the last fed token; score.
@@ -57,13 +58,19 @@ impl TransducerSearch for TdtBeam {
         let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
         let n_durations = durations.len();
         let Some(zero_duration) = durations.iter().position(|&d| d == 0) else {
-            bail!("TDT beam search: the model's durations {durations:?} lack 0");
+            bail!(
+                Options,
+                "TDT beam search: the model's durations {durations:?} lack 0"
+            );
         };
         let Some(shortest_move) = (0..n_durations)
             .filter(|&i| durations[i] > 0)
             .min_by_key(|&i| durations[i])
         else {
-            bail!("TDT beam search: the model's durations {durations:?} never move");
+            bail!(
+                Options,
+                "TDT beam search: the model's durations {durations:?} never move"
+            );
         };
         // NeMo's vocabulary size excludes the blank.
         let beam = cfg.beam_size.min(blank);
