@@ -520,15 +520,17 @@ impl Model {
         let mut received = 0;
         // Signals are checked every 100 ms, also while results keep arriving (short inputs
         // never let the wait time out).
+        let check_signals = || {
+            Python::attach(|py| py.check_signals()).inspect_err(|_| {
+                cancelled.store(true, Ordering::SeqCst);
+            })
+        };
         let mut checked = std::time::Instant::now();
         while received < n {
             let got = rx.recv_timeout(Duration::from_millis(100));
             if checked.elapsed() >= Duration::from_millis(100) || got.is_err() {
                 checked = std::time::Instant::now();
-                if let Err(interrupt) = Python::attach(|py| py.check_signals()) {
-                    cancelled.store(true, Ordering::SeqCst);
-                    return Err(interrupt);
-                }
+                check_signals()?;
             }
             match got {
                 Ok((i, result)) => {
@@ -540,6 +542,9 @@ impl Model {
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
+        // An interrupt that came after the last check still belongs to this call: raised here,
+        // not at whatever Python line runs next.
+        check_signals()?;
         let mut out = Vec::with_capacity(n);
         for (result, reply) in results.into_iter().zip(panics) {
             match result {
