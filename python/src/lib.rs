@@ -568,8 +568,8 @@ impl Model {
 /// A word with its time span in seconds.
 #[pyclass(frozen, get_all, module = "parakeet")]
 struct Word {
-    /// The word's text.
-    text: String,
+    /// The word, as written in the text (named as in the command line's JSON outputs).
+    word: String,
     /// Start, in seconds from the start of the audio.
     start: f64,
     /// End, in seconds.
@@ -585,8 +585,8 @@ struct Word {
 impl Word {
     fn __repr__(&self) -> String {
         format!(
-            "Word(text={:?}, start={:.3}, end={:.3})",
-            self.text, self.start, self.end
+            "Word(word={:?}, start={:.3}, end={:.3})",
+            self.word, self.start, self.end
         )
     }
 }
@@ -693,7 +693,7 @@ impl Transcript {
             })
             .collect();
         let words = t.words.into_iter().map(|w| Word {
-            text: w.text,
+            word: w.text,
             start: w.start,
             end: w.end,
             confidence: w.confidence,
@@ -750,7 +750,7 @@ impl Transcript {
         for w in self.words.bind(py) {
             let w = w.cast::<Word>()?.get();
             let item = PyDict::new(py);
-            item.set_item("text", &w.text)?;
+            item.set_item("word", &w.word)?;
             item.set_item("start", w.start)?;
             item.set_item("end", w.end)?;
             item.set_item("confidence", w.confidence)?;

@@ -77,7 +77,7 @@ def test_file_gives_nemos_greedy_tokens_and_text(tdt):
     assert r.text == ref["transcribe_text"]
     assert r.audio_seconds == pytest.approx(ref["audio_samples"] / 16000)
     # Words tile the text, in time order, inside the audio.
-    assert " ".join(w.text for w in r.words) == r.text
+    assert " ".join(w.word for w in r.words) == r.text
     starts = [w.start for w in r.words]
     assert starts == sorted(starts)
     # A word ends where its last token's span does: frame + duration (TDT durations reach up to
@@ -397,3 +397,24 @@ def test_same_text_and_error_messages_as_the_cli(tdt, tmp_path, cache):
     with pytest.raises(FileNotFoundError) as err:
         tdt.transcribe(missing)
     assert str(err.value) == cli_message
+
+
+def test_words_are_the_clis_json_words(tdt, tmp_path, cache):
+    """``to_dict()``'s words carry the keys and values of ``transcribe -f json``'s words."""
+    binary = cli_binary()
+    if binary is None:
+        pytest.skip("no parakeet binary built (cargo build), nor PARAKEET_BIN")
+    env = dict(os.environ, PARAKEET_CACHE=str(cache))
+    model = str(FIXTURES / "tiny_tdt.nemo")
+    subprocess.run(
+        [str(binary), "transcribe", "-q", "-m", model, "-f", "json", "-o", str(tmp_path), str(CLIP)],
+        capture_output=True, text=True, env=env, check=True,
+    )
+    cli = json.loads((tmp_path / "speech_10s.json").read_text())["words"]
+    ours = tdt.transcribe(CLIP).to_dict()["words"]
+    assert len(ours) == len(cli) > 0
+    for o, c in zip(ours, cli):
+        assert set(c) <= set(o), (c, o)
+        assert o["word"] == c["word"]
+        assert o["start"] == pytest.approx(c["start"], abs=5e-4)
+        assert o["end"] == pytest.approx(c["end"], abs=5e-4)
