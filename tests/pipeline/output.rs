@@ -7,7 +7,7 @@ use parakeet::output::{
     Format, MAX_LINE_CHARS, MAX_LINES, OutputMeta, Segment, check_not_input,
     format_timestamps_line, output_path, render, segments, write_atomic,
 };
-use parakeet::tokenizer::{Token, Word, detokenize, words};
+use parakeet::tokenizer::{Token, TokenClock, Word, detokenize, words};
 use parakeet::transcript::Transcript;
 use serde_json::{Value, json};
 use std::fs;
@@ -40,7 +40,7 @@ fn transcript() -> Transcript {
         (1, 0, 2),   // ▁Hel    0.00-0.16
         (2, 2, 2),   // lo      0.16-0.32
         (3, 5, 3),   // ▁world  0.40-0.64
-        (4, 8, 0),   // .       0.64-0.72 (duration 0 still spans one frame)
+        (4, 8, 1),   // .       0.64-0.72
         (5, 10, 2),  // ▁How    0.80-0.96
         (6, 12, 2),  // ▁are    0.96-1.12
         (7, 14, 3),  // ▁you    1.12-1.36
@@ -56,13 +56,19 @@ fn transcript() -> Transcript {
         duration,
     })
     .collect();
+    let clock = TokenClock {
+        frame_seconds: 0.08,
+        tdt_durations: true,
+        audio_seconds: 4.0,
+    };
     Transcript {
         text: detokenize(&vocab, tokens.iter().map(|t| t.id)),
         pieces: tokens.iter().map(|t| vocab[t.id].clone()).collect(),
-        words: words(&vocab, &tokens, 0.08),
+        words: words(&vocab, &tokens, &clock),
         tokens,
-        audio_seconds: 4.0,
-        frame_seconds: 0.08,
+        audio_seconds: clock.audio_seconds,
+        frame_seconds: clock.frame_seconds,
+        tdt_durations: true,
         ..Transcript::default()
     }
 }
