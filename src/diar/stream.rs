@@ -309,7 +309,10 @@ impl Diarizer {
             let left = (s.chunk_left_context * factor).min(start);
             let end = full_end.min(available);
             let right = (s.chunk_right_context * factor).min(available - end);
-            let (from, to) = (start - left - stream.feat_base, end + right - stream.feat_base);
+            let (from, to) = (
+                start - left - stream.feat_base,
+                end + right - stream.feat_base,
+            );
             let chunk = stream.feats[from * n_mels..to * n_mels].to_vec();
             stream.start = end;
             out.extend(self.stream_chunk(stream, chunk, left, right)?);
@@ -352,8 +355,13 @@ impl Diarizer {
         input.extend_from_slice(&st.spkcache);
         input.extend_from_slice(&st.fifo);
         input.extend_from_slice(&embs);
-        let encoded =
-            encode_embeddings(&mut self.backend, &self.model, &input, total, Attention::Full)?;
+        let encoded = encode_embeddings(
+            &mut self.backend,
+            &self.model,
+            &input,
+            total,
+            Attention::Full,
+        )?;
         let (preds, _) = self.head(&encoded, total, false)?;
         let (chunk_preds, compressed) = update(st, s, &embs, &preds, lc, n - lc - rc, cache_frames);
         if let Some(t) = stream.trace.as_mut() {

@@ -327,7 +327,11 @@ fn streaming_piece_by_piece_equals_the_whole_file() {
             let whole = diarizer.diarize_streaming(&audio, &settings).unwrap();
             let mut stream = diarizer.start_stream(&settings).unwrap();
             let (mut probs, mut at) = (Vec::new(), 0);
-            for (i, size) in [1usize, 159, 1600, 7, 4001, 32000].iter().cycle().enumerate() {
+            for (i, size) in [1usize, 159, 1600, 7, 4001, 32000]
+                .iter()
+                .cycle()
+                .enumerate()
+            {
                 if at >= audio.len() {
                     break;
                 }
