@@ -229,6 +229,9 @@ pub struct StepRecord {
     pub rows: Vec<f32>,
     /// The finished utterance's text, when the step ended one.
     pub final_text: Option<String>,
+    /// Tokens the stream keeps after the step (the utterance's unreported ones and the few
+    /// the duplicate-token check compares).
+    pub kept_tokens: usize,
 }
 
 /// Where a step's time went (for benchmarks): the buffer's features, its encoder pass, the
@@ -309,9 +312,44 @@ pub struct BufferedStream {
     times: StepTimes,
 }
 
-/// The zero buffer's rows by model file, head and buffer size: computed once per process.
+/// The zero buffer's rows by model file, head and buffer size: computed once per process for
+/// the sizes in use (a server whose clients ask for ever new sizes keeps the latest few).
 type ZeroKey = (std::path::PathBuf, bool, usize, usize);
-static ZERO_ROWS: Mutex<Vec<(ZeroKey, Arc<Vec<f32>>)>> = Mutex::new(Vec::new());
+static ZERO_ROWS: Mutex<RecentRows> = Mutex::new(RecentRows::new());
+
+/// How many zero buffers [`ZERO_ROWS`] keeps (a 0.6b transducer's is 256 KB at NeMo's sizes).
+const ZERO_ROWS_KEPT: usize = 8;
+
+/// The most recently used rows by key, at most [`ZERO_ROWS_KEPT`] of them.
+struct RecentRows {
+    /// Oldest use first.
+    entries: Vec<(ZeroKey, Arc<Vec<f32>>)>,
+}
+
+impl RecentRows {
+    const fn new() -> RecentRows {
+        RecentRows {
+            entries: Vec::new(),
+        }
+    }
+
+    /// The rows of `key`, now the most recently used.
+    fn get(&mut self, key: &ZeroKey) -> Option<Arc<Vec<f32>>> {
+        let i = self.entries.iter().position(|(k, _)| k == key)?;
+        let entry = self.entries.remove(i);
+        let rows = entry.1.clone();
+        self.entries.push(entry);
+        Some(rows)
+    }
+
+    /// Keeps `rows` for `key`, forgetting the least recently used past the limit.
+    fn insert(&mut self, key: ZeroKey, rows: Arc<Vec<f32>>) {
+        self.entries.retain(|(k, _)| *k != key);
+        self.entries.push((key, rows));
+        let over = self.entries.len().saturating_sub(ZERO_ROWS_KEPT);
+        self.entries.drain(..over);
+    }
+}
 
 /// The models buffered streaming serves, for errors.
 pub const OFFLINE_MODELS: &str = "offline (full-context) FastConformer CTC, RNN-T, TDT and \
@@ -376,18 +414,13 @@ impl BufferedStream {
             sizes.buffer_samples,
             sizes.feature_frames,
         );
-        let known = ZERO_ROWS.lock().ok().and_then(|cache| {
-            cache
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, r)| r.clone())
-        });
+        let known = ZERO_ROWS.lock().ok().and_then(|mut cache| cache.get(&key));
         let zero_rows = match known {
             Some(rows) => rows,
             None => {
                 let rows = Arc::new(stream.encode_buffer(&vec![0.0; sizes.buffer_samples])?);
                 if let Ok(mut cache) = ZERO_ROWS.lock() {
-                    cache.push((key, rows.clone()));
+                    cache.insert(key, rows.clone());
                 }
                 rows
             }
@@ -520,12 +553,14 @@ impl BufferedStream {
         } else if committed > 0 {
             if let Some(done) = self.cut_long_utterance() {
                 events.push(StreamEvent::Final(done));
+                self.forget_reported();
             }
             if let Some(u) = self.utterance() {
                 events.push(StreamEvent::Partial(u));
             }
         }
         if self.config.record_steps {
+            record.kept_tokens = self.decoding.tokens.len();
             self.records.push(record);
         }
         Ok(events)
@@ -793,6 +828,23 @@ impl BufferedStream {
         let done = self.utterance_of(self.reported, cut);
         self.reported = cut;
         done
+    }
+
+    /// Drops the reported tokens but the last few: past a cut only NeMo's duplicate-token
+    /// check looks back, at the last [`OVERLAP_SEARCH`] stored tokens, so an utterance that
+    /// never ends costs what its unreported part does, not what it has said so far. Dropping
+    /// the head changes no timestamp: `merge_timesteps` shifts a stored list only when its
+    /// first entry is negative, and a stored list is non-negative and increasing.
+    fn forget_reported(&mut self) {
+        let drop = self.reported.saturating_sub(OVERLAP_SEARCH);
+        if drop == 0 {
+            return;
+        }
+        let d = &mut self.decoding;
+        d.tokens.drain(..drop);
+        d.timesteps.drain(..drop);
+        d.confidences.drain(..drop);
+        self.reported -= drop;
     }
 
     /// The utterance since the last end of utterance (less what a cut reported), with NeMo's
@@ -1336,6 +1388,26 @@ mod tests {
                 band[0]
             );
         }
+    }
+
+    #[test]
+    fn the_zero_buffers_kept_are_the_latest_few() {
+        let key = |n: usize| (std::path::PathBuf::from("m.gguf"), false, n, n);
+        let mut cache = RecentRows::new();
+        for n in 0..ZERO_ROWS_KEPT + 3 {
+            cache.insert(key(n), Arc::new(vec![n as f32]));
+            // The first stays in use, so it is never the one forgotten.
+            assert_eq!(cache.get(&key(0)).as_deref(), Some(&vec![0.0]));
+        }
+        assert_eq!(cache.entries.len(), ZERO_ROWS_KEPT);
+        let last = ZERO_ROWS_KEPT + 2;
+        assert_eq!(cache.get(&key(last)).as_deref(), Some(&vec![last as f32]));
+        // The oldest unused ones went.
+        assert!(cache.get(&key(1)).is_none() && cache.get(&key(3)).is_none());
+        // A key inserted again replaces its rows, not adds a second entry.
+        cache.insert(key(0), Arc::new(vec![9.0]));
+        assert_eq!(cache.entries.len(), ZERO_ROWS_KEPT);
+        assert_eq!(cache.get(&key(0)).as_deref(), Some(&vec![9.0]));
     }
 
     #[test]
