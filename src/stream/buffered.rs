@@ -16,16 +16,17 @@
 //!   valid length that its masked encoder computed from zeroed features; their argmax adds
 //!   spurious tokens to the last final (`khl` on the tiny hybrid). Those frames are not
 //!   computed here, so the last final lacks them; every other token is NeMo's.
-//! - Punctuation (models whose vocabulary has it, NeMo's `asr_supported_puncts`, e.g.
-//!   parakeet-tdt-0.6b-v2): NeMo's `refine_text_segment_timestamp` also starts a segment or word
-//!   after leading punctuation pieces and ends it at its last piece that is not punctuation,
-//!   and its word grouping appends a word that is only post-word punctuation to the word
-//!   before. This port refines as NeMo does for a model without punctuation (the tiny models
-//!   the references use): the text is the same, but such a word's times may differ by the
-//!   frames of its punctuation pieces, and a lone punctuation mark is a word of its own.
+//! - Punctuation (models whose vocabulary has it, e.g. parakeet-tdt-0.6b-v2 and v3): segment
+//!   and word times around punctuation pieces, and a lone `.`, `,` or `?` joined to the word
+//!   before, follow NeMo's code (`buffered/words.rs`, tested piece by piece against it) but no
+//!   NeMo run: the references' tiny models have no punctuation. NeMo's `ParakeetBPETokenizer`
+//!   (vocabularies with event tags) leaves `[` and `]` out of the punctuation; here a `[` or
+//!   `]` piece counts as punctuation.
 //! - Boosting and confidence follow NeMo's per-stream design (the tree state rides with the
 //!   decoder state), checked against the offline decode of the same frames: NeMo 3.0.0's
 //!   pipeline, which made the references, fuses no per-stream phrases.
+
+mod words;
 
 use super::{LiveTranscriber, StreamEvent, Utterance};
 use crate::audio::mel::log_mel;
@@ -36,10 +37,11 @@ use crate::decoder::hypothesis::Hypothesis;
 use crate::encoder::{AttentionChoice, EncoderState, FeatureImage, Outputs};
 use crate::hparams::FrameGeometry;
 use crate::session::{DecoderChoice, Session};
-use crate::tokenizer::{Token, Tokenizer, Word};
+use crate::tokenizer::{Token, Tokenizer};
 use anyhow::{Result, bail};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use words::Grouping;
 
 /// NeMo's default chunk, left and right context (seconds; `buffered_rnnt.yaml`).
 pub const DEFAULT_CHUNK_SECS: f64 = 4.8;
@@ -53,8 +55,6 @@ const RESIDUE_TOKENS_AT_END: usize = 2;
 /// `detect_overlap`: tokens compared, and how close in frames a repeat must be to be dropped.
 const OVERLAP_SEARCH: usize = 3;
 const CLOSE_IN_TIME: f64 = 2.0;
-/// Word end snapping to the next word's start (frames).
-const WORD_BOUNDARY_TOLERANCE: f64 = 4.0;
 /// The sentencepiece word mark.
 const WORD_MARK: char = '\u{2581}';
 
@@ -291,8 +291,8 @@ pub struct BufferedStream {
     /// The head's rows of the all-zero buffer, `[T][width]` (shared by every stream of the
     /// model with these sizes).
     zero_rows: Arc<Vec<f32>>,
-    /// Pieces that start a word.
-    word_start: Vec<bool>,
+    /// Which pieces start a word or are punctuation, for words and times.
+    grouping: Grouping,
     /// The audio buffer (`S_b` samples, the newest last).
     ring: Vec<f32>,
     /// Samples received and not yet a whole chunk.
@@ -378,12 +378,7 @@ impl BufferedStream {
             Outputs::CtcLogits => Head::Ctc,
             _ => Head::Transducer,
         };
-        let word_start = model
-            .tokenizer()
-            .pieces()
-            .iter()
-            .map(|p| p.starts_with(WORD_MARK))
-            .collect();
+        let grouping = Grouping::new(model.tokenizer(), sizes.frame_seconds);
         let mut stream = BufferedStream {
             n_mels: hp.encoder.feat_in,
             blank: hp.blank_id(),
@@ -394,7 +389,7 @@ impl BufferedStream {
             outputs,
             width: 0,
             zero_rows: Arc::new(Vec::new()),
-            word_start,
+            grouping,
             ring: Vec::new(),
             pending: Vec::new(),
             steps: 0,
@@ -728,7 +723,7 @@ impl BufferedStream {
             (eou, eou_at) = eou_from_emissions(
                 &labels,
                 self.blank,
-                &self.word_start,
+                &self.grouping.word_start,
                 start,
                 s0,
                 s.stop_history_frames as i64,
@@ -819,7 +814,7 @@ impl BufferedStream {
         if span <= limit {
             return None;
         }
-        let starts_word = |id: &usize| self.word_start.get(*id).copied().unwrap_or(false);
+        let starts_word = |id: &usize| self.grouping.starts_word(*id);
         let cut = match d.tokens[self.reported..].iter().rposition(starts_word) {
             Some(i) if i > 0 => self.reported + i,
             _ if span > 2.0 * limit => d.tokens.len(),
@@ -863,8 +858,11 @@ impl BufferedStream {
         let fs = self.sizes.frame_seconds;
         let tokenizer = model.tokenizer();
         let text = ids_to_text(tokenizer, ids);
-        let (start, end) = self.refine(ids, times, None, None);
-        let words = self.words(ids, times, &d.confidences[from..to]);
+        let (start, end) = self.grouping.refine(ids, times, None, None);
+        let confidences = self
+            .confidence
+            .map(|c| (&d.confidences[from..to], c.aggregation));
+        let words = self.grouping.words(tokenizer, ids, times, confidences);
         let tokens = ids
             .iter()
             .zip(times)
@@ -881,74 +879,6 @@ impl BufferedStream {
             words,
             tokens,
         })
-    }
-
-    /// NeMo's word grouping of the streaming pipelines (`group_tokens_into_words`): a word
-    /// starts at a piece with the word mark; its end snaps to the next word's start when that
-    /// is within 4 frames, and a start before the previous word's end is pushed past it.
-    fn words(&self, tokens: &[usize], timesteps: &[f64], confidences: &[f64]) -> Vec<Word> {
-        let tokenizer = &self.session.model().tokenizer();
-        let fs = self.sizes.frame_seconds;
-        let starts_word = |id: usize| self.word_start.get(id).copied().unwrap_or(false);
-        let mut bounds: Vec<usize> = (0..tokens.len())
-            .filter(|&i| i == 0 || starts_word(tokens[i]))
-            .collect();
-        bounds.push(tokens.len());
-        let mut words: Vec<Word> = Vec::new();
-        let mut prev_end: Option<f64> = None;
-        for pair in bounds.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            let text = ids_to_text(tokenizer, &tokens[a..b]);
-            if text.is_empty() {
-                continue;
-            }
-            let next = (b < tokens.len()).then(|| (timesteps[b], starts_word(tokens[b])));
-            let (start, end) = self.refine(&tokens[a..b], &timesteps[a..b], next, prev_end);
-            prev_end = Some(end);
-            words.push(Word {
-                text,
-                start: round9(start * fs),
-                end: round9(end * fs),
-                confidence: self
-                    .confidence
-                    .map(|c| c.aggregation.apply(&confidences[a..b]) as f32),
-                speaker: None,
-            });
-        }
-        words
-    }
-
-    /// NeMo's `refine_text_segment_timestamp` (no punctuation set: a lone word mark at the
-    /// start moves the start to the first other token).
-    fn refine(
-        &self,
-        tokens: &[usize],
-        timesteps: &[f64],
-        next: Option<(f64, bool)>,
-        prev_end: Option<f64>,
-    ) -> (f64, f64) {
-        let tokenizer = &self.session.model().tokenizer();
-        let lone_mark = |id: usize| tokenizer.piece(id) == Some("\u{2581}");
-        let (mut start, mut end) = (timesteps[0], timesteps[timesteps.len() - 1]);
-        if lone_mark(tokens[0])
-            && let Some(i) = tokens.iter().position(|&id| !lone_mark(id))
-        {
-            start = timesteps[i];
-        }
-        if let Some((next_start, true)) = next
-            && next_start - end <= WORD_BOUNDARY_TOLERANCE
-        {
-            end = next_start;
-        }
-        if let Some(p) = prev_end
-            && p > start
-        {
-            let delta = p - start;
-            start += delta;
-            end += delta;
-        }
-        let bump = if start == end { 1.0 } else { 0.0 };
-        (start, end + bump)
     }
 
     /// Back to the start of a stream (time 0, empty buffer and state).
