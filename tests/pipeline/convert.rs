@@ -307,7 +307,7 @@ fn check_metadata(model: &str, ty: OutType, cfg: &Value, g: &GgufFile) {
     }
 }
 
-fn err_text<T>(r: anyhow::Result<T>) -> String {
+fn err_text<T>(r: parakeet::error::Result<T>) -> String {
     match r {
         Ok(_) => panic!("expected an error"),
         Err(e) => format!("{e:#}"),
