@@ -392,7 +392,7 @@ struct Loader<'a> {
 
 impl Loader<'_> {
     fn w(&self, name: &str, shape: &[usize]) -> Result<Weight> {
-        Ok(self.file.weight(name, shape, F32)?)
+        self.file.weight(name, shape, F32)
     }
 
     fn opt_bias(&self, name: &str, n: usize) -> Result<Option<Weight>> {

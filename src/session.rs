@@ -176,7 +176,7 @@ impl Session {
     /// of it once, so that the first utterance does not pay for fresh memory (the graphs are
     /// built and allocated, not computed). Later utterances of up to that length reuse it.
     pub fn prepare(&mut self, seconds: f64) -> Result<()> {
-        Ok(prepare_encoder(&mut self.backend, &self.model, seconds)?)
+        prepare_encoder(&mut self.backend, &self.model, seconds)
     }
 
     pub fn sample_rate(&self) -> u32 {
@@ -275,14 +275,14 @@ impl Session {
             layers: capture_layers,
         };
         let mut state = self.whole_file_state();
-        Ok(encode(
+        encode(
             &mut self.backend,
             &self.model,
             &mut state,
             features.into(),
             attention,
             outputs,
-        )?)
+        )
     }
 
     /// The front end's settings (the model's `preprocessor`).
@@ -299,14 +299,14 @@ impl Session {
         attention: Attention,
         outputs: Outputs,
     ) -> Result<Encoded> {
-        Ok(encode(
+        encode(
             &mut self.backend,
             &self.model,
             state,
             chunk,
             attention,
             outputs,
-        )?)
+        )
     }
 
     /// Greedy transducer decoding of a stream's next chunk (`joint_enc`, `[frames][joint
@@ -359,12 +359,7 @@ impl Session {
     /// The decoder-side heads over an encoder output computed elsewhere (e.g. NeMo's
     /// `encoder_out`, for teacher-forced decoder tests): `output` is `[frames][d_model]`.
     pub fn encode_heads(&mut self, output: &[f32], frames: usize) -> Result<Encoded> {
-        Ok(encode_heads(
-            &mut self.backend,
-            &self.model,
-            output,
-            frames,
-        )?)
+        encode_heads(&mut self.backend, &self.model, output, frames)
     }
 
     /// The encoder output the head `choice` decodes, or why this model has none.

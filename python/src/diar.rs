@@ -160,7 +160,7 @@ pub fn diarize(
                 .as_ref()
                 .is_some_and(|p| p.streaming_mode),
         );
-        let bad = |e: anyhow::Error| PyValueError::new_err(format!("{e:#}"));
+        let bad = |e: parakeet::error::Error| PyValueError::new_err(format!("{e:#}"));
         let mut post = match &params {
             Some(name) => PostProcessing::published(name, generation).map_err(bad)?,
             None => PostProcessing::default(),

@@ -172,6 +172,7 @@ impl Model {
                 eprintln!("{line}")
             })?);
             loaded.file().populate();
+            let path = loaded.path().to_path_buf();
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let (workers, threads) = plan_workers(cores, workers, threads);
             let threads = Threads::new(threads)?;
@@ -383,14 +384,15 @@ const MAX_CHANNELS: usize = 32;
 
 /// An array's samples as mono audio: float32 / float64 as they are, int16 scaled by 1/32768
 /// (as 16-bit files are); 1-D, or 2-D with the channels on the shorter axis.
-fn array_audio(array: &Bound<'_, PyUntypedArray>, rate: u32) -> anyhow::Result<Audio> {
+fn array_audio(array: &Bound<'_, PyUntypedArray>, rate: u32) -> Result<Audio, Error> {
     let py = array.py();
     let dtype = array.dtype();
     let shape = array.shape().to_vec();
     let (channels, channels_first) = match shape[..] {
         [_] => (1, false),
         [a, b] if a.min(b) <= MAX_CHANNELS => (a.min(b), a <= b),
-        _ => anyhow::bail!(
+        _ => parakeet::bail!(
+            Audio,
             "expected a 1-D array (mono samples) or a 2-D one with at most {MAX_CHANNELS} \
              channels on its shorter axis, got shape {shape:?}"
         ),
@@ -398,22 +400,23 @@ fn array_audio(array: &Bound<'_, PyUntypedArray>, rate: u32) -> anyhow::Result<A
     let interleaved = if dtype.is_equiv_to(&numpy::dtype::<f32>(py)) {
         let a = array
             .cast::<PyArrayDyn<f32>>()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .map_err(|e| parakeet::err!(Audio, "{e}"))?;
         interleave(a.readonly().as_array(), channels_first, |x| x)
     } else if dtype.is_equiv_to(&numpy::dtype::<f64>(py)) {
         let a = array
             .cast::<PyArrayDyn<f64>>()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .map_err(|e| parakeet::err!(Audio, "{e}"))?;
         interleave(a.readonly().as_array(), channels_first, |x| x as f32)
     } else if dtype.is_equiv_to(&numpy::dtype::<i16>(py)) {
         let a = array
             .cast::<PyArrayDyn<i16>>()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .map_err(|e| parakeet::err!(Audio, "{e}"))?;
         interleave(a.readonly().as_array(), channels_first, |x| {
             f32::from(x) / 32768.0
         })
     } else {
-        anyhow::bail!(
+        parakeet::bail!(
+            Audio,
             "unsupported dtype {dtype}: pass float32 or float64 samples in [-1, 1], or int16"
         );
     };
@@ -819,7 +822,7 @@ fn vad<'py>(
                 Input::File(path) => audio_or_empty(parakeet::audio::load_audio(&path))?,
                 Input::Samples { audio, .. } => audio,
             };
-            Ok(detect(&mut vad, audio, &params)?)
+            detect(&mut vad, audio, &params)
         })
         .map_err(py_error)?;
     let segments = found

@@ -244,7 +244,7 @@ fn convert_impl(
         .write(out, |i| {
             let data = archive.load(&archive.tensors()[i]);
             progress(i + 1, total);
-            Ok(data?)
+            data
         })
         .with_context(|| format!("writing {}", out.display()))?;
     report.elapsed = start.elapsed();
