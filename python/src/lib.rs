@@ -746,7 +746,8 @@ struct Token {
     frame: usize,
     /// TDT duration in frames (0 for RNN-T and CTC).
     duration: usize,
-    /// The token's span in seconds: ``[frame, frame + max(duration, 1)]`` frames.
+    /// The token's span in seconds: from its frame to ``frame + duration`` frames for TDT
+    /// (0 frames allowed), ``frame + 1`` for RNN-T and CTC; never past the end of the audio.
     start: f64,
     end: f64,
     /// NeMo's token confidence in [0, 1], when ``confidence=`` was asked for; else None.
