@@ -274,15 +274,18 @@ impl Profile {
         eprintln!("stage                  time (ms)");
         eprintln!("model load          {:>12.1}", ms(self.load));
         eprintln!("audio read+resample {:>12.1}", ms(self.read));
-        eprintln!("features            {:>12.1}", ms(times.features));
-        eprintln!(
-            "encoder             {:>12.1}   ({shape}{})",
-            ms(encoder),
-            match streaming {
-                true => "; with each chunk's pre-encode and the cache and FIFO updates",
-                false => "",
+        // A stream computes its features as the audio arrives, between its chunks.
+        match streaming {
+            false => {
+                eprintln!("features            {:>12.1}", ms(times.features));
+                eprintln!("encoder             {:>12.1}   ({shape})", ms(encoder));
             }
-        );
+            true => eprintln!(
+                "features + encoder  {:>12.1}   ({shape}; with each chunk's pre-encode and the \
+                 speaker cache and FIFO updates)",
+                ms(encoder)
+            ),
+        }
         eprintln!(
             "transformer + head  {:>12.1}   ({} layers x {}, {} heads)",
             ms(times.transformer),

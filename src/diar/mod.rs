@@ -151,11 +151,11 @@ pub struct Diarizer {
     times: DiarTimes,
 }
 
-/// Time spent so far in the stages that are the same for offline and streaming diarization
-/// (`--profile`); the rest of a recording's time is the encoder's (and a stream's state).
+/// Time spent so far in two stages (`--profile`); the rest of a recording's time is the
+/// encoder's (and a stream's features and state).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DiarTimes {
-    /// Waveform scaling and log-mel features.
+    /// Waveform scaling and log-mel features of whole recordings.
     pub features: Duration,
     /// `encoder_proj`, the Transformer and the head (one graph per pass or chunk).
     pub transformer: Duration,
