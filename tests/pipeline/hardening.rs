@@ -997,3 +997,30 @@ fn the_duration_probe_survives_corrupt_headers() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn a_converted_nemo_is_named_as_given_not_as_its_cache_file() {
+    // A speech recognition model given to `diarize` is refused; the refusal names the .nemo the
+    // user gave, never the GGUF it was converted into in the cache.
+    let root = scratch("nemo_named");
+    let cache = root.join("cache");
+    let src = nemo("tiny_ctc");
+    let wav = reference("").join("speech_2s.wav");
+    let out = parakeet(&["diarize", s(&wav), "-m", s(&src)], &cache);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(
+        error.contains(&format!("{} is a", src.display())),
+        "{error}"
+    );
+    assert!(
+        !error.contains(s(&cache)) && !error.contains(".gguf"),
+        "{error}"
+    );
+    let cached = std::fs::read_dir(&cache).unwrap().count();
+    assert_eq!(cached, 1, "the .nemo was converted into the cache");
+}
