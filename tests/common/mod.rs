@@ -1,6 +1,7 @@
 //! Shared test helpers: fixture paths, .npy/.json readers, and tiny models converted once.
 #![allow(dead_code)]
 
+pub mod rewrite;
 pub mod turns;
 
 use parakeet::convert::{OutType, convert};
@@ -131,6 +132,15 @@ pub fn parakeet_command(args: &[&str], cache: &Path) -> Command {
 /// Run the `parakeet` binary with `args` and its model cache in `cache`.
 pub fn run_parakeet(args: &[&str], cache: &Path) -> Output {
     parakeet_command(args, cache).output().unwrap()
+}
+
+/// The rows of `--profile`'s table of graph nodes by kind in `stderr`.
+pub fn profile_node_rows(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("graph nodes by kind"))
+        .skip(1)
+        .collect()
 }
 
 /// [`run_parakeet`] with `stdin` on its standard input.
