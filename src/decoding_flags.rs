@@ -66,7 +66,10 @@ impl ConfidenceArgs {
                 name.parse::<Measure>()
                     .map_err(|e| Error::Options(format!("--confidence: {e}")))?,
             ),
-            None => wanted.then(|| ConfidenceConfig::default().measure),
+            // A confidence flag given explicitly asks for confidence even where the output
+            // would not show it, so that it is checked against the model and never ignored.
+            None => (wanted || self.confidence_with_blanks || self.confidence_with_durations)
+                .then(|| ConfidenceConfig::default().measure),
         };
         let aggregation: Aggregation = self
             .confidence_aggregation

@@ -20,6 +20,7 @@ use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
 use parakeet::stream::open::{LiveKind, LiveOptions, open_live};
 use parakeet::stream::pump::{PumpOptions, pump};
 use parakeet::stream::render::{EventFormat, EventWriter};
+use parakeet::stream::speakers;
 use parakeet::stream::turns::{TurnParams, VadTurns};
 use parakeet::transcript::{StageTimes, Transcript};
 use parakeet::vad::VadModel;
@@ -236,6 +237,15 @@ struct StreamArgs {
     /// With --vad: a Silero VAD GGUF to use instead of the built-in model (v6.2).
     #[arg(long, value_name = "FILE", requires = "vad")]
     vad_model: Option<PathBuf>,
+    /// Who speaks: a streaming Sortformer runs beside the model as the audio arrives (NeMo's
+    /// inference sizes, about 1 s behind), and each final's words carry their speaker
+    /// (`"speaker"` in jsonl words, `[speaker_0]` before each speaker's words in text).
+    #[arg(long)]
+    diarize: bool,
+    /// The streaming Sortformer for --diarize (implies it): .gguf, .nemo or hub id (default:
+    /// nvidia/diar_streaming_sortformer_4spk-v2).
+    #[arg(long, value_name = "MODEL")]
+    diar_model: Option<PathBuf>,
 }
 
 /// `stream --att-context`: a lookahead `L,R`, read by the one attention grammar
@@ -784,17 +794,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .and_then(|j| audio::declared_seconds(&j.path));
     let mut session = Session::load_for(&model_path, plan.threads, expect_seconds)?;
     let options = DecodeOptions::new(session.model(), &plan.request)?;
-    let mut diarizer = match (args.diarize, &args.diar_model) {
-        (false, None) => None,
-        (_, model) => {
-            let spec = model
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_DIAR_MODEL));
-            let path = resolve_model(&spec)?;
-            let diarizer = Diarizer::load(&path, plan.threads.get());
-            Some(diarizer.with_context(|| format!("--diar-model {}", spec.display()))?)
-        }
-    };
+    let mut diarizer = load_diarizer(args.diarize, &args.diar_model, plan.threads)?;
     session.set_op_timing(args.profile);
     let mut profile = Profile {
         load: start.elapsed(),
@@ -1034,6 +1034,25 @@ fn progress_bar(n: usize) -> indicatif::ProgressBar {
     pb
 }
 
+/// The Sortformer of `--diarize` / `--diar-model` (the latter implies the former), if asked.
+fn load_diarizer(
+    diarize: bool,
+    model: &Option<PathBuf>,
+    threads: Threads,
+) -> Result<Option<Diarizer>> {
+    if !diarize && model.is_none() {
+        return Ok(None);
+    }
+    let spec = model
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DIAR_MODEL));
+    let path = resolve_model(&spec)?;
+    let diarizer = Diarizer::load(&path, threads.get());
+    Ok(Some(diarizer.with_context(|| {
+        format!("--diar-model {}", spec.display())
+    })?))
+}
+
 /// `parakeet stream`: opens the input first (a bad header or a missing microphone is reported
 /// before any model is loaded), then the model, then pumps until the input ends.
 fn stream(args: StreamArgs) -> Result<u8> {
@@ -1096,6 +1115,9 @@ fn stream(args: StreamArgs) -> Result<u8> {
     let turn_params = turns.as_ref().map(|(_, p)| *p);
     if let Some((vad, params)) = turns {
         transcriber = Box::new(VadTurns::new(transcriber, vad, params)?);
+    }
+    if let Some(diarizer) = load_diarizer(args.diarize, &args.diar_model, threads)? {
+        transcriber = speakers::diarized(transcriber, diarizer, args.diar_model.as_deref())?;
     }
     if args.verbose {
         eprintln!("{}: {}", model.name(), LiveKind::of(&model).describe());

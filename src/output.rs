@@ -774,7 +774,7 @@ fn render_json(t: &Transcript, meta: &OutputMeta) -> String {
         .iter()
         .enumerate()
         .map(|(i, tok)| {
-            // As the decoder times words: a token covers at least one frame.
+            // As the decoder times words (NeMo's token spans, within the audio).
             let (start, end) = t.token_times(i);
             JsonToken {
                 id: tok.id,

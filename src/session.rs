@@ -19,7 +19,7 @@ use crate::encoder::{
 use crate::error::{Error, Result};
 use crate::hparams::Attention;
 use crate::model::Model;
-use crate::tokenizer::Token;
+use crate::tokenizer::{Token, TokenClock};
 use crate::transcript::{Alternative, DecodingSummary, StageTimes, Transcript};
 use std::path::Path;
 use std::sync::Arc;
@@ -528,8 +528,12 @@ impl Session {
             times,
         } = decoded;
         let tokenizer = self.model.tokenizer();
-        let frame_seconds = self.model.hparams().geometry().frame_seconds();
-        let mut words = tokenizer.words(&tokens, frame_seconds);
+        let clock = TokenClock {
+            frame_seconds: self.model.hparams().geometry().frame_seconds(),
+            tdt_durations: opts.head() == Head::Tdt,
+            audio_seconds,
+        };
+        let mut words = tokenizer.words(&tokens, &clock);
         if let (Some(c), Some(tc)) = (opts.confidence(), &token_confidence) {
             let groups = tokenizer.word_groups(&tokens);
             for (word, conf) in words.iter_mut().zip(c.words(&groups, tc)) {
@@ -555,7 +559,8 @@ impl Session {
                 .collect(),
             tokens,
             audio_seconds,
-            frame_seconds,
+            frame_seconds: clock.frame_seconds,
+            tdt_durations: clock.tdt_durations,
             attention,
             times,
             speech: None,

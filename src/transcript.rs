@@ -2,7 +2,7 @@
 //! the time went.
 
 use crate::hparams::Attention;
-use crate::tokenizer::{Token, Word, token_span};
+use crate::tokenizer::{Token, TokenClock, Word};
 use std::time::Duration;
 
 /// Where the time went for one utterance.
@@ -49,6 +49,8 @@ pub struct Transcript {
     pub audio_seconds: f64,
     /// Seconds per encoder frame (token frames to times).
     pub frame_seconds: f64,
+    /// Whether token durations are the TDT head's predictions ([`TokenClock`]).
+    pub tdt_durations: bool,
     /// The encoder's self-attention for this utterance.
     pub attention: Attention,
     /// How the decoder searched, for the output's metadata.
@@ -75,15 +77,23 @@ pub struct SpeechSpan {
 }
 
 impl Transcript {
-    /// Token `i`'s start and end in seconds of the input (a token covers at least one frame).
+    /// Token `i`'s start and end in seconds of the input ([`TokenClock::span`], within its
+    /// speech segment when there are segments).
     pub fn token_times(&self, i: usize) -> (f64, f64) {
-        let (start, end) = token_span(&self.tokens[i], self.frame_seconds);
-        let offset = self.speech.as_deref().map_or(0.0, |spans| {
-            // The last segment starting at or before the token: segments without tokens share
-            // their first token with the next one, which comes later.
+        // The last segment starting at or before the token: segments without tokens share
+        // their first token with the next one, which comes later.
+        let segment = self.speech.as_deref().and_then(|spans| {
             let k = spans.partition_point(|s| s.first_token <= i);
-            k.checked_sub(1).map_or(0.0, |k| spans[k].start)
+            k.checked_sub(1).map(|k| &spans[k])
         });
+        let (offset, audio_seconds) =
+            segment.map_or((0.0, self.audio_seconds), |s| (s.start, s.end - s.start));
+        let clock = TokenClock {
+            frame_seconds: self.frame_seconds,
+            tdt_durations: self.tdt_durations,
+            audio_seconds,
+        };
+        let (start, end) = clock.span(&self.tokens[i]);
         (start + offset, end + offset)
     }
 }

@@ -20,7 +20,8 @@ class Word:
     """A word with its time span in seconds."""
 
     @property
-    def text(self) -> str: ...
+    def word(self) -> str:
+        """The word, as written in the text."""
     @property
     def start(self) -> float: ...
     @property

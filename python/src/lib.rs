@@ -520,15 +520,17 @@ impl Model {
         let mut received = 0;
         // Signals are checked every 100 ms, also while results keep arriving (short inputs
         // never let the wait time out).
+        let check_signals = || {
+            Python::attach(|py| py.check_signals()).inspect_err(|_| {
+                cancelled.store(true, Ordering::SeqCst);
+            })
+        };
         let mut checked = std::time::Instant::now();
         while received < n {
             let got = rx.recv_timeout(Duration::from_millis(100));
             if checked.elapsed() >= Duration::from_millis(100) || got.is_err() {
                 checked = std::time::Instant::now();
-                if let Err(interrupt) = Python::attach(|py| py.check_signals()) {
-                    cancelled.store(true, Ordering::SeqCst);
-                    return Err(interrupt);
-                }
+                check_signals()?;
             }
             match got {
                 Ok((i, result)) => {
@@ -540,6 +542,9 @@ impl Model {
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
+        // An interrupt that came after the last check still belongs to this call: raised here,
+        // not at whatever Python line runs next.
+        check_signals()?;
         let mut out = Vec::with_capacity(n);
         for (result, reply) in results.into_iter().zip(panics) {
             match result {
@@ -563,8 +568,8 @@ impl Model {
 /// A word with its time span in seconds.
 #[pyclass(frozen, get_all, module = "parakeet")]
 struct Word {
-    /// The word's text.
-    text: String,
+    /// The word, as written in the text (named as in the command line's JSON outputs).
+    word: String,
     /// Start, in seconds from the start of the audio.
     start: f64,
     /// End, in seconds.
@@ -580,8 +585,8 @@ struct Word {
 impl Word {
     fn __repr__(&self) -> String {
         format!(
-            "Word(text={:?}, start={:.3}, end={:.3})",
-            self.text, self.start, self.end
+            "Word(word={:?}, start={:.3}, end={:.3})",
+            self.word, self.start, self.end
         )
     }
 }
@@ -688,7 +693,7 @@ impl Transcript {
             })
             .collect();
         let words = t.words.into_iter().map(|w| Word {
-            text: w.text,
+            word: w.text,
             start: w.start,
             end: w.end,
             confidence: w.confidence,
@@ -745,7 +750,7 @@ impl Transcript {
         for w in self.words.bind(py) {
             let w = w.cast::<Word>()?.get();
             let item = PyDict::new(py);
-            item.set_item("text", &w.text)?;
+            item.set_item("word", &w.word)?;
             item.set_item("start", w.start)?;
             item.set_item("end", w.end)?;
             item.set_item("confidence", w.confidence)?;

@@ -83,11 +83,11 @@ def test_transcribe_with_vad_is_each_segment_alone(tdt):
     for a, b in want:
         alone = tdt.transcribe(data[a:b], sample_rate=rate)
         texts += [alone.text.strip()] if alone.text.strip() else []
-        words += [(w.text, w.start + a / 16000, w.end + a / 16000) for w in alone.words]
+        words += [(w.word, w.start + a / 16000, w.end + a / 16000) for w in alone.words]
     assert t.text == " ".join(texts)
     assert len(t.words) == len(words) > 5
     for w, (text, start, end) in zip(t.words, words):
-        assert w.text == text
+        assert w.word == text
         assert w.start == pytest.approx(start, abs=1e-9)
         assert w.end == pytest.approx(end, abs=1e-9)
     # A dict of vad()'s keywords: the package's segments for those parameters.

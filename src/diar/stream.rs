@@ -9,7 +9,8 @@
 
 use anyhow::{Result, bail};
 
-use super::{Activity, Diarizer};
+use super::{Activity, DEFAULT_MODEL, Diarizer};
+use crate::audio::mel::StreamingMel;
 use crate::encoder::{FeatureImage, encode_embeddings, pre_encode_only};
 use crate::hparams::{Attention, SortformerStreaming};
 
@@ -105,7 +106,7 @@ pub struct ChunkState {
     pub compressed: bool,
 }
 
-/// The streaming state between chunks.
+/// The FIFO, the speaker cache and the silence profile between chunks.
 struct State {
     d: usize,
     n_spks: usize,
@@ -124,6 +125,49 @@ impl State {
     }
 }
 
+/// NeMo's streaming loop as the audio arrives: features are computed as soon as their samples
+/// are there, and a chunk runs as soon as its frames and its right context are; at the end of
+/// the input the last chunks run with what context there is. Each chunk sees exactly what the
+/// whole-file loop gives it, so the probabilities are the same, bit for bit, however the audio
+/// is cut into pieces. Memory stays bounded: only the features the next chunk reads, the FIFO
+/// and the speaker cache are kept.
+pub struct DiarStream {
+    settings: SortformerStreaming,
+    mel: StreamingMel,
+    n_mels: usize,
+    /// Feature frames from `feat_base` on, `[frames][n_mels]`.
+    feats: Vec<f32>,
+    feat_base: usize,
+    /// The next chunk's first feature frame.
+    start: usize,
+    state: State,
+    samples: usize,
+    finished: bool,
+    trace: Option<Vec<ChunkState>>,
+}
+
+impl DiarStream {
+    /// The sizes this stream runs with.
+    pub fn settings(&self) -> &SortformerStreaming {
+        &self.settings
+    }
+
+    /// Keeps the state after every chunk (see [`DiarStream::take_trace`]).
+    pub fn record_chunks(&mut self) {
+        self.trace = Some(Vec::new());
+    }
+
+    /// The states recorded since the last call.
+    pub fn take_trace(&mut self) -> Vec<ChunkState> {
+        self.trace.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Feature frames received so far.
+    fn feat_end(&self) -> usize {
+        self.feat_base + self.feats.len() / self.n_mels
+    }
+}
+
 impl Diarizer {
     /// NeMo's streaming diarization of a whole recording with `settings`.
     pub fn diarize_streaming(
@@ -131,7 +175,11 @@ impl Diarizer {
         samples: &[f32],
         settings: &SortformerStreaming,
     ) -> Result<Activity> {
-        self.stream(samples, settings, None)
+        self.check_length(samples.len())?;
+        let mut stream = self.start_stream(settings)?;
+        let mut out = self.stream_accept(&mut stream, samples)?;
+        out.extend(self.stream_finish(&mut stream)?);
+        Ok(self.activity_of(out))
     }
 
     /// [`Diarizer::diarize_streaming`], recording the state after every chunk.
@@ -141,7 +189,18 @@ impl Diarizer {
         settings: &SortformerStreaming,
         trace: &mut Vec<ChunkState>,
     ) -> Result<Activity> {
-        self.stream(samples, settings, Some(trace))
+        self.check_length(samples.len())?;
+        let mut stream = self.start_stream(settings)?;
+        stream.record_chunks();
+        let mut out = self.stream_accept(&mut stream, samples)?;
+        out.extend(self.stream_finish(&mut stream)?);
+        trace.extend(stream.take_trace());
+        Ok(self.activity_of(out))
+    }
+
+    fn activity_of(&self, probs: Vec<f32>) -> Activity {
+        let frames = probs.len() / self.params.n_spks;
+        self.activity(probs, frames)
     }
 
     /// Refuses streaming sizes this model cannot run: a speaker cache without room for each
@@ -161,87 +220,166 @@ impl Diarizer {
         Ok(())
     }
 
-    fn stream(
-        &mut self,
-        samples: &[f32],
-        s: &SortformerStreaming,
-        mut trace: Option<&mut Vec<ChunkState>>,
-    ) -> Result<Activity> {
-        self.check_length(samples.len())?;
-        self.check_streaming(s)?;
-        let n_spks = self.params.n_spks;
-        let features = self.features(samples);
-        let (n_mels, feat_len) = (features.n_mels, features.n_frames);
-        let factor = self.model.hparams().encoder.subsampling_factor;
-        let d = self.model.hparams().encoder.d_model;
-        let mut st = State {
-            d,
-            n_spks,
-            spkcache: Vec::new(),
-            spkcache_preds: Vec::new(),
-            fifo: Vec::new(),
-            fifo_preds: Vec::new(),
-            mean_sil_emb: vec![0.0; d],
-            n_sil_frames: 0,
-            compressed: false,
-        };
-        let mut out = Vec::new();
-        let (mut start, mut end) = (0usize, 0usize);
-        while end < feat_len {
-            // `streaming_feat_loader`.
-            let left = (s.chunk_left_context * factor).min(start);
-            end = (start + s.chunk_len * factor).min(feat_len);
-            let right = (s.chunk_right_context * factor).min(feat_len - end);
-            let chunk: Vec<f32> = (start - left..end + right)
-                .flat_map(|t| (0..n_mels).map(move |m| (t, m)))
-                .map(|(t, m)| features.data[m * feat_len + t])
-                .collect();
-            start = end;
-            let (embs, n) = pre_encode_only(
-                &mut self.backend,
-                &self.model,
-                FeatureImage::from_frames(chunk, n_mels)?,
-            )?;
-            // `forward_streaming_step`: NeMo's round and ceil of the offsets in frames.
-            let lc = (left as f64 / factor as f64).round_ties_even() as usize;
-            let rc = right.div_ceil(factor);
-            if n < lc + rc {
-                bail!("internal: a chunk of {n} frames is shorter than its context {lc} + {rc}");
-            }
-            let (cache_frames, fifo_frames) = (st.frames(&st.spkcache, d), st.frames(&st.fifo, d));
-            let mut input = Vec::with_capacity((cache_frames + fifo_frames + n) * d);
-            input.extend_from_slice(&st.spkcache);
-            input.extend_from_slice(&st.fifo);
-            input.extend_from_slice(&embs);
-            let total = cache_frames + fifo_frames + n;
-            let encoded = encode_embeddings(
-                &mut self.backend,
-                &self.model,
-                &input,
-                total,
-                Attention::Full,
-            )?;
-            let (preds, _) = self.head(&encoded, total, false)?;
-            let chunk_preds = update(&mut st, s, &embs, &preds, lc, n - lc - rc, cache_frames);
-            if let Some(t) = trace.as_deref_mut() {
-                t.push(ChunkState {
-                    step_preds: preds,
-                    spkcache: st.spkcache.clone(),
-                    // NeMo keeps none until the first compression.
-                    spkcache_preds: match st.compressed {
-                        true => st.spkcache_preds.clone(),
-                        false => Vec::new(),
-                    },
-                    fifo: st.fifo.clone(),
-                    fifo_preds: st.fifo_preds.clone(),
-                    mean_sil_emb: st.mean_sil_emb.clone(),
-                    compressed: chunk_preds.1,
-                });
-            }
-            out.extend_from_slice(&chunk_preds.0);
+    /// Refuses a model that does not stream: an offline Sortformer scales the whole waveform
+    /// by its peak before the features, which needs all of it first.
+    pub fn check_streams(&self) -> Result<()> {
+        if !self.params.streaming_mode || self.mel.normalize_per_feature {
+            bail!(
+                "{} is an offline Sortformer (it scales the whole recording by its peak), which \
+                 cannot diarize live; use a streaming Sortformer ({DEFAULT_MODEL})",
+                self.model.path().display()
+            );
         }
-        let frames = out.len() / n_spks;
-        Ok(self.activity(out, frames))
+        Ok(())
+    }
+
+    /// A new stream with `settings` (its own state; the diarizer may run other streams or
+    /// whole recordings between its chunks).
+    pub fn start_stream(&self, settings: &SortformerStreaming) -> Result<DiarStream> {
+        self.check_streams()?;
+        self.check_streaming(settings)?;
+        let d = self.model.hparams().encoder.d_model;
+        Ok(DiarStream {
+            settings: *settings,
+            mel: StreamingMel::new(self.model.window(), self.model.filterbank(), &self.mel),
+            n_mels: self.mel.n_mels,
+            feats: Vec::new(),
+            feat_base: 0,
+            start: 0,
+            state: State {
+                d,
+                n_spks: self.params.n_spks,
+                spkcache: Vec::new(),
+                spkcache_preds: Vec::new(),
+                fifo: Vec::new(),
+                fifo_preds: Vec::new(),
+                mean_sil_emb: vec![0.0; d],
+                n_sil_frames: 0,
+                compressed: false,
+            },
+            samples: 0,
+            finished: false,
+            trace: None,
+        })
+    }
+
+    /// Feeds 16 kHz samples to `stream`; returns the probabilities of the frames the chunks
+    /// they completed give, `[frames][n_spks]` (none until a chunk and its right context are
+    /// there).
+    pub fn stream_accept(&mut self, stream: &mut DiarStream, samples: &[f32]) -> Result<Vec<f32>> {
+        if stream.finished {
+            bail!("internal: audio fed to a finished diarization stream");
+        }
+        let frames = stream.mel.push(samples);
+        stream.feats.extend_from_slice(&frames);
+        stream.samples += samples.len();
+        self.run_chunks(stream)
+    }
+
+    /// The input ended: the probabilities of the frames left, the last chunks run with the
+    /// right context there is. Fails on a stream too short for one frame.
+    pub fn stream_finish(&mut self, stream: &mut DiarStream) -> Result<Vec<f32>> {
+        if !stream.finished {
+            self.check_length(stream.samples)?;
+            let frames = stream.mel.finish();
+            stream.feats.extend_from_slice(&frames);
+            stream.finished = true;
+        }
+        self.run_chunks(stream)
+    }
+
+    /// Runs every chunk whose features are all there (`streaming_feat_loader`'s cut of the
+    /// whole recording: a chunk's right context is cut short only by the end of the input).
+    fn run_chunks(&mut self, stream: &mut DiarStream) -> Result<Vec<f32>> {
+        let s = stream.settings;
+        let factor = self.model.hparams().encoder.subsampling_factor;
+        let n_mels = stream.n_mels;
+        let mut out = Vec::new();
+        loop {
+            let available = stream.feat_end();
+            let start = stream.start;
+            let full_end = start + s.chunk_len * factor;
+            let ready = match stream.finished {
+                true => start < available,
+                false => full_end + s.chunk_right_context * factor <= available,
+            };
+            if !ready {
+                break;
+            }
+            let left = (s.chunk_left_context * factor).min(start);
+            let end = full_end.min(available);
+            let right = (s.chunk_right_context * factor).min(available - end);
+            let (from, to) = (
+                start - left - stream.feat_base,
+                end + right - stream.feat_base,
+            );
+            let chunk = stream.feats[from * n_mels..to * n_mels].to_vec();
+            stream.start = end;
+            out.extend(self.stream_chunk(stream, chunk, left, right)?);
+            // Only the next chunk's left context and what follows are read again.
+            let keep = end.saturating_sub(s.chunk_left_context * factor);
+            if keep > stream.feat_base {
+                stream.feats.drain(..(keep - stream.feat_base) * n_mels);
+                stream.feat_base = keep;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `forward_streaming_step` over one chunk's features (`[frames][n_mels]` with `left` and
+    /// `right` frames of context): its own frames' probabilities.
+    fn stream_chunk(
+        &mut self,
+        stream: &mut DiarStream,
+        chunk: Vec<f32>,
+        left: usize,
+        right: usize,
+    ) -> Result<Vec<f32>> {
+        let (s, st) = (&stream.settings, &mut stream.state);
+        let factor = self.model.hparams().encoder.subsampling_factor;
+        let d = st.d;
+        let (embs, n) = pre_encode_only(
+            &mut self.backend,
+            &self.model,
+            FeatureImage::from_frames(chunk, stream.n_mels)?,
+        )?;
+        // NeMo's round and ceil of the offsets in frames.
+        let lc = (left as f64 / factor as f64).round_ties_even() as usize;
+        let rc = right.div_ceil(factor);
+        if n < lc + rc {
+            bail!("internal: a chunk of {n} frames is shorter than its context {lc} + {rc}");
+        }
+        let (cache_frames, fifo_frames) = (st.frames(&st.spkcache, d), st.frames(&st.fifo, d));
+        let total = cache_frames + fifo_frames + n;
+        let mut input = Vec::with_capacity(total * d);
+        input.extend_from_slice(&st.spkcache);
+        input.extend_from_slice(&st.fifo);
+        input.extend_from_slice(&embs);
+        let encoded = encode_embeddings(
+            &mut self.backend,
+            &self.model,
+            &input,
+            total,
+            Attention::Full,
+        )?;
+        let (preds, _) = self.head(&encoded, total, false)?;
+        let (chunk_preds, compressed) = update(st, s, &embs, &preds, lc, n - lc - rc, cache_frames);
+        if let Some(t) = stream.trace.as_mut() {
+            t.push(ChunkState {
+                step_preds: preds,
+                spkcache: st.spkcache.clone(),
+                // NeMo keeps none until the first compression.
+                spkcache_preds: match st.compressed {
+                    true => st.spkcache_preds.clone(),
+                    false => Vec::new(),
+                },
+                fifo: st.fifo.clone(),
+                fifo_preds: st.fifo_preds.clone(),
+                mean_sil_emb: st.mean_sil_emb.clone(),
+                compressed,
+            });
+        }
+        Ok(chunk_preds)
     }
 }
 

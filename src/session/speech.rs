@@ -3,7 +3,7 @@
 //! speech cut), each segment is transcribed on its own as an utterance, and the pieces are
 //! joined in the input's time. Silence is never encoded.
 
-use super::{DecodeOptions, Session, SpeechPlan};
+use super::{DecodeOptions, Head, Session, SpeechPlan};
 use crate::error::{Error, Result};
 use crate::transcript::{Alternative, SpeechSpan, StageTimes, Transcript};
 use crate::vad::{SampleRate, SpeechSegment, Vad, speech_segments};
@@ -89,6 +89,7 @@ impl Session {
         let mut t = Transcript {
             audio_seconds: n_samples as f64 / rate,
             frame_seconds,
+            tdt_durations: opts.head() == Head::Tdt,
             decoding: self.summary(opts),
             // The longest segment's (or, with none, what the whole input would have had).
             attention: parts

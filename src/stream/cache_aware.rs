@@ -16,7 +16,7 @@ use crate::decoder::hypothesis::Hypothesis;
 use crate::encoder::{EncoderState, FeatureImage, Outputs, StreamCaches};
 use crate::hparams::{Attention, StreamingParams};
 use crate::session::{DecoderChoice, Session};
-use crate::tokenizer::Token;
+use crate::tokenizer::{Token, TokenClock};
 use anyhow::{Result, bail};
 
 /// How a [`CacheAwareStream`] runs.
@@ -359,8 +359,8 @@ impl CacheAwareStream {
     fn cut_long_utterance(&mut self) -> Option<Utterance> {
         let limit = self.max_utterance_seconds?;
         let (first, last) = (self.tokens.first()?, self.tokens.last()?);
-        let frames = last.frame + last.duration.max(1) - first.frame;
-        let span = frames as f64 * self.session.model().hparams().geometry().frame_seconds();
+        let clock = self.clock();
+        let span = clock.span(last).1 - clock.span(first).0;
         if span <= limit {
             return None;
         }
@@ -396,23 +396,32 @@ impl CacheAwareStream {
         self.markers = ids;
     }
 
+    /// The stream's token times: up to the frames streamed so far.
+    fn clock(&self) -> TokenClock {
+        let model = self.session.model();
+        let frame_seconds = model.hparams().geometry().frame_seconds();
+        TokenClock {
+            frame_seconds,
+            tdt_durations: matches!(self.head, HeadState::Transducer(_))
+                && model.hparams().model_type.is_tdt(),
+            audio_seconds: self.frames_done as f64 * frame_seconds,
+        }
+    }
+
     /// The utterance so far.
     fn utterance(&self) -> Utterance {
         let model = self.session.model();
-        let fs = model.hparams().geometry().frame_seconds();
+        let clock = self.clock();
         let ids = self.tokens.iter().map(|t| t.id);
         let (start, end) = match (self.tokens.first(), self.tokens.last()) {
-            (Some(a), Some(b)) => (
-                a.frame as f64 * fs,
-                (b.frame + b.duration.max(1)) as f64 * fs,
-            ),
+            (Some(a), Some(b)) => (clock.span(a).0, clock.span(b).1),
             _ => (0.0, 0.0),
         };
         Utterance {
             text: model.tokenizer().detokenize(ids),
             start,
             end,
-            words: model.tokenizer().words(&self.tokens, fs),
+            words: model.tokenizer().words(&self.tokens, &clock),
             tokens: self.tokens.clone(),
         }
     }

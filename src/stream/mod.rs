@@ -12,6 +12,7 @@ pub mod mic;
 pub mod open;
 pub mod pump;
 pub mod render;
+pub mod speakers;
 pub mod turns;
 
 use crate::tokenizer::{Token, Word};

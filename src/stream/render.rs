@@ -2,6 +2,7 @@
 //! finished lines scrolling; elsewhere only the finished lines) or JSON lines.
 
 use super::{StreamEvent, Utterance};
+use crate::diar::words::speaker_name;
 use serde::Serialize;
 use std::io::{self, Write};
 
@@ -12,7 +13,8 @@ pub enum EventFormat {
     #[default]
     Text,
     /// One JSON object a line: {"type": "partial"|"final", "text", "start", "end", "words"};
-    /// a word is {"word", "start", "end"}, as in `transcribe`'s JSON and OpenAI's.
+    /// a word is {"word", "start", "end"}, as in `transcribe`'s JSON and OpenAI's (with
+    /// "speaker" in a diarized stream's finals).
     Jsonl,
 }
 
@@ -54,7 +56,7 @@ impl<W: Write> EventWriter<W> {
                 if self.terminal {
                     write!(self.out, "{REDRAW}")?;
                 }
-                writeln!(self.out, "{}", u.text)?;
+                writeln!(self.out, "{}", speaker_text(u))?;
                 self.partial_shown = false;
             }
         }
@@ -89,6 +91,7 @@ impl<W: Write> EventWriter<W> {
                     start: millis(w.start),
                     end: millis(w.end),
                     confidence: w.confidence,
+                    speaker: w.speaker.map(speaker_name),
                 })
                 .collect(),
         };
@@ -116,6 +119,32 @@ struct JsonWord<'a> {
     /// When asked for (`--confidence`).
     #[serde(skip_serializing_if = "Option::is_none")]
     confidence: Option<f32>,
+    /// When diarized (`--diarize`): `speaker_<k>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speaker: Option<String>,
+}
+
+/// A final's line: its text, or, when its words have speakers, each speaker's run of words
+/// after the speaker's name in brackets (`[speaker_0] hello there [speaker_1] hi`).
+fn speaker_text(u: &Utterance) -> String {
+    let mut out = String::new();
+    let mut current = None;
+    for w in &u.words {
+        let Some(k) = w.speaker else {
+            return u.text.clone();
+        };
+        if current != Some(k) {
+            let gap = if out.is_empty() { "" } else { " " };
+            out.push_str(&format!("{gap}[{}]", speaker_name(k)));
+            current = Some(k);
+        }
+        out.push(' ');
+        out.push_str(&w.text);
+    }
+    if out.is_empty() {
+        return u.text.clone();
+    }
+    out
 }
 
 /// Seconds rounded to the millisecond: encoder frames are 40 or 80 ms, so nothing is lost, and

@@ -106,18 +106,31 @@ fn is_punctuation(c: char) -> bool {
         | '\u{2010}'..='\u{2027}' | '\u{2030}'..='\u{205e}' | '\u{3001}'..='\u{3003}')
 }
 
-/// A token's span in seconds: `[frame, frame + duration]`, at least one frame.
-pub fn token_span(tok: &Token, frame_seconds: f64) -> (f64, f64) {
-    (
-        tok.frame as f64 * frame_seconds,
-        (tok.frame + tok.duration.max(1)) as f64 * frame_seconds,
-    )
+/// Token frames to seconds, as NeMo times tokens: a TDT token ends after the duration its
+/// head predicted (0 allowed: the next token starts on the same frame), an RNN-T or CTC token
+/// after the one frame it was emitted on. No token ends after the audio: the last frame, and a
+/// TDT duration, can reach past it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenClock {
+    pub frame_seconds: f64,
+    /// Whether [`Token::duration`] is the TDT head's prediction.
+    pub tdt_durations: bool,
+    /// Seconds of audio the tokens were decoded from.
+    pub audio_seconds: f64,
+}
+
+impl TokenClock {
+    /// A token's start and end in seconds.
+    pub fn span(&self, tok: &Token) -> (f64, f64) {
+        let frames = if self.tdt_durations { tok.duration } else { 1 };
+        let at = |frame: usize| (frame as f64 * self.frame_seconds).min(self.audio_seconds);
+        (at(tok.frame), at(tok.frame + frames))
+    }
 }
 
 /// Group tokens into words, as NeMo groups them for word confidence and timestamps
-/// ([`word_groups`]). A token spans `[frame, frame + duration]` frames (at least one frame for
-/// RNN-T / CTC) of `frame_seconds` each ([`FrameGeometry`](crate::hparams::FrameGeometry)).
-pub fn words(vocab: &[String], tokens: &[Token], frame_seconds: f64) -> Vec<Word> {
+/// ([`word_groups`]): a word spans its tokens' spans ([`TokenClock::span`]).
+pub fn words(vocab: &[String], tokens: &[Token], clock: &TokenClock) -> Vec<Word> {
     let pieces: Vec<&str> = tokens.iter().map(|t| piece_text(vocab, t.id)).collect();
     word_groups(&pieces)
         .into_iter()
@@ -126,7 +139,7 @@ pub fn words(vocab: &[String], tokens: &[Token], frame_seconds: f64) -> Vec<Word
                 .iter()
                 .map(|p| p.replace(WORD_MARK, "").trim().to_owned())
                 .collect();
-            let spans = tokens[group].iter().map(|t| token_span(t, frame_seconds));
+            let spans = tokens[group].iter().map(|t| clock.span(t));
             let (start, end) = spans
                 .reduce(|(s, e), (_, e2)| (s, e.max(e2)))
                 .unwrap_or_default();
@@ -304,8 +317,8 @@ impl Tokenizer {
         word_groups(&pieces)
     }
 
-    pub fn words(&self, tokens: &[Token], frame_seconds: f64) -> Vec<Word> {
-        words(&self.pieces, tokens, frame_seconds)
+    pub fn words(&self, tokens: &[Token], clock: &TokenClock) -> Vec<Word> {
+        words(&self.pieces, tokens, clock)
     }
 
     /// `text` as the model's ids, exactly as NeMo's `text_to_ids` (SentencePiece's encoding).
@@ -348,12 +361,43 @@ mod tests {
             frame,
             duration,
         };
-        let w = words(&v, &[t(1, 0, 2), t(2, 2, 1), t(4, 3, 1), t(3, 10, 4)], 0.08);
-        assert_eq!(w.len(), 2);
-        assert_eq!(w[0].text, "hello,");
-        assert!((w[0].start - 0.0).abs() < 1e-9 && (w[0].end - 0.32).abs() < 1e-9);
-        assert_eq!(w[1].text, "world");
-        assert!((w[1].start - 0.8).abs() < 1e-9 && (w[1].end - 1.12).abs() < 1e-9);
+        let tokens = [t(1, 0, 2), t(2, 2, 1), t(4, 3, 0), t(3, 10, 4)];
+        let span = |w: &Word| (w.text.clone(), w.start, w.end);
+        let near = |got: Vec<(String, f64, f64)>, want: [(&str, f64, f64); 2]| {
+            assert_eq!(got.len(), 2);
+            for (g, w) in got.iter().zip(want) {
+                assert_eq!(g.0, w.0);
+                assert!(
+                    (g.1 - w.1).abs() < 1e-9 && (g.2 - w.2).abs() < 1e-9,
+                    "{g:?} {w:?}"
+                );
+            }
+        };
+        // TDT: a token ends after its predicted duration, the zero-duration "," on its own
+        // frame; the last word stops at the audio's end (1.1 s, not frame 14's 1.12 s).
+        let tdt = TokenClock {
+            frame_seconds: 0.08,
+            tdt_durations: true,
+            audio_seconds: 1.1,
+        };
+        let w = words(&v, &tokens, &tdt);
+        near(
+            w.iter().map(span).collect(),
+            [("hello,", 0.0, 0.24), ("world", 0.8, 1.1)],
+        );
+        let (start, end) = tdt.span(&tokens[2]);
+        assert!(start == end && (start - 0.24).abs() < 1e-9);
+        // RNN-T and CTC: each token covers its frame.
+        let one_frame = TokenClock {
+            tdt_durations: false,
+            audio_seconds: 10.0,
+            ..tdt
+        };
+        let w = words(&v, &tokens, &one_frame);
+        near(
+            w.iter().map(span).collect(),
+            [("hello,", 0.0, 0.32), ("world", 0.8, 0.88)],
+        );
     }
 
     #[test]

@@ -613,6 +613,45 @@ fn bad_decoding_flags_exit_2_and_write_nothing() {
     }
 }
 
+/// A confidence flag is checked against the model even when the output (plain text) does not
+/// show confidence: `--confidence-with-durations` on an RNN-T or CTC decoder is refused, not
+/// ignored.
+#[test]
+fn confidence_flags_are_checked_when_the_output_hides_confidence() {
+    let root = scratch("confidence-txt");
+    let clip = reference("").join("speech_10s.wav");
+    let cases = [
+        ("tiny_rnnt", vec!["--confidence-with-durations"], "rnnt"),
+        (
+            "tiny_tdt_ctc",
+            vec!["--decoder", "ctc", "--confidence-with-durations"],
+            "ctc",
+        ),
+    ];
+    for (name, flags, head) in cases {
+        let model = gguf(name, parakeet::convert::OutType::F32);
+        let out_dir = root.join(name);
+        let mut extra = vec!["-f", "txt", "-q", "-o", out_dir.to_str().unwrap()];
+        extra.extend(flags.iter().copied());
+        let out = transcribe(&clip, &model, &extra, &root);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name} {flags:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "--confidence-with-durations: the {head} decoder has no durations"
+            )),
+            "{name}: {err}"
+        );
+        assert!(!out_dir.exists(), "{name} wrote {}", out_dir.display());
+    }
+    // On a TDT model the same flag is taken, and the text is greedy decoding's as without it.
+    let model = gguf("tiny_tdt", parakeet::convert::OutType::F32);
+    let plain = transcribe(&clip, &model, &["-q"], &root);
+    let with = transcribe(&clip, &model, &["-q", "--confidence-with-durations"], &root);
+    assert_eq!(with.status.code(), Some(0), "{}", text(&with.stderr));
+    assert_eq!(text(&with.stdout), text(&plain.stdout));
+}
+
 /// `--beam 4 --nbest 4` writes NeMo's N-best list (malsd_batch, the default transducer
 /// search, boosted too) as the JSON's `alternatives`, best first, the first being the
 /// transcript; the decoding block says what ran.

@@ -16,6 +16,7 @@ mod signals;
 mod speech;
 mod stream;
 mod stream_buffered;
+mod stream_diarize;
 mod transcribe_diarize;
 mod vad;
 mod vad_turns;

@@ -8,16 +8,16 @@ use std::path::{Path, PathBuf};
 /// The ASR model beside the Sortformer (CTC: the fastest decoder of the tiny models).
 const ASR: &str = "tiny_ctc";
 /// The clip (one of the Sortformer references').
-const CLIP: &str = "jfk";
+pub(crate) const CLIP: &str = "jfk";
 /// Two speakers' scores closer than this (relative) are a tie our 1e-4 probabilities could
 /// break either way: such words are not compared.
 const TIE_MARGIN: f64 = 1e-3;
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn clip() -> PathBuf {
+pub(crate) fn clip() -> PathBuf {
     fixtures().join(format!("diar/audio/{CLIP}.wav"))
 }
 
@@ -25,7 +25,7 @@ fn clip() -> PathBuf {
 /// `[start, end]`: every millisecond of the span counts the probabilities of the frame it falls
 /// in (the last frame also covers what follows it). Returns the best speaker and whether the
 /// runner-up is within [`TIE_MARGIN`].
-fn nemo_speaker(preds: &[f32], n: usize, start: f64, end: f64) -> (usize, bool) {
+pub(crate) fn nemo_speaker(preds: &[f32], n: usize, start: f64, end: f64) -> (usize, bool) {
     let frames = preds.len() / n;
     let (a, b) = (
         (start * 1000.0).round() as usize,

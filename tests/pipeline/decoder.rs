@@ -58,6 +58,64 @@ fn transcripts_match_nemo_token_for_token() {
     }
 }
 
+/// Token and word times from NeMo's decode, by NeMo's rule: a TDT token starts at its frame and
+/// ends after its predicted duration (0 frames for some: they end where they start), an RNN-T
+/// token covers its frame; a word runs from its first token's start to its last token's end.
+/// No time lies past the audio, though NeMo's last TDT token (frame 124 of 125, 4 frames) would.
+#[test]
+fn token_and_word_times_follow_nemo_durations() {
+    let (mut zero_durations, mut clamped) = (0, 0);
+    for model in ["tiny_tdt", "tiny_tdt_ctc", "tiny_rnnt"] {
+        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+        let fs = session.model().hparams().geometry().frame_seconds();
+        for (suffix, clip) in CLIPS {
+            let name = format!("{model}{suffix}");
+            let nemo = &json(&reference(&name).join("result.json"))["greedy_batch"];
+            let opts = greedy(&session, DecoderChoice::Auto);
+            let ours = session.transcribe(clip_samples(clip), &opts).unwrap();
+            let audio = ours.audio_seconds;
+            let starts = ints(&nemo["timestamp"]);
+            // RNN-T: no durations (an empty list), each token covers its frame.
+            let durations = match nemo.get("token_duration").map(ints) {
+                Some(d) if !d.is_empty() => d,
+                _ => vec![1; starts.len()],
+            };
+            assert_eq!(starts.len(), ours.tokens.len(), "{name}: tokens");
+            let nemo_times: Vec<(f64, f64)> = starts
+                .iter()
+                .zip(&durations)
+                .map(|(&s, &d)| {
+                    zero_durations += usize::from(d == 0);
+                    clamped += usize::from((s + d) as f64 * fs > audio);
+                    (s as f64 * fs, ((s + d) as f64 * fs).min(audio))
+                })
+                .collect();
+            for (i, want) in nemo_times.iter().enumerate() {
+                let got = ours.token_times(i);
+                assert!(
+                    (got.0 - want.0).abs() < 1e-9 && (got.1 - want.1).abs() < 1e-9,
+                    "{name}: token {i} at {got:?}, NeMo's {want:?}"
+                );
+            }
+            let groups = session.model().tokenizer().word_groups(&ours.tokens);
+            assert_eq!(groups.len(), ours.words.len(), "{name}: words");
+            for (w, g) in ours.words.iter().zip(groups) {
+                let want = (nemo_times[g.start].0, nemo_times[g.end - 1].1);
+                assert!(
+                    (w.start - want.0).abs() < 1e-9 && (w.end - want.1).abs() < 1e-9,
+                    "{name}: {w:?}, NeMo's {want:?}"
+                );
+                assert!(
+                    w.end <= audio,
+                    "{name}: {w:?} ends after the audio ({audio} s)"
+                );
+            }
+        }
+    }
+    assert!(zero_durations > 0, "no zero-duration token was compared");
+    assert!(clamped > 0, "no token reached past the audio");
+}
+
 /// A session whose compute buffer was readied at load for the clip's length: the clip then
 /// runs in that buffer (it does not grow), and the transcript is still NeMo's.
 #[test]

@@ -204,9 +204,9 @@ fn npz(path: &std::path::Path) -> std::collections::HashMap<String, (Vec<usize>,
     out
 }
 
-/// NeMo's streaming loop with the model's own streaming sizes, chunk by chunk: every step's
-/// probabilities over [speaker cache | FIFO | chunk], and the cache, the FIFO, their
-/// probabilities and the silence profile after it; then the whole output.
+/// NeMo's streaming loop with the model's own streaming sizes, fed as live audio, chunk by
+/// chunk: every step's probabilities over [speaker cache | FIFO | chunk], and the cache, the
+/// FIFO, their probabilities and the silence profile after it; then the whole output.
 #[test]
 fn streaming_matches_nemo_chunk_by_chunk() {
     let model = "tiny_sortformer_stream";
@@ -228,10 +228,15 @@ fn streaming_matches_nemo_chunk_by_chunk() {
         ] {
             assert_eq!(own[key].as_u64().unwrap() as usize, ours, "{key}");
         }
-        let mut trace = Vec::new();
-        let activity = diarizer
-            .diarize_streaming_traced(&samples(clip), &settings, &mut trace)
-            .unwrap();
+        // As live audio arrives: pieces of 0.1 s, the chunks run as their frames come.
+        let mut stream = diarizer.start_stream(&settings).unwrap();
+        stream.record_chunks();
+        let mut probs = Vec::new();
+        for piece in samples(clip).chunks(1600) {
+            probs.extend(diarizer.stream_accept(&mut stream, piece).unwrap());
+        }
+        probs.extend(diarizer.stream_finish(&mut stream).unwrap());
+        let trace = stream.take_trace();
         let chunks = result["streaming"]["chunks"].as_array().unwrap();
         assert_eq!(trace.len(), chunks.len(), "{clip}: chunks");
         let states = npz(&dir.join("stream_states.npz"));
@@ -273,7 +278,7 @@ fn streaming_matches_nemo_chunk_by_chunk() {
             }
         }
         let (_, nemo) = npy(&dir.join("stream_preds.npy"));
-        let err = max_abs_err(&activity.probs, &nemo);
+        let err = max_abs_err(&probs, &nemo);
         println!(
             "{clip}: {} chunks, streamed preds max abs err {err:.2e}",
             trace.len()
@@ -306,4 +311,68 @@ fn streaming_with_published_sizes_matches_nemo() {
         println!("{clip}: published sizes, max abs err {err:.2e}");
         assert!(err <= PROB_TOL, "{clip}: max abs err {err:.3e}");
     }
+}
+
+/// The live stream gives the whole-file run's probabilities bit for bit however the audio is
+/// cut (single samples, odd sizes, seconds at once), and gives each chunk's frames as soon as
+/// the chunk and its right context have arrived, not at the end.
+#[test]
+fn streaming_piece_by_piece_equals_the_whole_file() {
+    let model = "tiny_sortformer_stream";
+    let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), 2).unwrap();
+    let own = diarizer.params().streaming;
+    for settings in [own, own.inference_defaults()] {
+        for clip in CLIPS {
+            let audio = samples(clip);
+            let whole = diarizer.diarize_streaming(&audio, &settings).unwrap();
+            let mut stream = diarizer.start_stream(&settings).unwrap();
+            let (mut probs, mut at) = (Vec::new(), 0);
+            for (i, size) in [1usize, 159, 1600, 7, 4001, 32000]
+                .iter()
+                .cycle()
+                .enumerate()
+            {
+                if at >= audio.len() {
+                    break;
+                }
+                let piece = &audio[at..(at + size).min(audio.len())];
+                at += piece.len();
+                let new = diarizer.stream_accept(&mut stream, piece).unwrap();
+                assert_eq!(new.len() % 4, 0, "{clip} piece {i}: whole frames");
+                // A chunk runs once its last frame and right context are in: at most the
+                // chunk and its context (plus the STFT's half window) wait.
+                let waiting_frames = at / 1280 - (probs.len() + new.len()) / 4;
+                assert!(
+                    waiting_frames <= settings.chunk_len + settings.chunk_right_context + 1,
+                    "{clip}: {waiting_frames} frames held back after {at} samples"
+                );
+                probs.extend(new);
+            }
+            let live_frames = probs.len() / 4;
+            probs.extend(diarizer.stream_finish(&mut stream).unwrap());
+            assert!(
+                live_frames > 0 && live_frames < whole.frames,
+                "{clip}: {live_frames} of {} frames before the end",
+                whole.frames
+            );
+            assert_eq!(probs.len(), whole.probs.len(), "{clip}: frames");
+            let same = probs
+                .iter()
+                .zip(&whole.probs)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{clip}: the live stream differs from the whole file");
+            // Finished streams give nothing more, and refuse more audio.
+            assert!(diarizer.stream_finish(&mut stream).unwrap().is_empty());
+            assert!(diarizer.stream_accept(&mut stream, &audio[..10]).is_err());
+        }
+    }
+}
+
+/// An offline Sortformer (peak-scaled waveform) cannot stream.
+#[test]
+fn offline_sortformer_refuses_to_stream() {
+    let diarizer = Diarizer::load(&gguf("tiny_sortformer", OutType::F32), 2).unwrap();
+    let settings = diarizer.params().streaming.inference_defaults();
+    let err = diarizer.start_stream(&settings).err().unwrap().to_string();
+    assert!(err.contains("offline Sortformer"), "{err}");
 }

@@ -7,7 +7,7 @@ use parakeet::output::{
     Format, MAX_LINE_CHARS, MAX_LINES, OutputMeta, Segment, check_not_input,
     format_timestamps_line, output_path, render, segments, write_atomic,
 };
-use parakeet::tokenizer::{Token, Word, detokenize, words};
+use parakeet::tokenizer::{Token, TokenClock, Word, detokenize, words};
 use parakeet::transcript::Transcript;
 use serde_json::{Value, json};
 use std::fs;
@@ -40,7 +40,7 @@ fn transcript() -> Transcript {
         (1, 0, 2),   // ▁Hel    0.00-0.16
         (2, 2, 2),   // lo      0.16-0.32
         (3, 5, 3),   // ▁world  0.40-0.64
-        (4, 8, 0),   // .       0.64-0.72 (duration 0 still spans one frame)
+        (4, 8, 1),   // .       0.64-0.72
         (5, 10, 2),  // ▁How    0.80-0.96
         (6, 12, 2),  // ▁are    0.96-1.12
         (7, 14, 3),  // ▁you    1.12-1.36
@@ -56,13 +56,19 @@ fn transcript() -> Transcript {
         duration,
     })
     .collect();
+    let clock = TokenClock {
+        frame_seconds: 0.08,
+        tdt_durations: true,
+        audio_seconds: 4.0,
+    };
     Transcript {
         text: detokenize(&vocab, tokens.iter().map(|t| t.id)),
         pieces: tokens.iter().map(|t| vocab[t.id].clone()).collect(),
-        words: words(&vocab, &tokens, 0.08),
+        words: words(&vocab, &tokens, &clock),
         tokens,
-        audio_seconds: 4.0,
-        frame_seconds: 0.08,
+        audio_seconds: clock.audio_seconds,
+        frame_seconds: clock.frame_seconds,
+        tdt_durations: true,
         ..Transcript::default()
     }
 }
@@ -278,6 +284,56 @@ fn txt_is_the_text_and_a_newline() {
     );
 }
 
+/// A TDT token of duration 0 ends where it starts (NeMo's end = start + duration): its word
+/// does not run into the next one, and a last token whose duration reaches past the audio
+/// ends with the audio.
+#[test]
+fn json_times_a_zero_duration_token_as_nemo() {
+    let vocab: Vec<String> = VOCAB.iter().map(|s| s.to_string()).collect();
+    let token = |id, frame, duration| Token {
+        id,
+        frame,
+        duration,
+    };
+    // "world." then "How", the "." of duration 0 on frame 8; "thanks" from frame 40 for 5
+    // frames, past the 3.5 s of audio.
+    let tokens = vec![
+        token(3, 5, 3),
+        token(4, 8, 0),
+        token(5, 8, 2),
+        token(10, 40, 5),
+    ];
+    let clock = TokenClock {
+        frame_seconds: 0.08,
+        tdt_durations: true,
+        audio_seconds: 3.5,
+    };
+    let t = Transcript {
+        pieces: tokens.iter().map(|t| vocab[t.id].clone()).collect(),
+        words: words(&vocab, &tokens, &clock),
+        tokens,
+        audio_seconds: clock.audio_seconds,
+        frame_seconds: clock.frame_seconds,
+        tdt_durations: true,
+        ..Transcript::default()
+    };
+    let v: Value = serde_json::from_str(&render(Format::Json, &t, &meta())).unwrap();
+    assert_eq!(
+        v["tokens"][1],
+        json!({"id": 4, "piece": ".", "start": 0.64, "end": 0.64, "duration": 0.0,
+               "frame": 8, "duration_frames": 0})
+    );
+    assert_eq!(v["tokens"][3]["end"], 3.5);
+    assert_eq!(
+        v["words"],
+        json!([
+            {"word": "world.", "start": 0.4, "end": 0.64},
+            {"word": "How", "start": 0.64, "end": 0.8},
+            {"word": "thanks", "start": 3.2, "end": 3.5},
+        ])
+    );
+}
+
 #[test]
 fn json_has_every_field_with_millisecond_times() {
     let t = transcript();
@@ -294,11 +350,10 @@ fn json_has_every_field_with_millisecond_times() {
         json!({"id": 1, "piece": "▁Hel", "start": 0.0, "end": 0.16, "duration": 0.16,
                "frame": 0, "duration_frames": 2})
     );
-    // Duration 0 (emitted with the next token on the same frame) still spans one frame.
     assert_eq!(
         tokens[3],
         json!({"id": 4, "piece": ".", "start": 0.64, "end": 0.72, "duration": 0.08,
-               "frame": 8, "duration_frames": 0})
+               "frame": 8, "duration_frames": 1})
     );
     assert_eq!(tokens[10]["start"], 3.2);
     assert_eq!(tokens[10]["end"], 3.6);
