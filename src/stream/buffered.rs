@@ -16,16 +16,17 @@
 //!   valid length that its masked encoder computed from zeroed features; their argmax adds
 //!   spurious tokens to the last final (`khl` on the tiny hybrid). Those frames are not
 //!   computed here, so the last final lacks them; every other token is NeMo's.
-//! - Punctuation (models whose vocabulary has it, NeMo's `asr_supported_puncts`, e.g.
-//!   parakeet-tdt-0.6b-v2): NeMo's `refine_text_segment_timestamp` also starts a segment or word
-//!   after leading punctuation pieces and ends it at its last piece that is not punctuation,
-//!   and its word grouping appends a word that is only post-word punctuation to the word
-//!   before. This port refines as NeMo does for a model without punctuation (the tiny models
-//!   the references use): the text is the same, but such a word's times may differ by the
-//!   frames of its punctuation pieces, and a lone punctuation mark is a word of its own.
+//! - Punctuation (models whose vocabulary has it, e.g. parakeet-tdt-0.6b-v2 and v3): segment
+//!   and word times around punctuation pieces, and a lone `.`, `,` or `?` joined to the word
+//!   before, follow NeMo's code (`buffered/words.rs`, tested piece by piece against it) but no
+//!   NeMo run: the references' tiny models have no punctuation. NeMo's `ParakeetBPETokenizer`
+//!   (vocabularies with event tags) leaves `[` and `]` out of the punctuation; here a `[` or
+//!   `]` piece counts as punctuation.
 //! - Boosting and confidence follow NeMo's per-stream design (the tree state rides with the
 //!   decoder state), checked against the offline decode of the same frames: NeMo 3.0.0's
 //!   pipeline, which made the references, fuses no per-stream phrases.
+
+mod words;
 
 use super::{LiveTranscriber, StreamEvent, Utterance};
 use crate::audio::mel::log_mel;
@@ -36,10 +37,11 @@ use crate::decoder::hypothesis::Hypothesis;
 use crate::encoder::{AttentionChoice, EncoderState, FeatureImage, Outputs};
 use crate::hparams::FrameGeometry;
 use crate::session::{DecoderChoice, Session};
-use crate::tokenizer::{Token, Tokenizer, Word};
+use crate::tokenizer::{Token, Tokenizer};
 use anyhow::{Result, bail};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use words::Grouping;
 
 /// NeMo's default chunk, left and right context (seconds; `buffered_rnnt.yaml`).
 pub const DEFAULT_CHUNK_SECS: f64 = 4.8;
@@ -53,8 +55,6 @@ const RESIDUE_TOKENS_AT_END: usize = 2;
 /// `detect_overlap`: tokens compared, and how close in frames a repeat must be to be dropped.
 const OVERLAP_SEARCH: usize = 3;
 const CLOSE_IN_TIME: f64 = 2.0;
-/// Word end snapping to the next word's start (frames).
-const WORD_BOUNDARY_TOLERANCE: f64 = 4.0;
 /// The sentencepiece word mark.
 const WORD_MARK: char = '\u{2581}';
 
@@ -229,6 +229,9 @@ pub struct StepRecord {
     pub rows: Vec<f32>,
     /// The finished utterance's text, when the step ended one.
     pub final_text: Option<String>,
+    /// Tokens the stream keeps after the step (the utterance's unreported ones and the few
+    /// the duplicate-token check compares).
+    pub kept_tokens: usize,
 }
 
 /// Where a step's time went (for benchmarks): the buffer's features, its encoder pass, the
@@ -288,8 +291,8 @@ pub struct BufferedStream {
     /// The head's rows of the all-zero buffer, `[T][width]` (shared by every stream of the
     /// model with these sizes).
     zero_rows: Arc<Vec<f32>>,
-    /// Pieces that start a word.
-    word_start: Vec<bool>,
+    /// Which pieces start a word or are punctuation, for words and times.
+    grouping: Grouping,
     /// The audio buffer (`S_b` samples, the newest last).
     ring: Vec<f32>,
     /// Samples received and not yet a whole chunk.
@@ -309,9 +312,44 @@ pub struct BufferedStream {
     times: StepTimes,
 }
 
-/// The zero buffer's rows by model file, head and buffer size: computed once per process.
+/// The zero buffer's rows by model file, head and buffer size: computed once per process for
+/// the sizes in use (a server whose clients ask for ever new sizes keeps the latest few).
 type ZeroKey = (std::path::PathBuf, bool, usize, usize);
-static ZERO_ROWS: Mutex<Vec<(ZeroKey, Arc<Vec<f32>>)>> = Mutex::new(Vec::new());
+static ZERO_ROWS: Mutex<RecentRows> = Mutex::new(RecentRows::new());
+
+/// How many zero buffers [`ZERO_ROWS`] keeps (a 0.6b transducer's is 256 KB at NeMo's sizes).
+const ZERO_ROWS_KEPT: usize = 8;
+
+/// The most recently used rows by key, at most [`ZERO_ROWS_KEPT`] of them.
+struct RecentRows {
+    /// Oldest use first.
+    entries: Vec<(ZeroKey, Arc<Vec<f32>>)>,
+}
+
+impl RecentRows {
+    const fn new() -> RecentRows {
+        RecentRows {
+            entries: Vec::new(),
+        }
+    }
+
+    /// The rows of `key`, now the most recently used.
+    fn get(&mut self, key: &ZeroKey) -> Option<Arc<Vec<f32>>> {
+        let i = self.entries.iter().position(|(k, _)| k == key)?;
+        let entry = self.entries.remove(i);
+        let rows = entry.1.clone();
+        self.entries.push(entry);
+        Some(rows)
+    }
+
+    /// Keeps `rows` for `key`, forgetting the least recently used past the limit.
+    fn insert(&mut self, key: ZeroKey, rows: Arc<Vec<f32>>) {
+        self.entries.retain(|(k, _)| *k != key);
+        self.entries.push((key, rows));
+        let over = self.entries.len().saturating_sub(ZERO_ROWS_KEPT);
+        self.entries.drain(..over);
+    }
+}
 
 /// The models buffered streaming serves, for errors.
 pub const OFFLINE_MODELS: &str = "offline (full-context) FastConformer CTC, RNN-T, TDT and \
@@ -340,12 +378,7 @@ impl BufferedStream {
             Outputs::CtcLogits => Head::Ctc,
             _ => Head::Transducer,
         };
-        let word_start = model
-            .tokenizer()
-            .pieces()
-            .iter()
-            .map(|p| p.starts_with(WORD_MARK))
-            .collect();
+        let grouping = Grouping::new(model.tokenizer(), sizes.frame_seconds);
         let mut stream = BufferedStream {
             n_mels: hp.encoder.feat_in,
             blank: hp.blank_id(),
@@ -356,7 +389,7 @@ impl BufferedStream {
             outputs,
             width: 0,
             zero_rows: Arc::new(Vec::new()),
-            word_start,
+            grouping,
             ring: Vec::new(),
             pending: Vec::new(),
             steps: 0,
@@ -376,18 +409,13 @@ impl BufferedStream {
             sizes.buffer_samples,
             sizes.feature_frames,
         );
-        let known = ZERO_ROWS.lock().ok().and_then(|cache| {
-            cache
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, r)| r.clone())
-        });
+        let known = ZERO_ROWS.lock().ok().and_then(|mut cache| cache.get(&key));
         let zero_rows = match known {
             Some(rows) => rows,
             None => {
                 let rows = Arc::new(stream.encode_buffer(&vec![0.0; sizes.buffer_samples])?);
                 if let Ok(mut cache) = ZERO_ROWS.lock() {
-                    cache.push((key, rows.clone()));
+                    cache.insert(key, rows.clone());
                 }
                 rows
             }
@@ -520,12 +548,14 @@ impl BufferedStream {
         } else if committed > 0 {
             if let Some(done) = self.cut_long_utterance() {
                 events.push(StreamEvent::Final(done));
+                self.forget_reported();
             }
             if let Some(u) = self.utterance() {
                 events.push(StreamEvent::Partial(u));
             }
         }
         if self.config.record_steps {
+            record.kept_tokens = self.decoding.tokens.len();
             self.records.push(record);
         }
         Ok(events)
@@ -693,7 +723,7 @@ impl BufferedStream {
             (eou, eou_at) = eou_from_emissions(
                 &labels,
                 self.blank,
-                &self.word_start,
+                &self.grouping.word_start,
                 start,
                 s0,
                 s.stop_history_frames as i64,
@@ -784,7 +814,7 @@ impl BufferedStream {
         if span <= limit {
             return None;
         }
-        let starts_word = |id: &usize| self.word_start.get(*id).copied().unwrap_or(false);
+        let starts_word = |id: &usize| self.grouping.starts_word(*id);
         let cut = match d.tokens[self.reported..].iter().rposition(starts_word) {
             Some(i) if i > 0 => self.reported + i,
             _ if span > 2.0 * limit => d.tokens.len(),
@@ -793,6 +823,23 @@ impl BufferedStream {
         let done = self.utterance_of(self.reported, cut);
         self.reported = cut;
         done
+    }
+
+    /// Drops the reported tokens but the last few: past a cut only NeMo's duplicate-token
+    /// check looks back, at the last [`OVERLAP_SEARCH`] stored tokens, so an utterance that
+    /// never ends costs what its unreported part does, not what it has said so far. Dropping
+    /// the head changes no timestamp: `merge_timesteps` shifts a stored list only when its
+    /// first entry is negative, and a stored list is non-negative and increasing.
+    fn forget_reported(&mut self) {
+        let drop = self.reported.saturating_sub(OVERLAP_SEARCH);
+        if drop == 0 {
+            return;
+        }
+        let d = &mut self.decoding;
+        d.tokens.drain(..drop);
+        d.timesteps.drain(..drop);
+        d.confidences.drain(..drop);
+        self.reported -= drop;
     }
 
     /// The utterance since the last end of utterance (less what a cut reported), with NeMo's
@@ -811,8 +858,11 @@ impl BufferedStream {
         let fs = self.sizes.frame_seconds;
         let tokenizer = model.tokenizer();
         let text = ids_to_text(tokenizer, ids);
-        let (start, end) = self.refine(ids, times, None, None);
-        let words = self.words(ids, times, &d.confidences[from..to]);
+        let (start, end) = self.grouping.refine(ids, times, None, None);
+        let confidences = self
+            .confidence
+            .map(|c| (&d.confidences[from..to], c.aggregation));
+        let words = self.grouping.words(tokenizer, ids, times, confidences);
         let tokens = ids
             .iter()
             .zip(times)
@@ -829,74 +879,6 @@ impl BufferedStream {
             words,
             tokens,
         })
-    }
-
-    /// NeMo's word grouping of the streaming pipelines (`group_tokens_into_words`): a word
-    /// starts at a piece with the word mark; its end snaps to the next word's start when that
-    /// is within 4 frames, and a start before the previous word's end is pushed past it.
-    fn words(&self, tokens: &[usize], timesteps: &[f64], confidences: &[f64]) -> Vec<Word> {
-        let tokenizer = &self.session.model().tokenizer();
-        let fs = self.sizes.frame_seconds;
-        let starts_word = |id: usize| self.word_start.get(id).copied().unwrap_or(false);
-        let mut bounds: Vec<usize> = (0..tokens.len())
-            .filter(|&i| i == 0 || starts_word(tokens[i]))
-            .collect();
-        bounds.push(tokens.len());
-        let mut words: Vec<Word> = Vec::new();
-        let mut prev_end: Option<f64> = None;
-        for pair in bounds.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            let text = ids_to_text(tokenizer, &tokens[a..b]);
-            if text.is_empty() {
-                continue;
-            }
-            let next = (b < tokens.len()).then(|| (timesteps[b], starts_word(tokens[b])));
-            let (start, end) = self.refine(&tokens[a..b], &timesteps[a..b], next, prev_end);
-            prev_end = Some(end);
-            words.push(Word {
-                text,
-                start: round9(start * fs),
-                end: round9(end * fs),
-                confidence: self
-                    .confidence
-                    .map(|c| c.aggregation.apply(&confidences[a..b]) as f32),
-                speaker: None,
-            });
-        }
-        words
-    }
-
-    /// NeMo's `refine_text_segment_timestamp` (no punctuation set: a lone word mark at the
-    /// start moves the start to the first other token).
-    fn refine(
-        &self,
-        tokens: &[usize],
-        timesteps: &[f64],
-        next: Option<(f64, bool)>,
-        prev_end: Option<f64>,
-    ) -> (f64, f64) {
-        let tokenizer = &self.session.model().tokenizer();
-        let lone_mark = |id: usize| tokenizer.piece(id) == Some("\u{2581}");
-        let (mut start, mut end) = (timesteps[0], timesteps[timesteps.len() - 1]);
-        if lone_mark(tokens[0])
-            && let Some(i) = tokens.iter().position(|&id| !lone_mark(id))
-        {
-            start = timesteps[i];
-        }
-        if let Some((next_start, true)) = next
-            && next_start - end <= WORD_BOUNDARY_TOLERANCE
-        {
-            end = next_start;
-        }
-        if let Some(p) = prev_end
-            && p > start
-        {
-            let delta = p - start;
-            start += delta;
-            end += delta;
-        }
-        let bump = if start == end { 1.0 } else { 0.0 };
-        (start, end + bump)
     }
 
     /// Back to the start of a stream (time 0, empty buffer and state).
@@ -1336,6 +1318,26 @@ mod tests {
                 band[0]
             );
         }
+    }
+
+    #[test]
+    fn the_zero_buffers_kept_are_the_latest_few() {
+        let key = |n: usize| (std::path::PathBuf::from("m.gguf"), false, n, n);
+        let mut cache = RecentRows::new();
+        for n in 0..ZERO_ROWS_KEPT + 3 {
+            cache.insert(key(n), Arc::new(vec![n as f32]));
+            // The first stays in use, so it is never the one forgotten.
+            assert_eq!(cache.get(&key(0)).as_deref(), Some(&vec![0.0]));
+        }
+        assert_eq!(cache.entries.len(), ZERO_ROWS_KEPT);
+        let last = ZERO_ROWS_KEPT + 2;
+        assert_eq!(cache.get(&key(last)).as_deref(), Some(&vec![last as f32]));
+        // The oldest unused ones went.
+        assert!(cache.get(&key(1)).is_none() && cache.get(&key(3)).is_none());
+        // A key inserted again replaces its rows, not adds a second entry.
+        cache.insert(key(0), Arc::new(vec![9.0]));
+        assert_eq!(cache.entries.len(), ZERO_ROWS_KEPT);
+        assert_eq!(cache.get(&key(0)).as_deref(), Some(&vec![9.0]));
     }
 
     #[test]

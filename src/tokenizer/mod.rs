@@ -99,7 +99,7 @@ fn vocab_punctuation(vocab: &[String]) -> Vec<char> {
 }
 
 /// Unicode general category P* for the characters Parakeet vocabularies use.
-fn is_punctuation(c: char) -> bool {
+pub fn is_punctuation(c: char) -> bool {
     matches!(c, '!' | '"' | '#' | '%' | '&' | '\'' | '(' | ')' | '*' | ',' | '-' | '.' | '/'
         | ':' | ';' | '?' | '@' | '[' | '\\' | ']' | '_' | '{' | '}'
         | '\u{a1}' | '\u{a7}' | '\u{ab}' | '\u{b6}' | '\u{b7}' | '\u{bb}' | '\u{bf}'

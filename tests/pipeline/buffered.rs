@@ -485,3 +485,112 @@ fn audio_ending_on_a_chunk_border_is_decoded_to_its_end() {
         assert!(last.end > 8.0, "{name}: the last word ends at {}", last.end);
     }
 }
+
+/// One stream over `samples` in pieces smaller than a chunk (so a step's events come from one
+/// `accept`), with `limit` seconds before an utterance is cut. Returns the step records and,
+/// per step, the events it gave; checks on the way that the events report every committed
+/// token once: each final the committed tokens after the ones reported before, each partial
+/// all the rest.
+fn long_run(
+    path: &std::path::Path,
+    decoder: DecoderChoice,
+    samples: &[f32],
+    limit: Option<f64>,
+) -> (Vec<StepRecord>, Vec<StreamEvent>) {
+    let config = BufferedConfig {
+        chunk_secs: 1.6,
+        decoder,
+        record_steps: true,
+        ..BufferedConfig::default()
+    };
+    let mut stream = BufferedStream::new(Session::load(path, threads(2)).unwrap(), config).unwrap();
+    stream.set_max_utterance_seconds(limit);
+    let (mut records, mut events) = (Vec::new(), Vec::new());
+    let (mut committed, mut reported) = (Vec::new(), Vec::new());
+    let ids = |u: &Utterance| u.tokens.iter().map(|t| t.id).collect::<Vec<_>>();
+    let pieces = samples.chunks(3331).map(Some).chain([None]);
+    for piece in pieces {
+        let got = match piece {
+            Some(p) => stream.accept(p).unwrap(),
+            None => stream.finish().unwrap(),
+        };
+        let steps = stream.take_records();
+        assert!(steps.len() <= 1, "one step an accept");
+        for r in &steps {
+            committed.extend_from_slice(&r.committed);
+        }
+        records.extend(steps);
+        for e in &got {
+            match e {
+                StreamEvent::Final(u) => {
+                    reported.extend(ids(u));
+                    assert_eq!(
+                        reported[..],
+                        committed[..reported.len()],
+                        "a final repeats or skips tokens"
+                    );
+                }
+                StreamEvent::Partial(u) => {
+                    assert_eq!(ids(u), committed[reported.len()..], "a partial");
+                }
+            }
+        }
+        events.extend(got);
+    }
+    assert_eq!(reported, committed, "the finals report every token once");
+    (records, events)
+}
+
+/// A minute of speech with no end of utterance NeMo's endpointer hears: with utterances cut
+/// every few seconds the stream keeps a bounded number of tokens (the unreported ones and the
+/// last three the duplicate-token check compares), and NeMo's decoding is the same as with the
+/// whole utterance kept (every step's tokens, timestamps and overlap check); the cut finals and
+/// the partials between them report each token once.
+#[test]
+fn a_long_utterance_keeps_a_bounded_token_list() {
+    // The clip repeated, with noise in its pauses.
+    let clip = clip_samples("speech_10s.wav");
+    let mut seed = 1u32;
+    let samples: Vec<f32> = (0..6 * clip.len())
+        .map(|i| {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            clip[i % clip.len()] + 0.05 * ((seed >> 8) as f32 / (1 << 24) as f32 - 0.5)
+        })
+        .collect();
+    for (model, decoder) in [
+        ("tiny_tdt", DecoderChoice::Auto),
+        ("tiny_ctc", DecoderChoice::Auto),
+    ] {
+        let path = gguf(model, OutType::F32);
+        let (whole, whole_events) = long_run(&path, decoder, &samples, None);
+        let (cut, cut_events) = long_run(&path, decoder, &samples, Some(2.0));
+        assert_eq!(whole.len(), cut.len(), "{model}: steps");
+        for (i, (a, b)) in whole.iter().zip(&cut).enumerate() {
+            let at = format!("{model} step {i}");
+            assert_eq!(a.committed, b.committed, "{at}: committed");
+            assert_eq!(
+                a.committed_timesteps, b.committed_timesteps,
+                "{at}: timesteps"
+            );
+            assert_eq!(a.overlap_skipped, b.overlap_skipped, "{at}: overlap");
+            assert_eq!((a.eou, a.start_end), (b.eou, b.start_end), "{at}: window");
+        }
+        let most = |r: &[StepRecord]| r.iter().map(|r| r.kept_tokens).max().unwrap();
+        let (grown, bounded) = (most(&whole), most(&cut));
+        // 2 s of this model's tokens, the three compared, and one step's commit past the limit.
+        assert!(bounded <= 60, "{model}: {bounded} tokens kept with cuts");
+        assert!(
+            grown > 4 * bounded,
+            "{model}: the utterance grew to only {grown} tokens"
+        );
+        let finals = |e: &[StreamEvent]| {
+            e.iter()
+                .filter(|e| matches!(e, StreamEvent::Final(_)))
+                .count()
+        };
+        assert!(
+            finals(&cut_events) > 3 * finals(&whole_events).max(1),
+            "{model}: the limit cut nothing"
+        );
+    }
+}
