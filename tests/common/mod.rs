@@ -1,6 +1,7 @@
 //! Shared test helpers: fixture paths, .npy/.json readers, and tiny models converted once.
 #![allow(dead_code)]
 
+pub mod rewrite;
 pub mod turns;
 
 use parakeet::convert::{OutType, convert};

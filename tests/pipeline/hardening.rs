@@ -1,9 +1,10 @@
 //! Hostile-but-realistic use: every case refused with one clear error naming the file
 //! and the problem, or handled right, never an abort, a hang or a silently lost result.
 
+use crate::common::rewrite::set_meta;
 use crate::common::*;
 use parakeet::convert::OutType;
-use parakeet::gguf::{GgufFile, GgufWriter, MetaValue};
+use parakeet::gguf::{GgufFile, GgufWriter};
 use parakeet::model::Model;
 use parakeet::output::{self, Format};
 use std::io::{Read, Write};
@@ -65,20 +66,7 @@ fn rewrite(src: &Path, dst: &Path, overrides: &[(&str, Set)]) {
             .unwrap();
             continue;
         }
-        match v {
-            MetaValue::Str(s) => w.set_str(k, s),
-            MetaValue::Int(i) => w.set_u32(k, *i as u32),
-            MetaValue::Float(x) => w.set_f32(k, *x as f32),
-            MetaValue::Bool(b) => w.set_bool(k, *b),
-            MetaValue::IntArray(a) => {
-                w.set_i32_array(k, &a.iter().map(|&x| x as i32).collect::<Vec<_>>())
-            }
-            MetaValue::StrArray(a) => w.set_str_array(k, a),
-            MetaValue::Other(_) => Ok(()),
-            MetaValue::FloatArray(a) => w.set_f32_array(k, a),
-            MetaValue::Bytes(a) => w.set_bytes(k, a),
-        }
-        .unwrap();
+        set_meta(&mut w, k, v);
     }
     let mut data = Vec::new();
     for name in f.tensor_names() {

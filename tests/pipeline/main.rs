@@ -17,6 +17,7 @@ mod local_attention;
 mod model;
 mod output;
 mod speech;
+mod speech_context_free;
 mod streaming;
 mod tokenizer;
 mod vad;

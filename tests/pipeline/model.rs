@@ -1,10 +1,11 @@
 //! The loader on good and malformed GGUFs: every bad file is one clear error naming the file
 //! and the tensor or key, never a panic or a ggml abort.
 
+use crate::common::rewrite::set_meta;
 use crate::common::*;
 use parakeet::backend::DType;
 use parakeet::convert::OutType;
-use parakeet::gguf::{GgufFile, GgufWriter, MetaValue};
+use parakeet::gguf::{GgufFile, GgufWriter};
 use parakeet::hparams::ModelType;
 use parakeet::layout::{Layout, pack_panels};
 use parakeet::model::Model;
@@ -27,20 +28,7 @@ fn rewrite(src: &Path, dst: &Path, drop_key: Option<&str>, reshape: Option<(&str
         if Some(k.as_str()) == drop_key || k.starts_with("GGUF.") {
             continue;
         }
-        match v {
-            MetaValue::Str(s) => w.set_str(k, s),
-            MetaValue::Int(i) => w.set_u32(k, *i as u32),
-            MetaValue::Float(x) => w.set_f32(k, *x as f32),
-            MetaValue::Bool(b) => w.set_bool(k, *b),
-            MetaValue::IntArray(a) => {
-                w.set_i32_array(k, &a.iter().map(|&x| x as i32).collect::<Vec<_>>())
-            }
-            MetaValue::StrArray(a) => w.set_str_array(k, a),
-            MetaValue::Other(_) => Ok(()),
-            MetaValue::FloatArray(a) => w.set_f32_array(k, a),
-            MetaValue::Bytes(a) => w.set_bytes(k, a),
-        }
-        .unwrap();
+        set_meta(&mut w, k, v);
     }
     let mut data = Vec::new();
     for name in f.tensor_names() {
