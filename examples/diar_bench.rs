@@ -88,6 +88,12 @@ fn main() -> anyhow::Result<()> {
         v1_s / stages.0
     );
 
+    // Where v1's time goes: one more pass with every graph node timed by kind.
+    d1.set_op_timing(true);
+    d1.diarize_offline(&samples)?;
+    println!("v1 offline, one pass:");
+    parakeet::cli::profile::print_backend(d1.stats());
+
     let mut d2 = Diarizer::load(&v2, THREADS)?;
     let settings = d2.params().streaming.inference_defaults();
     let mut trace = Vec::new();

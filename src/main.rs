@@ -1222,13 +1222,6 @@ fn open_microphone() -> Result<Box<dyn AudioSource>> {
     )
 }
 
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 fn print_profile(p: &Profile, session: &Session, wall: Duration) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let stats = session.stats();
@@ -1274,35 +1267,5 @@ fn print_profile(p: &Profile, session: &Session, wall: Duration) {
             session.device_name()
         );
     }
-    eprintln!(
-        "graphs computed {}, peak compute buffer {:.1} MiB, peak RSS {}",
-        stats.graphs_computed,
-        stats.peak_compute_buffer_bytes as f64 / (1 << 20) as f64,
-        peak_rss_bytes().map_or("n/a".into(), |b| format!(
-            "{:.1} MiB",
-            b as f64 / (1 << 20) as f64
-        ))
-    );
-    print_op_times(&stats.op_times);
-}
-
-/// The graph nodes' time by kind (encoder and decoder graphs together), largest first.
-fn print_op_times(times: &std::collections::BTreeMap<String, (Duration, u64)>) {
-    let total: Duration = times.values().map(|(d, _)| *d).sum();
-    if total.is_zero() {
-        return;
-    }
-    let mut rows: Vec<_> = times.iter().collect();
-    rows.sort_by_key(|(_, (d, _))| std::cmp::Reverse(*d));
-    eprintln!(
-        "graph nodes by kind (a node's time includes waiting for the previous one's threads)"
-    );
-    for (label, (d, n)) in rows {
-        eprintln!(
-            "  {:>9.1} ms {:>5.1} % {:>6} x  {label}",
-            d.as_secs_f64() * 1e3,
-            100.0 * d.as_secs_f64() / total.as_secs_f64(),
-            n
-        );
-    }
+    parakeet::cli::profile::print_backend(stats);
 }

@@ -3,6 +3,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
@@ -98,6 +99,9 @@ pub struct DiarizeArgs {
     /// No per-file lines on standard error.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Print the time of each stage and of each kind of graph node to standard error.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 impl DiarizeArgs {
@@ -165,7 +169,13 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
         false => vec![Vec::new(); jobs.len()],
     };
     let model_path = crate::model_source::resolve(&args.model, &mut |line| eprintln!("{line}"))?;
+    let started = Instant::now();
     let mut diarizer = Diarizer::load(&model_path, threads.get())?;
+    let mut profile = Profile {
+        load: started.elapsed(),
+        ..Profile::default()
+    };
+    diarizer.set_op_timing(args.profile);
     let params = diarizer.params().clone();
     if !params.streaming_mode && !sizes.is_empty() {
         bail!(
@@ -185,11 +195,16 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
     let (mut failed, single) = (0, jobs.len() == 1);
     for ((job, _), outputs) in jobs.iter().zip(&outputs) {
         let result = (|| -> Result<()> {
+            let read = Instant::now();
             let samples = load_samples(Input::arg(job), Limits::default())?;
+            let diarize = Instant::now();
+            profile.read += diarize - read;
             let activity = match streaming {
                 true => diarizer.diarize_streaming(&samples, &settings)?,
                 false => diarizer.diarize_offline(&samples)?,
             };
+            profile.diarize += diarize.elapsed();
+            profile.audio_seconds += samples.len() as f64 / SAMPLE_RATE;
             let segs = segments(&activity, &post, units);
             if outputs.is_empty() {
                 let mut out = std::io::stdout().lock();
@@ -225,7 +240,70 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
             eprintln!("error: {}: {e:#}", job.display());
         }
     }
+    if args.profile {
+        profile.print(&diarizer, streaming, started.elapsed());
+    }
     Ok(if failed > 0 { EXIT_FAILED_INPUTS } else { 0 })
+}
+
+/// The sample rate `load_samples` resamples to.
+const SAMPLE_RATE: f64 = 16000.0;
+
+/// Totals over the run, for `--profile`.
+#[derive(Default)]
+struct Profile {
+    load: Duration,
+    read: Duration,
+    /// The diarizer's time (features, encoder, Transformer, a stream's state).
+    diarize: Duration,
+    audio_seconds: f64,
+}
+
+impl Profile {
+    /// The stages (the encoder's time is the diarizer's less its features and Transformer),
+    /// then the backend's counters and node times.
+    fn print(&self, diarizer: &Diarizer, streaming: bool, wall: Duration) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let times = diarizer.times();
+        let encoder = self
+            .diarize
+            .saturating_sub(times.features + times.transformer);
+        let hp = diarizer.model().hparams();
+        let shape = format!("{} layers x {}", hp.encoder.n_layers, hp.encoder.d_model);
+        let p = diarizer.params();
+        eprintln!("stage                  time (ms)");
+        eprintln!("model load          {:>12.1}", ms(self.load));
+        eprintln!("audio read+resample {:>12.1}", ms(self.read));
+        // A stream computes its features as the audio arrives, between its chunks.
+        match streaming {
+            false => {
+                eprintln!("features            {:>12.1}", ms(times.features));
+                eprintln!("encoder             {:>12.1}   ({shape})", ms(encoder));
+            }
+            true => eprintln!(
+                "features + encoder  {:>12.1}   ({shape}; with each chunk's pre-encode and the \
+                 speaker cache and FIFO updates)",
+                ms(encoder)
+            ),
+        }
+        eprintln!(
+            "transformer + head  {:>12.1}   ({} layers x {}, {} heads)",
+            ms(times.transformer),
+            p.tf_n_layers,
+            p.tf_d_model,
+            p.tf_n_heads
+        );
+        eprintln!("total               {:>12.1}", ms(wall));
+        if self.audio_seconds > 0.0 {
+            eprintln!(
+                "audio {:.2} s, diarization real-time factor {:.4}, {} threads",
+                self.audio_seconds,
+                self.diarize.as_secs_f64() / self.audio_seconds,
+                diarizer.threads()
+            );
+        }
+        super::profile::print_backend(diarizer.stats());
+    }
 }
 
 /// RTTM's file id: the input's stem (`stdin` for `-`).

@@ -2,5 +2,6 @@
 //! command line and calls them).
 
 pub mod diarize;
+pub mod profile;
 pub mod signals;
 pub mod vad;

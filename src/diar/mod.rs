@@ -14,11 +14,12 @@ pub mod words;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
-use crate::backend::{Backend, DType, Graph, Tensor};
+use crate::backend::{Backend, DType, Graph, Stats, Tensor};
 use crate::encoder::EncoderState;
 use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode};
 use crate::hparams::{ModelType, SortformerParams};
@@ -147,6 +148,17 @@ pub struct Diarizer {
     weights: SortformerWeights,
     backend: Backend,
     mel: MelConfig,
+    times: DiarTimes,
+}
+
+/// Time spent so far in two stages (`--profile`); the rest of a recording's time is the
+/// encoder's (and a stream's features and state).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DiarTimes {
+    /// Waveform scaling and log-mel features of whole recordings.
+    pub features: Duration,
+    /// `encoder_proj`, the Transformer and the head (one graph per pass or chunk).
+    pub transformer: Duration,
 }
 
 impl Diarizer {
@@ -177,6 +189,7 @@ impl Diarizer {
             weights,
             backend: Backend::cpu(threads)?,
             mel,
+            times: DiarTimes::default(),
         })
     }
 
@@ -193,6 +206,26 @@ impl Diarizer {
         &self.params
     }
 
+    /// Time every graph node by kind from now on (`--profile`; [`Diarizer::stats`]).
+    pub fn set_op_timing(&mut self, on: bool) {
+        self.backend.set_op_timing(on);
+    }
+
+    /// The backend's counters: graphs computed, compute buffer, node times.
+    pub fn stats(&self) -> &Stats {
+        self.backend.stats()
+    }
+
+    /// Threads of the compute backend.
+    pub fn threads(&self) -> usize {
+        self.backend.threads()
+    }
+
+    /// Time spent in the features and the Transformer so far.
+    pub fn times(&self) -> DiarTimes {
+        self.times
+    }
+
     /// Seconds per output frame (80 ms).
     pub fn frame_seconds(&self) -> f64 {
         self.model.hparams().geometry().frame_seconds()
@@ -205,24 +238,26 @@ impl Diarizer {
 
     /// NeMo's features of 16 kHz samples: an offline model first scales the waveform by
     /// `1 / (max(x) + eps)`, the signed maximum (`process_signal`); a streaming model does not.
-    pub fn features(&self, samples: &[f32]) -> Features {
-        if self.params.streaming_mode {
-            return log_mel(
-                samples,
-                self.model.window(),
-                self.model.filterbank(),
-                &self.mel,
-            );
-        }
-        let peak = samples.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let scale = 1.0 / (peak + self.params.eps);
-        let scaled: Vec<f32> = samples.iter().map(|&x| scale * x).collect();
-        log_mel(
-            &scaled,
+    pub fn features(&mut self, samples: &[f32]) -> Features {
+        let start = Instant::now();
+        let scaled: Vec<f32>;
+        let waveform = match self.params.streaming_mode {
+            true => samples,
+            false => {
+                let peak = samples.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let scale = 1.0 / (peak + self.params.eps);
+                scaled = samples.iter().map(|&x| scale * x).collect();
+                &scaled
+            }
+        };
+        let features = log_mel(
+            waveform,
             self.model.window(),
             self.model.filterbank(),
             &self.mel,
-        )
+        );
+        self.times.features += start.elapsed();
+        features
     }
 
     /// Output frames of `samples` 16 kHz samples.
@@ -309,6 +344,7 @@ impl Diarizer {
                 x.len()
             );
         }
+        let start = Instant::now();
         let (w, p) = (&self.weights, &self.params);
         let mut ids = Vec::new();
         let mut computed = self.backend.compute(|g| {
@@ -334,6 +370,7 @@ impl Diarizer {
         for (name, id) in ids {
             out.push((name.to_string(), computed.take(id)?));
         }
+        self.times.transformer += start.elapsed();
         Ok((std::mem::take(&mut computed.output), out))
     }
 }
@@ -353,25 +390,17 @@ fn transformer_layer<'g>(
 ) -> Tensor<'g> {
     let (d, t) = (x.ne(0), x.ne(1));
     let dh = d / heads;
-    let q = linear(g, x, &l.query_net);
-    let k = linear(g, x, &l.key_net);
-    let v = linear(g, x, &l.value_net);
-    // [dh, h, T] -> [dh, T, h]: one matrix per head.
-    let per_head = |g: &mut Graph<'g>, y: Tensor<'g>| {
-        let y = g.reshape(y, &[dh, heads, t]);
-        let y = g.permute(y, [0, 2, 1, 3]);
-        g.cont(y)
+    // [d, T] as [dh, h, T]: the fused op reads each head's rows in place.
+    let mut per_head = |net: &Linear| {
+        let y = linear(g, x, net);
+        g.reshape(y, &[dh, heads, t])
     };
-    let (q, k) = (per_head(g, q), per_head(g, k));
-    let scores = g.mul_mat(k, q); // [T keys, T queries, h]
-    let probs = g.softmax(scores, 1.0 / (dh as f32).sqrt());
-    // v as [T, dh, h]: the keys' axis first, to contract with the probabilities.
-    let v = g.reshape(v, &[dh, heads, t]);
-    let v = g.permute(v, [1, 2, 0, 3]);
-    let v = g.cont(v);
-    let o = g.mul_mat(v, probs); // [dh, T, h]
-    let o = g.permute(o, [0, 2, 1, 3]); // [dh, h, T]
-    let o = g.cont(o);
+    let (q, k, v) = (
+        per_head(&l.query_net),
+        per_head(&l.key_net),
+        per_head(&l.value_net),
+    );
+    let o = g.dot_product_attention(q, k, v);
     let o = g.reshape(o, &[d, t]);
     let o = linear(g, o, &l.out_projection);
     let x = g.add(x, o);

@@ -136,6 +136,46 @@ pub fn rel_pos_attention_over<'g>(
     }
 }
 
+/// Plain multi-head attention without positions, every query over every key:
+/// `softmax(q_i . k_j / sqrt(d_k)) . v_j` (the Transformer blocks of NeMo's `MultiHeadAttention`,
+/// whose `d_k^-1/4` on q and on k is this one scale). `q`, `k`, `v`: `[d_k, h, T]`; returns
+/// `[d_k, h, T]`. The same blocked kernel as [`rel_pos_attention_over`] without its positional
+/// product: no `[T, T, h]` scores are ever held.
+pub fn dot_product_attention<'g>(
+    g: &mut Graph<'g>,
+    q: Tensor<'g>,
+    k: Tensor<'g>,
+    v: Tensor<'g>,
+) -> Tensor<'g> {
+    let [dk, h, t, one] = q.shape();
+    assert!(
+        one == 1 && t > 0 && k.shape() == q.shape() && v.shape() == q.shape(),
+        "graph shape error: dot_product_attention q {:?} k {:?} v {:?}",
+        q.shape(),
+        k.shape(),
+        v.shape()
+    );
+    let sources = [q, k, v].map(|x| {
+        let x = if x.is_contiguous() { x } else { g.cont(x) };
+        assert!(
+            x.dtype() == Some(DType::F32),
+            "graph shape error: dot_product_attention needs f32 operands"
+        );
+        x
+    });
+    // SAFETY: a [d_k, h, T] f32 result over the three contiguous f32 operands checked above,
+    // as DotProductAttention reads them; each task writes its own rows of the result.
+    unsafe {
+        g.custom(
+            Out::F32,
+            [dk, h, t, 1],
+            &sources,
+            DotProductAttention,
+            "dot_product_attention",
+        )
+    }
+}
+
 /// Queries handled together by one task (keeps a block of keys hot in cache).
 const QUERY_BLOCK: usize = 32;
 
@@ -149,30 +189,33 @@ struct RelPosAttention {
 
 impl Body for RelPosAttention {
     fn run(&self, op: &CustomOp<'_>) {
-        let [dk, h, t, _] = op.src_shape(0);
-        let ops = Operands {
-            h,
-            dk,
-            t,
-            keys: op.src_shape(1)[2],
-            window: self.window,
-            q: op.src_f32(0),
-            k: op.src_f32(1),
-            v: op.src_f32(2),
-            p: op.src_f32(3),
-            bu: op.src_f32(4),
-            bv: op.src_f32(5),
-        };
-        // SAFETY: each task writes only its own (head, query block) rows of the result.
-        let out = unsafe { op.dst_mut::<f32>(0..dk * h * t) };
-        let (nth, blocks) = (op.nth(), t.div_ceil(QUERY_BLOCK));
-        let chunks = chunks_per_head(h, nth, blocks);
-        let mut scratch = Scratch::default();
-        for task in (op.ith()..h * chunks).step_by(nth) {
-            let (head, chunk) = (task / chunks, task % chunks);
-            let block_range = chunk * blocks / chunks..(chunk + 1) * blocks / chunks;
-            attend_chunk(&ops, head, block_range, &mut scratch, out);
-        }
+        run_tasks(op, &Operands::of(op, self.window, true));
+    }
+}
+
+/// The node of [`dot_product_attention`]. Sources: `q`, `k`, `v` `[d_k, h, T]`, contiguous f32;
+/// the result `[d_k, h, T]`. Tasks as [`RelPosAttention`]'s.
+struct DotProductAttention;
+
+impl Body for DotProductAttention {
+    fn run(&self, op: &CustomOp<'_>) {
+        let t = op.src_shape(0)[2];
+        run_tasks(op, &Operands::of(op, KeyWindow::band(t - 1, t - 1), false));
+    }
+}
+
+/// This thread's (head, block of queries) tasks of an attention node, dealt round-robin.
+fn run_tasks(op: &CustomOp<'_>, ops: &Operands<'_>) {
+    let (dk, h, t) = (ops.dk, ops.h, ops.t);
+    // SAFETY: each task writes only its own (head, query block) rows of the result.
+    let out = unsafe { op.dst_mut::<f32>(0..dk * h * t) };
+    let (nth, blocks) = (op.nth(), t.div_ceil(QUERY_BLOCK));
+    let chunks = chunks_per_head(h, nth, blocks);
+    let mut scratch = Scratch::default();
+    for task in (op.ith()..h * chunks).step_by(nth) {
+        let (head, chunk) = (task / chunks, task % chunks);
+        let block_range = chunk * blocks / chunks..(chunk + 1) * blocks / chunks;
+        attend_chunk(ops, head, block_range, &mut scratch, out);
     }
 }
 
@@ -199,12 +242,40 @@ struct Operands<'a> {
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
+    /// The relative-position term; none for plain attention.
+    positions: Option<Positions<'a>>,
+}
+
+/// The positional operands of rel-pos attention: `p` `[d_k, h, left + right + 1]`, `bu`, `bv`
+/// `[d_k, h]`.
+struct Positions<'a> {
     p: &'a [f32],
     bu: &'a [f32],
     bv: &'a [f32],
 }
 
-impl Operands<'_> {
+impl<'a> Operands<'a> {
+    /// The sources of an attention node over `window`: `q`, `k`, `v`, then with `positional`
+    /// `p`, `bu`, `bv`.
+    fn of(op: &'a CustomOp<'_>, window: KeyWindow, positional: bool) -> Operands<'a> {
+        let [dk, h, t, _] = op.src_shape(0);
+        Operands {
+            h,
+            dk,
+            t,
+            keys: op.src_shape(1)[2],
+            window,
+            q: op.src_f32(0),
+            k: op.src_f32(1),
+            v: op.src_f32(2),
+            positions: positional.then(|| Positions {
+                p: op.src_f32(3),
+                bu: op.src_f32(4),
+                bv: op.src_f32(5),
+            }),
+        }
+    }
+
     /// Head `head`'s `d_k` values of frame (or positional row) `n` of `x`.
     fn row<'b>(&self, x: &'b [f32], n: usize, head: usize) -> &'b [f32] {
         let at = (n * self.h + head) * self.dk;
@@ -284,7 +355,9 @@ multiversioned! {
         let (k_width, p_width) = (nk + LANES, nr + LANES);
         let dk = o.dk;
         transpose_rows(o, o.k, head, j0, nk, k_width, grow(&mut s.kt, dk * k_width));
-        transpose_rows(o, o.p, head, r0, nr, p_width, grow(&mut s.pt, dk * p_width));
+        if let Some(pos) = &o.positions {
+            transpose_rows(o, pos.p, head, r0, nr, p_width, grow(&mut s.pt, dk * p_width));
+        }
         let vr = grow(&mut s.vr, nk * dk);
         for (j, row) in vr.chunks_exact_mut(dk).enumerate() {
             row.copy_from_slice(o.row(o.v, j0 + j, head));
@@ -336,30 +409,43 @@ fn attend_block(
     let (nk_pad, nr_pad) = (nk.next_multiple_of(LANES), nr.next_multiple_of(LANES));
 
     let q_u = grow(q_u, nq * dk);
-    let q_v = grow(q_v, nq * dk);
-    for (b, i) in queries.clone().enumerate() {
-        let q = o.row(o.q, i, head);
-        let (bu, bv) = (
-            &o.bu[head * dk..(head + 1) * dk],
-            &o.bv[head * dk..(head + 1) * dk],
-        );
-        for c in 0..dk {
-            q_u[b * dk + c] = q[c] + bu[c];
-            q_v[b * dk + c] = q[c] + bv[c];
-        }
-    }
     let ac = grow(ac, nq * nk_pad);
     let kt = Columns {
         data: &st.kt[j0 - st.j0..],
         stride: st.k_width,
     };
-    product_qt(q_u, kt, dk, nq, nk_pad, ac);
-    let bd = grow(bd, nq * nr_pad);
-    let pt = Columns {
-        data: &st.pt[r0 - st.r0..],
-        stride: st.p_width,
+    // The positional scores `[block][nr_pad]`, when there is a positional term.
+    let bd = match &o.positions {
+        Some(pos) => {
+            let q_v = grow(q_v, nq * dk);
+            let (bu, bv) = (
+                &pos.bu[head * dk..(head + 1) * dk],
+                &pos.bv[head * dk..(head + 1) * dk],
+            );
+            for (b, i) in queries.clone().enumerate() {
+                let q = o.row(o.q, i, head);
+                for c in 0..dk {
+                    q_u[b * dk + c] = q[c] + bu[c];
+                    q_v[b * dk + c] = q[c] + bv[c];
+                }
+            }
+            product_qt(q_u, kt, dk, nq, nk_pad, ac);
+            let bd = grow(bd, nq * nr_pad);
+            let pt = Columns {
+                data: &st.pt[r0 - st.r0..],
+                stride: st.p_width,
+            };
+            product_qt(q_v, pt, dk, nq, nr_pad, bd);
+            Some(&*bd)
+        }
+        None => {
+            for (b, i) in queries.clone().enumerate() {
+                q_u[b * dk..(b + 1) * dk].copy_from_slice(o.row(o.q, i, head));
+            }
+            product_qt(q_u, kt, dk, nq, nk_pad, ac);
+            None
+        }
     };
-    product_qt(q_v, pt, dk, nq, nr_pad, bd);
 
     let scale = 1.0 / (dk as f32).sqrt();
     for (b, i) in queries.clone().enumerate() {
@@ -367,13 +453,22 @@ fn attend_block(
         // This query's keys, as columns of the block's key range.
         let (lo, hi) = o.window.keys_of(i, o.keys);
         let (lo, hi) = (lo - j0, hi - j0);
-        let shift = &bd[b * nr_pad..(b + 1) * nr_pad];
-        // Key j0 + c needs positional row (j0 + c) - (past + i) + left: column c + first of
-        // `shift`.
-        let first = j0 + lo + o.window.left - (o.window.past + i) - r0;
         let window = &mut row[lo..=hi];
-        for (x, &pos) in window.iter_mut().zip(&shift[first..]) {
-            *x = (*x + pos) * scale;
+        match bd {
+            Some(bd) => {
+                let shift = &bd[b * nr_pad..(b + 1) * nr_pad];
+                // Key j0 + c needs positional row (j0 + c) - (past + i) + left: column
+                // c + first of `shift`.
+                let first = j0 + lo + o.window.left - (o.window.past + i) - r0;
+                for (x, &pos) in window.iter_mut().zip(&shift[first..]) {
+                    *x = (*x + pos) * scale;
+                }
+            }
+            None => {
+                for x in window.iter_mut() {
+                    *x *= scale;
+                }
+            }
         }
         let max = max_of(window);
         for x in window.iter_mut() {
@@ -841,7 +936,6 @@ mod tests {
         for head in 0..h {
             for i in 0..t {
                 let q = o.row(o.q, i, head);
-                let (bu, bv) = (&o.bu[head * dk..][..dk], &o.bv[head * dk..][..dk]);
                 // Written out from the definitions, not from `keys_of`.
                 let at = w.past + i;
                 let keys: Vec<usize> = (w.first_valid..o.keys)
@@ -856,14 +950,21 @@ mod tests {
                 let scores: Vec<f64> = keys
                     .iter()
                     .map(|&j| {
-                        let (k, p) = (o.row(o.k, j, head), o.row(o.p, j + w.left - at, head));
-                        (0..dk)
-                            .map(|c| {
-                                (q[c] + bu[c]) as f64 * k[c] as f64
-                                    + (q[c] + bv[c]) as f64 * p[c] as f64
-                            })
-                            .sum::<f64>()
-                            / (dk as f64).sqrt()
+                        let k = o.row(o.k, j, head);
+                        let content = |c: usize, bias: f32| (q[c] + bias) as f64 * k[c] as f64;
+                        let score: f64 = match &o.positions {
+                            Some(pos) => {
+                                let p = o.row(pos.p, j + w.left - at, head);
+                                let (bu, bv) = (&pos.bu[head * dk..], &pos.bv[head * dk..]);
+                                (0..dk)
+                                    .map(|c| {
+                                        content(c, bu[c]) + (q[c] + bv[c]) as f64 * p[c] as f64
+                                    })
+                                    .sum()
+                            }
+                            None => (0..dk).map(|c| content(c, 0.0)).sum(),
+                        };
+                        score / (dk as f64).sqrt()
                     })
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -910,7 +1011,30 @@ mod tests {
         ]);
     }
 
+    #[test]
+    fn plain_attention_matches_a_per_query_reference() {
+        // The Sortformer Transformer's heads (24 wide, not a whole vector) and others, over
+        // lengths that end mid-block.
+        let full = |t: usize| KeyWindow::band(t - 1, t - 1);
+        let cases: Vec<_> = [
+            (24, 8, 1),
+            (24, 8, 33),
+            (24, 8, 100),
+            (16, 2, 64),
+            (64, 3, 45),
+        ]
+        .into_iter()
+        .map(|(dk, h, t)| (dk, h, t, full(t)))
+        .collect();
+        check(&cases, false);
+    }
+
     fn check_windows(cases: &[(usize, usize, usize, KeyWindow)]) {
+        check(cases, true);
+    }
+
+    /// Each case's blocks against [`naive`], with or without the positional term.
+    fn check(cases: &[(usize, usize, usize, KeyWindow)], positional: bool) {
         let mut rng = crate::kernels::TestValues::new(1);
         let mut rnd = |n: usize| rng.take(n);
         for &(dk, h, t, window) in cases {
@@ -934,9 +1058,11 @@ mod tests {
                 q: &q,
                 k: &k,
                 v: &v,
-                p: &p,
-                bu: &bu,
-                bv: &bv,
+                positions: positional.then_some(Positions {
+                    p: &p,
+                    bu: &bu,
+                    bv: &bv,
+                }),
             };
             let want = naive(&o);
             let mut s = Scratch::default();

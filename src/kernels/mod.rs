@@ -160,6 +160,10 @@ pub trait FusedOps<'g> {
         window: attention::KeyWindow,
         after: &[Tensor<'g>],
     ) -> Tensor<'g>;
+
+    /// Multi-head attention without positions, every query over every key (see
+    /// [`attention::dot_product_attention`]).
+    fn dot_product_attention(&mut self, q: Tensor<'g>, k: Tensor<'g>, v: Tensor<'g>) -> Tensor<'g>;
 }
 
 impl<'g> FusedOps<'g> for Graph<'g> {
@@ -299,6 +303,10 @@ impl<'g> FusedOps<'g> for Graph<'g> {
         after: &[Tensor<'g>],
     ) -> Tensor<'g> {
         attention::rel_pos_attention_over(self, q, k, v, p, bias_u, bias_v, window, after)
+    }
+
+    fn dot_product_attention(&mut self, q: Tensor<'g>, k: Tensor<'g>, v: Tensor<'g>) -> Tensor<'g> {
+        attention::dot_product_attention(self, q, k, v)
     }
 }
 

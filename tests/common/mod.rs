@@ -134,6 +134,15 @@ pub fn run_parakeet(args: &[&str], cache: &Path) -> Output {
     parakeet_command(args, cache).output().unwrap()
 }
 
+/// The rows of `--profile`'s table of graph nodes by kind in `stderr`.
+pub fn profile_node_rows(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("graph nodes by kind"))
+        .skip(1)
+        .collect()
+}
+
 /// [`run_parakeet`] with `stdin` on its standard input.
 pub fn run_parakeet_stdin(args: &[&str], cache: &Path, stdin: &[u8]) -> Output {
     use std::io::Write as _;

@@ -372,11 +372,7 @@ fn profile_shows_where_the_time_went() {
     for stage in ["model load", "features", "encoder", "decoder", "total"] {
         assert!(err.lines().any(|l| l.starts_with(stage)), "{stage}: {err}");
     }
-    let table: Vec<&str> = err
-        .lines()
-        .skip_while(|l| !l.starts_with("graph nodes by kind"))
-        .skip(1)
-        .collect();
+    let table = profile_node_rows(&err);
     for kind in [
         "rel_pos_attention",
         "lstm_pointwise",

@@ -162,6 +162,48 @@ fn streaming_model_streams_with_its_sizes_as_flags() {
     );
 }
 
+/// `--profile` leaves the output as it is and prints the stages, then the graph nodes by kind:
+/// one fused attention node per layer, the encoder's (rel-pos) and the Transformer's (plain),
+/// two of each in the tiny model.
+#[test]
+fn profile_shows_the_stages_and_the_attention_kernels() {
+    let cache = scratch_dir("diarize", "profile");
+    let model = nemo("tiny_sortformer");
+    let out = diarize(
+        &[
+            clip().to_str().unwrap(),
+            "-m",
+            model.to_str().unwrap(),
+            "--profile",
+        ],
+        &cache,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        lines(&out),
+        nemo_lines("tiny_sortformer", "offline", "default")
+    );
+    let err = text(&out.stderr);
+    for stage in [
+        "model load",
+        "features",
+        "encoder",
+        "transformer + head",
+        "total",
+    ] {
+        assert!(err.lines().any(|l| l.starts_with(stage)), "{stage}: {err}");
+    }
+    let table = profile_node_rows(&err);
+    for kind in ["rel_pos_attention", "dot_product_attention"] {
+        let row: Vec<&&str> = table
+            .iter()
+            .filter(|l| l.ends_with(&format!("  {kind}")))
+            .collect();
+        assert_eq!(row.len(), 1, "{kind}: {err}");
+        assert!(row[0].contains(" 2 x  "), "{kind}: {err}");
+    }
+}
+
 #[test]
 fn bad_input_is_one_clear_error() {
     let cache = scratch_dir("diarize", "bad");
