@@ -121,6 +121,7 @@ class Model:
         decoder: str = "auto",
         confidence: Optional[str] = None,
         boost: Union[None, str, Sequence[str]] = None,
+        boost_file: Union[None, Path, Sequence[Path]] = None,
         boost_alpha: float = 1.0,
         beam: Optional[int] = None,
         beam_strategy: Optional[str] = None,
@@ -139,6 +140,7 @@ class Model:
         decoder: str = "auto",
         confidence: Optional[str] = None,
         boost: Union[None, str, Sequence[str]] = None,
+        boost_file: Union[None, Path, Sequence[Path]] = None,
         boost_alpha: float = 1.0,
         beam: Optional[int] = None,
         beam_strategy: Optional[str] = None,
@@ -150,6 +152,44 @@ class Model:
     ) -> List[Transcript]:
         """Transcribe a file path, a numpy array (``sample_rate`` required), or a list of them
         (in parallel; a list back, in input order). See the module's documentation."""
+    def stream(
+        self,
+        *,
+        chunk_secs: Optional[float] = None,
+        left_secs: Optional[float] = None,
+        right_secs: Optional[float] = None,
+        att_context: Union[None, str, Tuple[int, int]] = None,
+        decoder: str = "auto",
+        confidence: Optional[str] = None,
+        boost: Union[None, str, Sequence[str]] = None,
+        boost_file: Union[None, Path, Sequence[Path]] = None,
+        boost_alpha: float = 1.0,
+        max_utterance_seconds: float = 30.0,
+        vad: Union[None, bool, Dict[str, float]] = None,
+        threads: Optional[int] = None,
+    ) -> "Stream":
+        """Live transcription, as ``parakeet stream``: cache-aware streaming for a cache-aware
+        model (``att_context``), NeMo's buffered pipeline for an offline one (``chunk_secs``,
+        ``left_secs``, ``right_secs``)."""
+
+StreamEvent = Dict[str, object]
+"""``{"type": "partial" | "final", "text": str, "start": float, "end": float, "words":
+[{"word": str, "start": float, "end": float}]}`` (a word's ``"confidence"`` with
+``confidence=``), as ``parakeet stream --format jsonl`` prints them."""
+
+class Stream:
+    """A live transcription: audio in pieces of any size, events back as they complete."""
+
+    @property
+    def kind(self) -> str:
+        """``"cache_aware"`` or ``"buffered"``."""
+    @property
+    def chunk_seconds(self) -> float:
+        """Seconds of audio one step of the model takes."""
+    def feed(self, samples: Samples, sample_rate: int = 16000) -> List[StreamEvent]:
+        """Feeds samples (one rate per stream until ``finish``); the events they completed."""
+    def finish(self) -> List[StreamEvent]:
+        """Ends the input: the utterance under way ends with a final; the stream starts again."""
 
 def vad(
     audio: Audio,

@@ -10,7 +10,9 @@ use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
 use parakeet::audio::Audio;
-use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs, DEFAULT_BOOST_ALPHA};
+use parakeet::decoding_flags::{
+    BeamArgs, BoostArgs, ConfidenceArgs, DEFAULT_BOOST_ALPHA, read_phrase_file,
+};
 use parakeet::encoder::AttentionChoice;
 use parakeet::error::Error;
 use parakeet::server::plan_workers;
@@ -19,6 +21,8 @@ use parakeet::session::pipeline::{self, Limits};
 use parakeet::session::{
     DecodeOptions, DecodeRequest, DecoderChoice, Session, SpeechRequest, Threads,
 };
+use parakeet::stream::DEFAULT_MAX_UTTERANCE_SECONDS;
+use parakeet::stream::open::LiveOptions;
 use parakeet::vad::SpeechParams;
 use parakeet::vad::detect::{audio_or_empty, detect};
 use pyo3::create_exception;
@@ -34,6 +38,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 mod diar;
+mod stream;
 
 create_exception!(
     parakeet,
@@ -149,22 +154,10 @@ impl Model {
         if workers == Some(0) {
             return Err(PyValueError::new_err("workers must be at least 1"));
         }
-        // The command line's thread policy: 0 refused, more than the cores warned and capped.
-        let threads = match threads {
-            Some(n) => {
-                let (t, warning) = Threads::resolve(Some(n)).map_err(py_error)?;
-                if let Some(w) = warning {
-                    PyErr::warn(
-                        py,
-                        &py.get_type::<PyUserWarning>(),
-                        &std::ffi::CString::new(w).unwrap_or_default(),
-                        1,
-                    )?;
-                }
-                Some(t.get())
-            }
-            None => None,
-        };
+        let threads = threads
+            .map(|n| resolve_threads(py, n))
+            .transpose()?
+            .map(Threads::get);
         py.detach(|| -> Result<Model, Error> {
             let path = parakeet::model_source::resolve(&model, &mut |line| eprintln!("{line}"))
                 .map_err(|e| match Error::from(e) {
@@ -240,8 +233,9 @@ impl Model {
     ///
     /// Decoding options mirror the command line's flags: ``decoder`` (``auto``, ``tdt``,
     /// ``ctc``), ``confidence`` (a NeMo method name such as ``max_prob`` or
-    /// ``entropy_tsallis_exp``: token and word confidence), ``boost`` (phrases to boost) with
-    /// ``boost_alpha``, ``beam`` (beam size) with ``beam_strategy`` and ``nbest``,
+    /// ``entropy_tsallis_exp``: token and word confidence), ``boost`` (phrases to boost) and
+    /// ``boost_file`` (a path or a list of them: UTF-8 text, one phrase a line, read as
+    /// ``--boost-file`` reads it) with ``boost_alpha``, ``beam`` (beam size) with ``beam_strategy`` and ``nbest``,
     /// ``att_context`` (``auto``, ``full`` or ``L,R``), ``vad`` (True, or a dict of ``vad()``'s
     /// keywords: transcribe only the speech Silero VAD finds, each segment on its own, times in
     /// the input's; ``Transcript.speech`` lists the segments, and empty or silent audio gives
@@ -259,6 +253,7 @@ impl Model {
         decoder="auto",
         confidence=None,
         boost=None,
+        boost_file=None,
         boost_alpha=DEFAULT_BOOST_ALPHA,
         beam=None,
         beam_strategy=None,
@@ -277,6 +272,7 @@ impl Model {
         decoder: &str,
         confidence: Option<String>,
         boost: Option<&Bound<'py, PyAny>>,
+        boost_file: Option<&Bound<'py, PyAny>>,
         boost_alpha: f32,
         beam: Option<usize>,
         beam_strategy: Option<String>,
@@ -291,8 +287,11 @@ impl Model {
         let request = self.request(
             decoder,
             confidence,
-            boost,
-            boost_alpha,
+            Boost {
+                phrases: boost,
+                files: boost_file,
+                alpha: boost_alpha,
+            },
             BeamArgs {
                 beam,
                 beam_strategy,
@@ -344,6 +343,97 @@ impl Model {
             Ok(Bound::new(py, one.expect("one input, one transcript"))?.into_any())
         }
     }
+
+    /// Live transcription: a ``Stream`` that takes audio in pieces (``feed``) and answers with
+    /// partial and final events while it comes, as ``parakeet stream`` does, with this
+    /// model's weights (the stream has its own state and compute buffers).
+    ///
+    /// A cache-aware model (such as nemotron-speech-streaming) streams with its encoder
+    /// caches: ``att_context`` picks one of its lookaheads, ``"L,R"`` or ``(L, R)`` in encoder
+    /// frames (default: NeMo's for the model). Any other (offline) model streams by NeMo's
+    /// buffered pipeline, which encodes each chunk again with context on both sides:
+    /// ``chunk_secs``, ``left_secs``, ``right_secs`` (NeMo's 4.8, 1.6 and 1.6; multiples of
+    /// the 80 ms encoder frame); ``boost`` / ``boost_file`` / ``boost_alpha`` and
+    /// ``confidence`` as for ``transcribe`` (transducer heads). ``decoder`` picks a hybrid
+    /// model's head. An utterance running ``max_utterance_seconds`` without the model ending
+    /// it is finished at a word start (0: never). ``vad`` (True, or a dict of
+    /// ``threshold``, ``min_silence_ms``, ``speech_pad_ms``) ends utterances where Silero VAD
+    /// finds the end of speech; the silence between them is not decoded. ``threads``: compute
+    /// threads (default: the model's ``threads``).
+    ///
+    /// Raises ValueError for a setting the model cannot take (the other kind's, a size that
+    /// is not a whole number of frames, naming what it rounds to), before any audio is taken.
+    #[pyo3(signature = (
+        *,
+        chunk_secs=None,
+        left_secs=None,
+        right_secs=None,
+        att_context=None,
+        decoder="auto",
+        confidence=None,
+        boost=None,
+        boost_file=None,
+        boost_alpha=DEFAULT_BOOST_ALPHA,
+        max_utterance_seconds=DEFAULT_MAX_UTTERANCE_SECONDS,
+        vad=None,
+        threads=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn stream<'py>(
+        &self,
+        py: Python<'py>,
+        chunk_secs: Option<f64>,
+        left_secs: Option<f64>,
+        right_secs: Option<f64>,
+        att_context: Option<&Bound<'py, PyAny>>,
+        decoder: &str,
+        confidence: Option<String>,
+        boost: Option<&Bound<'py, PyAny>>,
+        boost_file: Option<&Bound<'py, PyAny>>,
+        boost_alpha: f32,
+        max_utterance_seconds: f64,
+        vad: Option<&Bound<'py, PyAny>>,
+        threads: Option<usize>,
+    ) -> PyResult<stream::Stream> {
+        let att_context = stream::lookahead(att_context)?;
+        let turns = stream::turn_params(vad)?;
+        let cut = max_utterance_seconds;
+        if !(cut.is_finite() && cut >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "max_utterance_seconds={cut}: 0 (never cut) or a positive number of seconds"
+            )));
+        }
+        let threads = match threads {
+            Some(n) => resolve_threads(py, n)?,
+            None => Threads::new(self.threads).map_err(py_error)?,
+        };
+        let boost = Boost {
+            phrases: boost,
+            files: boost_file,
+            alpha: boost_alpha,
+        };
+        let beam = BeamArgs {
+            beam: None,
+            beam_strategy: None,
+            nbest: 1,
+        };
+        let request = self.request(decoder, confidence, boost, beam, "auto")?;
+        // The one check of decoding options against the model (boosting settings and
+        // phrases, confidence), as for transcribe; the stream takes what it built.
+        let decode = DecodeOptions::new(&self.model, &request).map_err(py_error)?;
+        let options = LiveOptions {
+            att_context,
+            chunk_secs,
+            left_secs,
+            right_secs,
+            decoder: request.decoder,
+            threads,
+            max_utterance_seconds: (cut > 0.0).then_some(cut),
+            boost: decode.boosting().cloned(),
+            confidence: decode.confidence().copied(),
+        };
+        stream::StreamRequest { options, turns }.open(py, &self.model)
+    }
 }
 
 /// A path or an array (checked here, with the GIL held: a bad one is a ValueError before any
@@ -385,6 +475,13 @@ const MAX_CHANNELS: usize = 32;
 /// An array's samples as mono audio: float32 / float64 as they are, int16 scaled by 1/32768
 /// (as 16-bit files are); 1-D, or 2-D with the channels on the shorter axis.
 fn array_audio(array: &Bound<'_, PyUntypedArray>, rate: u32) -> anyhow::Result<Audio> {
+    let (interleaved, channels) = array_frames(array)?;
+    Audio::from_interleaved(&interleaved, channels, rate)
+}
+
+/// An array's samples frame by frame, each frame's channels together, as f32 (see
+/// [`array_audio`]), and the channel count.
+pub(crate) fn array_frames(array: &Bound<'_, PyUntypedArray>) -> anyhow::Result<(Vec<f32>, usize)> {
     let py = array.py();
     let dtype = array.dtype();
     let shape = array.shape().to_vec();
@@ -418,7 +515,7 @@ fn array_audio(array: &Bound<'_, PyUntypedArray>, rate: u32) -> anyhow::Result<A
             "unsupported dtype {dtype}: pass float32 or float64 samples in [-1, 1], or int16"
         );
     };
-    Audio::from_interleaved(&interleaved, channels, rate)
+    Ok((interleaved, channels))
 }
 
 /// The samples frame by frame (each frame's channels together), whatever the array's layout
@@ -443,33 +540,15 @@ impl Model {
         &self,
         decoder: &str,
         confidence: Option<String>,
-        boost: Option<&Bound<'_, PyAny>>,
-        boost_alpha: f32,
+        boost: Boost<'_, '_>,
         beam: BeamArgs,
         att_context: &str,
     ) -> PyResult<DecodeRequest> {
-        let decoder = DecoderChoice::from_str(decoder, true).map_err(|_| {
-            let names: Vec<String> = DecoderChoice::value_variants()
-                .iter()
-                .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_owned()))
-                .collect();
-            PyValueError::new_err(format!(
-                "decoder={decoder:?}: expected one of {}",
-                names.join(", ")
-            ))
-        })?;
+        let decoder = decoder_choice(decoder)?;
         let attention: AttentionChoice = att_context
             .parse()
             .map_err(|e| PyValueError::new_err(format!("att_context={att_context:?}: {e}")))?;
-        let phrases: Vec<String> = match boost {
-            None => Vec::new(),
-            Some(b) if b.is_instance_of::<PyString>() => vec![b.extract()?],
-            Some(b) => b.extract()?,
-        };
-        let boost = BoostArgs {
-            boost_alpha,
-            ..BoostArgs::default()
-        };
+        let (boost, phrases) = boost.phrases()?;
         let request = DecodeRequest {
             decoder,
             attention,
@@ -565,6 +644,71 @@ impl Model {
     }
 }
 
+/// The command line's thread policy: 0 refused, more than the cores warned (a UserWarning)
+/// and capped.
+fn resolve_threads(py: Python<'_>, n: usize) -> PyResult<Threads> {
+    let (t, warning) = Threads::resolve(Some(n)).map_err(py_error)?;
+    if let Some(w) = warning {
+        PyErr::warn(
+            py,
+            &py.get_type::<PyUserWarning>(),
+            &std::ffi::CString::new(w).unwrap_or_default(),
+            1,
+        )?;
+    }
+    Ok(t)
+}
+
+/// ``decoder=``: one of the command line's `--decoder` names.
+fn decoder_choice(decoder: &str) -> PyResult<DecoderChoice> {
+    DecoderChoice::from_str(decoder, true).map_err(|_| {
+        let names: Vec<String> = DecoderChoice::value_variants()
+            .iter()
+            .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_owned()))
+            .collect();
+        PyValueError::new_err(format!(
+            "decoder={decoder:?}: expected one of {}",
+            names.join(", ")
+        ))
+    })
+}
+
+/// The boosting keywords of a call: ``boost`` (a phrase or a list of them), ``boost_file`` (a
+/// path or a list of them: UTF-8 text, one phrase a line) and ``boost_alpha``.
+struct Boost<'a, 'py> {
+    phrases: Option<&'a Bound<'py, PyAny>>,
+    files: Option<&'a Bound<'py, PyAny>>,
+    alpha: f32,
+}
+
+impl Boost<'_, '_> {
+    /// The boosting settings and every phrase, ``boost``'s then each file's, the files read by
+    /// the command line's reader (a missing one is FileNotFoundError, a bad one ValueError,
+    /// each naming it).
+    fn phrases(&self) -> PyResult<(BoostArgs, Vec<String>)> {
+        let mut phrases: Vec<String> = match self.phrases {
+            None => Vec::new(),
+            Some(b) if b.is_instance_of::<PyString>() => vec![b.extract()?],
+            Some(b) => b.extract()?,
+        };
+        let files: Vec<PathBuf> = match self.files {
+            None => Vec::new(),
+            Some(f) if f.is_instance_of::<PyString>() || f.hasattr("__fspath__")? => {
+                vec![f.extract()?]
+            }
+            Some(f) => f.extract()?,
+        };
+        for path in &files {
+            phrases.extend(read_phrase_file(path, "boost_file").map_err(py_error)?);
+        }
+        let args = BoostArgs {
+            boost_alpha: self.alpha,
+            ..BoostArgs::default()
+        };
+        Ok((args, phrases))
+    }
+}
+
 /// A word with its time span in seconds.
 #[pyclass(frozen, get_all, module = "parakeet")]
 struct Word {
@@ -602,7 +746,8 @@ struct Token {
     frame: usize,
     /// TDT duration in frames (0 for RNN-T and CTC).
     duration: usize,
-    /// The token's span in seconds: ``[frame, frame + max(duration, 1)]`` frames.
+    /// The token's span in seconds: from its frame to ``frame + duration`` frames for TDT
+    /// (0 frames allowed), ``frame + 1`` for RNN-T and CTC; never past the end of the audio.
     start: f64,
     end: f64,
     /// NeMo's token confidence in [0, 1], when ``confidence=`` was asked for; else None.
@@ -917,6 +1062,7 @@ fn _parakeet(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Word>()?;
     m.add_class::<Token>()?;
     m.add_class::<Alternative>()?;
+    m.add_class::<stream::Stream>()?;
     m.add_function(wrap_pyfunction!(vad, m)?)?;
     m.add_class::<diar::SpeakerTurn>()?;
     m.add_class::<diar::Diarization>()?;

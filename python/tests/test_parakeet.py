@@ -7,7 +7,6 @@ root. Uses only tests/fixtures (the tiny synthetic models and the speech clips).
 import _thread
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -80,14 +79,15 @@ def test_file_gives_nemos_greedy_tokens_and_text(tdt):
     assert " ".join(w.word for w in r.words) == r.text
     starts = [w.start for w in r.words]
     assert starts == sorted(starts)
-    # A word ends where its last token's span does: frame + duration (TDT durations reach up to
-    # 4 frames past the last encoder frame, as in NeMo).
+    # A word ends where its last token's span does: a TDT token after its predicted duration,
+    # but never after the audio (NeMo's last token on this clip would end 0.24 s past it).
     last = r.tokens[-1]
-    assert r.words[-1].end == pytest.approx((last.frame + last.duration) * r.frame_seconds)
+    assert (last.frame + last.duration) * r.frame_seconds > r.audio_seconds
+    assert r.words[-1].end == pytest.approx(r.audio_seconds)
     assert all(0 <= w.start < w.end for w in r.words)
     tok = r.tokens[1]
     assert tok.start == pytest.approx(tok.frame * r.frame_seconds)
-    assert tok.end == pytest.approx((tok.frame + max(tok.duration, 1)) * r.frame_seconds)
+    assert tok.end == pytest.approx((tok.frame + tok.duration) * r.frame_seconds)
     assert r.tokens[0].piece.startswith("\u2581") or r.tokens[0].piece
     assert set(r.timings) == {"features", "encoder", "decoder"}
     assert r.to_dict()["tokens"][3]["id"] == r.tokens[3].id
@@ -169,6 +169,40 @@ def test_confidence_beam_and_boosting(tdt):
 
     boosted = tdt.transcribe(CLIP, boost=["the", "ininin"], boost_alpha=5.0)
     assert boosted.text.count("the") >= greedy.text.count("the")
+
+
+def test_boost_file_reads_phrases_as_the_cli_does(tdt, tmp_path):
+    greedy = tdt.transcribe(CLIP)
+    boosted = tdt.transcribe(CLIP, boost=["the", "ininin"], boost_alpha=5.0)
+    assert token_triples(boosted) != token_triples(greedy)
+    # A byte-order mark, CRLF, a blank line and a lone CR (an old Mac file's line end).
+    mac = tmp_path / "phrases.txt"
+    mac.write_bytes(b"\xef\xbb\xbfthe\r\n\r\nininin\r")
+    r = tdt.transcribe(CLIP, boost_file=mac, boost_alpha=5.0)
+    assert token_triples(r) == token_triples(boosted)
+    # A list of files, after boost='s phrases.
+    one = tmp_path / "one.txt"
+    one.write_text("ininin\n")
+    r = tdt.transcribe([CLIP], boost="the", boost_file=[str(one)], boost_alpha=5.0)[0]
+    assert token_triples(r) == token_triples(boosted)
+
+
+def test_bad_boost_files_name_the_file(tdt, tmp_path):
+    with pytest.raises(FileNotFoundError, match="boost_file .*missing.txt: cannot read it"):
+        tdt.transcribe(CLIP, boost_file=tmp_path / "missing.txt")
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_text("the cat\n", encoding="utf-16")
+    with pytest.raises(ValueError, match="boost_file .*utf16.txt: is UTF-16 text; save it as UTF-8"):
+        tdt.transcribe(CLIP, boost_file=utf16)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"the cat\ncaf\xe9\n")
+    with pytest.raises(ValueError, match="boost_file .*latin1.txt: line 2 is not UTF-8 text"):
+        tdt.transcribe(CLIP, boost_file=latin1)
+    # A device named by mistake is refused at the cap, not read until memory runs out.
+    with pytest.raises(ValueError, match="boost_file /dev/zero: larger than 16 MiB"):
+        tdt.transcribe(CLIP, boost_file="/dev/zero")
+    with pytest.raises(TypeError):
+        tdt.transcribe(CLIP, boost_file=42)
 
 
 # --- threads --------------------------------------------------------------------------------
@@ -368,19 +402,8 @@ def test_bad_options_are_value_errors(tdt):
 # --- the command line -----------------------------------------------------------------------
 
 
-def cli_binary():
-    candidates = [os.environ.get("PARAKEET_BIN")]
-    for target in (os.environ.get("CARGO_TARGET_DIR"), ROOT / "target"):
-        if target:
-            candidates += [Path(target) / "debug" / "parakeet", Path(target) / "release" / "parakeet"]
-    found = [Path(c) for c in candidates if c and Path(c).is_file()]
-    return found[0] if found else shutil.which("parakeet")
-
-
-def test_same_text_and_error_messages_as_the_cli(tdt, tmp_path, cache):
-    binary = cli_binary()
-    if binary is None:
-        pytest.skip("no parakeet binary built (cargo build), nor PARAKEET_BIN")
+def test_same_text_and_error_messages_as_the_cli(tdt, tmp_path, cache, parakeet_bin):
+    binary = parakeet_bin
     env = dict(os.environ, PARAKEET_CACHE=str(cache))
     model = str(FIXTURES / "tiny_tdt.nemo")
     out = subprocess.run(
@@ -399,11 +422,9 @@ def test_same_text_and_error_messages_as_the_cli(tdt, tmp_path, cache):
     assert str(err.value) == cli_message
 
 
-def test_words_are_the_clis_json_words(tdt, tmp_path, cache):
+def test_words_are_the_clis_json_words(tdt, tmp_path, cache, parakeet_bin):
     """``to_dict()``'s words carry the keys and values of ``transcribe -f json``'s words."""
-    binary = cli_binary()
-    if binary is None:
-        pytest.skip("no parakeet binary built (cargo build), nor PARAKEET_BIN")
+    binary = parakeet_bin
     env = dict(os.environ, PARAKEET_CACHE=str(cache))
     model = str(FIXTURES / "tiny_tdt.nemo")
     subprocess.run(

@@ -42,7 +42,7 @@ pub const MAX_SAMPLE_MAGNITUDE: f32 = 1e6;
 
 /// Refuses a header's sample rate outside [`MIN_SAMPLE_RATE`]..=[`MAX_SAMPLE_RATE`], before
 /// any sample is decoded.
-fn check_sample_rate(rate: u32) -> Result<()> {
+pub(crate) fn check_sample_rate(rate: u32) -> Result<()> {
     if !(MIN_SAMPLE_RATE..=MAX_SAMPLE_RATE).contains(&rate) {
         bail!(
             "sample rate {rate} Hz is outside the supported {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz \

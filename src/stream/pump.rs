@@ -3,7 +3,7 @@
 
 use super::input::AudioSource;
 use super::{LiveTranscriber, StreamEvent};
-use crate::audio::decode::check_samples;
+use crate::audio::decode::{check_sample_rate, check_samples};
 use crate::audio::resample::StreamResampler;
 use anyhow::{Context, Result, bail};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,17 +44,15 @@ pub fn pump<T: LiveTranscriber + ?Sized>(
     on_event: &mut dyn FnMut(&StreamEvent) -> Result<()>,
 ) -> Result<PumpSummary> {
     let rate = source.sample_rate();
-    let mut resampler = StreamResampler::new(rate, transcriber.sample_rate())
+    let mut feeder = Feeder::new(rate, &*transcriber)
         .with_context(|| format!("{}: cannot resample its audio", source.name()))?;
     let limit = options
         .max_seconds
         .map(|s| (s.max(0.0) * f64::from(rate)).round() as u64);
     let pace = options.realtime && !source.is_live();
     let started = Instant::now();
-    let mut read = 0u64;
     let mut cut_at_limit = false;
     let stop_asked = || options.stop.is_some_and(|s| s.load(Ordering::SeqCst));
-    let mut resampled = Vec::new();
     let failure = loop {
         if stop_asked() {
             break None;
@@ -65,37 +63,33 @@ pub fn pump<T: LiveTranscriber + ?Sized>(
             Err(e) => break Some(e),
         };
         // As `transcribe` refuses such a file, before the resampler sees the sample.
-        if let Err(e) = check_samples(&piece, read, rate) {
+        if let Err(e) = feeder.check(&piece) {
             break Some(e.context(source.name().to_string()));
         }
+        let read = feeder.samples_read();
         if let Some(limit) = limit
             && read + piece.len() as u64 > limit
         {
             piece.truncate((limit - read) as usize);
             cut_at_limit = true;
         }
-        read += piece.len() as u64;
         if pace {
             // The piece is fed once the speaker would have finished saying it.
-            let due = Duration::from_secs_f64(read as f64 / f64::from(rate));
+            let end = read + piece.len() as u64;
+            let due = Duration::from_secs_f64(end as f64 / f64::from(rate));
             if let Some(wait) = due.checked_sub(started.elapsed()) {
                 std::thread::sleep(wait);
             }
         }
-        resampled.clear();
-        resampler.push(&piece, &mut resampled)?;
-        for event in transcriber.accept(&resampled)? {
+        for event in feeder.push(transcriber, &piece)? {
             on_event(&event)?;
         }
         if cut_at_limit {
             break None;
         }
     };
-    resampled.clear();
-    resampler.finish(&mut resampled)?;
-    let mut events = transcriber.accept(&resampled)?;
-    events.extend(transcriber.finish()?);
-    for event in &events {
+    let read = feeder.samples_read();
+    for event in &feeder.finish(transcriber)? {
         on_event(event)?;
     }
     if let Some(e) = failure {
@@ -111,4 +105,71 @@ pub fn pump<T: LiveTranscriber + ?Sized>(
         cut_at_limit,
         stopped,
     })
+}
+
+/// Audio at its own rate into a transcriber, a piece at a time: each piece checked as
+/// `transcribe` checks a file's samples, then resampled to the transcriber's rate. [`pump`]
+/// feeds a source through one; a front end that is handed the pieces (the Python package's
+/// streams) holds one itself.
+pub struct Feeder {
+    resampler: StreamResampler,
+    rate: u32,
+    /// Samples taken so far, at `rate`.
+    read: u64,
+    resampled: Vec<f32>,
+}
+
+impl Feeder {
+    /// A feeder of audio at `rate` Hz (refused outside the rates a file may have) into
+    /// `transcriber`.
+    pub fn new<T: LiveTranscriber + ?Sized>(rate: u32, transcriber: &T) -> Result<Feeder> {
+        check_sample_rate(rate)?;
+        Ok(Feeder {
+            resampler: StreamResampler::new(rate, transcriber.sample_rate())?,
+            rate,
+            read: 0,
+            resampled: Vec::new(),
+        })
+    }
+
+    /// The rate of the audio it takes.
+    pub fn rate(&self) -> u32 {
+        self.rate
+    }
+
+    /// Samples taken so far.
+    pub fn samples_read(&self) -> u64 {
+        self.read
+    }
+
+    /// Refuses a piece holding a sample that is not a number or far out of range; the error
+    /// names the sample by its place in the whole stream.
+    pub fn check(&self, piece: &[f32]) -> Result<()> {
+        check_samples(piece, self.read, self.rate)
+    }
+
+    /// Feeds a piece [`check`](Self::check)ed; the events it completed.
+    pub fn push<T: LiveTranscriber + ?Sized>(
+        &mut self,
+        transcriber: &mut T,
+        piece: &[f32],
+    ) -> Result<Vec<StreamEvent>> {
+        self.read += piece.len() as u64;
+        self.resampled.clear();
+        self.resampler.push(piece, &mut self.resampled)?;
+        transcriber.accept(&self.resampled)
+    }
+
+    /// The input ended: the resampler's last samples go in, then the transcriber finishes
+    /// (the utterance under way ends with a final, and it starts again at time 0).
+    pub fn finish<T: LiveTranscriber + ?Sized>(
+        &mut self,
+        transcriber: &mut T,
+    ) -> Result<Vec<StreamEvent>> {
+        self.resampled.clear();
+        self.resampler.finish(&mut self.resampled)?;
+        let mut events = transcriber.accept(&self.resampled)?;
+        events.extend(transcriber.finish()?);
+        Ok(events)
+    }
 }
