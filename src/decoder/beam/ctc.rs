@@ -6,21 +6,15 @@
 //! With a boosting tree, an emitting label also earns alpha times the tree's bonus for it
 //! from the hypothesis' tree state, and moves that state.
 
-use super::{BeamConfig, BeamHead, NBest, TokenPath, check_boost, extend_hash, rank, top_k};
+use super::toolkit::{Candidate, rank, recombine_groups, top_k};
+use super::{BeamConfig, BeamHead, NBest, check_boost};
 use crate::decoder::boosting::BoostingTree;
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 
-#[derive(Clone)]
-struct Slot {
-    score: f32,
-    /// The last frame's label, blank included (`None` before the first frame).
-    last: Option<usize>,
-    tokens: TokenPath,
-    hash: i64,
-    /// The boosting tree's state (the start state without a tree).
-    boost_state: u32,
-}
+/// A CTC hypothesis: no decoder state; `hyp.last` is the last frame's label, blank included
+/// (`None` before the first frame).
+type Slot = Candidate<f32>;
 
 /// Beam search over CTC log-probabilities (`[frames][classes]`, blank = classes - 1): the
 /// N-best list NeMo returns, best by raw score first (NeMo's CTC beam does not normalise).
@@ -40,13 +34,7 @@ pub fn ctc_beam(
     }
     let blank = classes - 1;
     let beam = cfg.beam_size;
-    let mut slots = vec![Slot {
-        score: 0.0,
-        last: None,
-        tokens: TokenPath::default(),
-        hash: 0,
-        boost_state: boost.map_or(0, BoostingTree::start),
-    }];
+    let mut slots = vec![Slot::stateless(boost)];
     let mut scores = Vec::with_capacity(beam * classes);
     // Per slot: alpha x the tree's bonus of every non-blank label, and the states they lead to.
     let mut bonus = vec![0.0f32; blank];
@@ -57,7 +45,7 @@ pub fn ctc_beam(
             let from = scores.len();
             scores.extend(row.iter().enumerate().map(|(label, &lp)| {
                 let s = lp + slot.score;
-                if label == blank || Some(label) == slot.last {
+                if label == blank || Some(label) == slot.hyp.last {
                     s
                 } else {
                     s + cfg.beam_beta
@@ -67,7 +55,7 @@ pub fn ctc_beam(
                 tree.advance_all(slot.boost_state, &mut bonus, &mut bonus_next);
                 let alpha = tree.alpha();
                 for (label, s) in scores[from..from + blank].iter_mut().enumerate() {
-                    if Some(label) != slot.last {
+                    if Some(label) != slot.hyp.last {
                         *s += alpha * bonus[label];
                     }
                 }
@@ -85,57 +73,39 @@ pub fn ctc_beam(
                 continue;
             }
             let (parent, label) = (&slots[k / classes], k % classes);
-            let emits = label != blank && Some(label) != parent.last;
-            next.push(Slot {
-                score,
-                last: Some(label),
-                tokens: if emits {
-                    parent.tokens.push(Token {
-                        id: label,
-                        frame,
-                        duration: 0,
-                    })
-                } else {
-                    parent.tokens.clone()
-                },
-                hash: if emits {
-                    extend_hash(parent.hash, label)
-                } else {
-                    parent.hash
-                },
-                boost_state: match boost {
-                    Some(tree) if emits => tree.advance(parent.boost_state, label).1,
-                    _ => parent.boost_state,
-                },
-            });
+            let emits = label != blank && Some(label) != parent.hyp.last;
+            let mut slot = if emits {
+                let token = Token {
+                    id: label,
+                    frame,
+                    duration: 0,
+                };
+                let mut child = parent.child(token, score);
+                if let Some(tree) = boost {
+                    child.boost_state = tree.advance(parent.boost_state, label).1;
+                }
+                child
+            } else {
+                Slot {
+                    score,
+                    ..parent.clone()
+                }
+            };
+            // Nothing is fed: the label is only what the next frame's repeats compare with.
+            slot.unfed = None;
+            slot.hyp.last = Some(label);
+            next.push(slot);
         }
         slots = recombine(next);
     }
-    let hyps = slots
-        .into_iter()
-        .map(|s| NBest {
-            tokens: s.tokens.to_vec(),
-            score: s.score,
-        })
-        .collect();
-    Ok(rank(hyps, false))
+    Ok(rank(slots.into_iter().map(|s| (s.tokens, s.score)), false))
 }
 
 /// Of hypotheses with the same tokens and last label, the first best stays (with its own
 /// score: NeMo's CTC recombination takes the maximum, not the sum).
 fn recombine(slots: Vec<Slot>) -> Vec<Slot> {
-    let equal = |a: &Slot, b: &Slot| {
-        a.hash == b.hash
-            && a.last == b.last
-            && a.tokens.len() == b.tokens.len()
-            && a.tokens.same_ids(&b.tokens)
-    };
-    let leaders = super::toolkit::group_leaders(&slots, equal, |s| s.score);
-    slots
-        .into_iter()
-        .zip(leaders)
-        .filter_map(|(s, group)| group.map(|_| s))
-        .collect()
+    let equal = |a: &Slot, b: &Slot| a.hyp.last == b.hyp.last && a.same_tokens(b);
+    recombine_groups(slots, equal, false)
 }
 
 #[cfg(test)]

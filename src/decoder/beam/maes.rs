@@ -11,76 +11,56 @@
 //! all the hypotheses it expands.
 
 use super::toolkit::{
-    first_best, log_add_exp, merge_into_first, sort_best_first, sort_worst_first,
+    Candidate, best_n, first_best, log_add_exp, log_softmax, merge_duplicates, rank,
+    sort_worst_first, top_k,
 };
-use super::{
-    BeamConfig, NBest, Projection, TokenPath, TransducerSearch, extend_hash, log_softmax, rank_f64,
-    top_k,
-};
+use super::{BeamConfig, NBest, Projection, SearchRun, TransducerSearch};
 use crate::backend::Backend;
-use crate::decoder::boosting::BoostingTree;
-use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 
-#[derive(Clone)]
-struct Hyp {
-    /// Decoder state after the last fed token; `pred_out` is NeMo's `dec_out[-1]`.
-    hyp: Hypothesis,
+/// A hypothesis of `maes`: its `hyp.pred_out` is NeMo's `dec_out[-1]`, its `hyp.frame` the
+/// frame it waits on (TDT).
+type Hyp = Candidate<f64, Outputs>;
+
+/// What a `maes` hypothesis keeps besides.
+#[derive(Clone, Default)]
+struct Outputs {
     /// The decoder outputs before `pred_out`, newest last: only the `maes_prefix_alpha - 1`
     /// that prefix search can reach.
     older: Vec<Vec<f32>>,
-    /// A label emitted but not yet fed (`hyp.state` is the state before it).
-    unfed: Option<usize>,
-    tokens: TokenPath,
-    hash: i64,
-    score: f64,
-    /// The frame this hypothesis waits on (TDT).
-    frame: usize,
     /// The joint of `pred_out` at a frame, once computed.
     logits: Option<(usize, Vec<f32>)>,
 }
 
-impl Hyp {
-    /// NeMo's `len(y_sequence)`: the tokens and the start symbol.
-    fn seq_len(&self) -> usize {
-        self.tokens.len() + 1
-    }
+/// NeMo's `len(y_sequence)`: the tokens and the start symbol.
+fn seq_len(h: &Hyp) -> usize {
+    h.tokens.len() + 1
+}
 
-    fn same_tokens(&self, other: &Hyp) -> bool {
-        self.hash == other.hash
-            && self.tokens.len() == other.tokens.len()
-            && self.tokens.same_ids(&other.tokens)
+fn logits_at(h: &Hyp, t: usize) -> Result<&[f32]> {
+    match &h.own.logits {
+        Some((frame, logits)) if *frame == t => Ok(logits),
+        _ => bail!("internal: a hypothesis' joint at frame {t} was not computed"),
     }
+}
 
-    fn logits_at(&self, t: usize) -> Result<&[f32]> {
-        match &self.logits {
-            Some((frame, logits)) if *frame == t => Ok(logits),
-            _ => bail!("internal: a hypothesis' joint at frame {t} was not computed"),
-        }
-    }
-
-    /// This hypothesis extended by `label` (to be fed), with `score`.
-    fn child(&self, label: usize, frame: usize, duration: usize, score: f64) -> Hyp {
-        Hyp {
-            hyp: Hypothesis {
-                last: Some(label),
-                ..self.hyp.clone()
-            },
-            older: self.older.clone(),
-            unfed: Some(label),
-            tokens: self.tokens.push(Token {
-                id: label,
-                frame,
-                duration: 0,
-            }),
-            hash: extend_hash(self.hash, label),
-            score,
-            frame: self.frame + duration,
-            logits: None,
-        }
-    }
+/// `h` extended by `label` (to be fed), stamped `frame`, moving on by `duration`, with
+/// `score`.
+fn child(h: &Hyp, label: usize, frame: usize, duration: usize, score: f64) -> Hyp {
+    let token = Token {
+        id: label,
+        frame,
+        duration: 0,
+    };
+    let own = Outputs {
+        older: h.own.older.clone(),
+        logits: None,
+    };
+    let mut child = h.child_with(token, score, own);
+    child.hyp.frame += duration;
+    child
 }
 
 /// The search's fixed parts.
@@ -99,7 +79,7 @@ impl Search<'_, '_> {
     /// Makes sure every hypothesis has its joint at frame `t`: one graph for those missing.
     fn join_all(&mut self, hyps: &mut [Hyp], t: usize) -> Result<()> {
         let need: Vec<usize> = (0..hyps.len())
-            .filter(|&i| !matches!(&hyps[i].logits, Some((f, _)) if *f == t))
+            .filter(|&i| !matches!(&hyps[i].own.logits, Some((f, _)) if *f == t))
             .collect();
         let enc = self.input.at(t);
         let inputs: Vec<JointInput> = need
@@ -111,7 +91,7 @@ impl Search<'_, '_> {
             .collect();
         let out = self.nets.joint(&mut *self.backend, &inputs)?;
         for (&i, logits) in need.iter().zip(out) {
-            hyps[i].logits = Some((t, logits));
+            hyps[i].own.logits = Some((t, logits));
         }
         Ok(())
     }
@@ -130,7 +110,7 @@ impl Search<'_, '_> {
                 PredictInput {
                     token: h.unfed.unwrap_or(self.blank),
                     state: &h.hyp.state,
-                    next_enc: (h.frame < frames).then(|| input.at(h.frame)),
+                    next_enc: (h.hyp.frame < frames).then(|| input.at(h.hyp.frame)),
                 }
             })
             .collect();
@@ -139,14 +119,14 @@ impl Search<'_, '_> {
             let h = &mut hyps[i];
             let previous = std::mem::replace(&mut h.hyp.pred_out, p.pred_out);
             if alpha > 1 {
-                h.older.push(previous);
-                if h.older.len() > alpha - 1 {
-                    h.older.remove(0);
+                h.own.older.push(previous);
+                if h.own.older.len() > alpha - 1 {
+                    h.own.older.remove(0);
                 }
             }
             h.hyp.state = p.state;
             h.unfed = None;
-            h.logits = p.logits.map(|l| (h.frame, l));
+            h.own.logits = p.logits.map(|l| (h.hyp.frame, l));
         }
         Ok(())
     }
@@ -172,7 +152,7 @@ impl Search<'_, '_> {
         for j in 0..hyps.len().saturating_sub(1) {
             for i in j + 1..hyps.len() {
                 let (curr, pref) = (&hyps[j], &hyps[i]);
-                let gap = curr.seq_len().saturating_sub(pref.seq_len());
+                let gap = seq_len(curr).saturating_sub(seq_len(pref));
                 if gap == 0 || gap > alpha {
                     continue;
                 }
@@ -180,10 +160,11 @@ impl Search<'_, '_> {
                 if !before.same_ids(&pref.tokens) {
                     continue;
                 }
-                let first = pref.logits_at(t)?.to_vec();
+                let first = logits_at(pref, t)?.to_vec();
                 let mut score = pref.score + self.prefix_step_logp(&first, tail[0]);
                 // The later labels, after the current hypothesis' own older decoder outputs.
-                let older: Vec<Vec<f32>> = curr.older[curr.older.len() + 1 - gap..].to_vec();
+                let older = &curr.own.older;
+                let older: Vec<Vec<f32>> = older[older.len() + 1 - gap..].to_vec();
                 for (m, dec_out) in older.iter().enumerate() {
                     let input = JointInput {
                         enc: self.input.at(t),
@@ -202,25 +183,12 @@ impl Search<'_, '_> {
     }
 }
 
-/// Best first, stable (as Python's `sorted(reverse=True)`), at most `n`.
-fn best_n(mut hyps: Vec<Hyp>, n: usize) -> Vec<Hyp> {
-    sort_best_first(&mut hyps, |h| h.score);
-    hyps.truncate(n);
-    hyps
-}
-
 /// NeMo's `maes`, TDT and RNN-T.
 pub(super) struct Maes;
 
 impl TransducerSearch for Maes {
-    fn search(
-        &self,
-        backend: &mut Backend,
-        mut nets: Nets,
-        input: Projection,
-        cfg: &BeamConfig,
-        _boost: Option<&BoostingTree>,
-    ) -> Result<Vec<NBest>> {
+    fn search(&self, run: SearchRun) -> Result<Vec<NBest>> {
+        let (backend, mut nets, input, cfg, _) = run.parts();
         let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
         if blank < cfg.beam_size + cfg.maes_expansion_beta {
             bail!(
@@ -229,16 +197,7 @@ impl TransducerSearch for Maes {
                 cfg.maes_expansion_beta
             );
         }
-        let start = Hyp {
-            hyp: nets.start(backend)?,
-            older: Vec::new(),
-            unfed: None,
-            tokens: TokenPath::default(),
-            hash: 0,
-            score: 0.0,
-            frame: 0,
-            logits: None,
-        };
+        let start = Hyp::start(&mut nets, backend, None)?;
         let mut search = Search {
             nets,
             backend,
@@ -254,8 +213,8 @@ impl TransducerSearch for Maes {
         } else {
             search_tdt(&mut search, start)?
         };
-        let ranked = kept.into_iter().map(|h| (h.tokens, h.score)).collect();
-        Ok(rank_f64(ranked, cfg.score_norm))
+        let ranked = kept.into_iter().map(|h| (h.tokens, h.score));
+        Ok(rank(ranked, cfg.score_norm))
     }
 }
 
@@ -269,9 +228,9 @@ fn search_rnnt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
         let mut hyps = std::mem::take(&mut kept);
         // Every RNN-T hypothesis looks at the current frame (labels never move it).
         for h in &mut hyps {
-            h.frame = t;
+            h.hyp.frame = t;
         }
-        hyps.sort_by_key(|h| std::cmp::Reverse(h.seq_len()));
+        hyps.sort_by_key(|h| std::cmp::Reverse(seq_len(h)));
         s.join_all(&mut hyps, t)?;
         s.prefix_search(&mut hyps, t)?;
         let existing = hyps.clone();
@@ -280,7 +239,7 @@ fn search_rnnt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
             s.join_all(&mut hyps, t)?;
             let mut expanded: Vec<Hyp> = Vec::new();
             for h in &hyps {
-                let lp = log_softmax(&h.logits_at(t)?[..s.classes]);
+                let lp = log_softmax(&logits_at(h, t)?[..s.classes]);
                 let options: Vec<(usize, f64)> = top_k(&lp, candidates)
                     .into_iter()
                     .map(|k| (k, h.score + lp[k] as f64))
@@ -298,7 +257,7 @@ fn search_rnnt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
                         ended.push(Hyp { score, ..h.clone() });
                         continue;
                     }
-                    let child = h.child(k, t, 0, score);
+                    let child = child(h, k, t, 0, score);
                     if !existing.iter().any(|e| e.same_tokens(&child)) {
                         expanded.push(child);
                     }
@@ -313,7 +272,7 @@ fn search_rnnt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
                 hyps = expanded;
             } else {
                 for h in &mut expanded {
-                    let lp = log_softmax(&h.logits_at(t)?[..s.classes]);
+                    let lp = log_softmax(&logits_at(h, t)?[..s.classes]);
                     h.score += lp[blank] as f64;
                 }
                 ended.extend(expanded);
@@ -340,12 +299,13 @@ fn search_tdt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
     let gamma = cfg.maes_expansion_gamma as f32;
     let mut kept = vec![start];
     for t in 0..s.frames {
-        let (mut hyps, later): (Vec<Hyp>, Vec<Hyp>) = kept.into_iter().partition(|h| h.frame == t);
-        kept = later.into_iter().filter(|h| h.frame > t).collect();
+        let (mut hyps, later): (Vec<Hyp>, Vec<Hyp>) =
+            kept.into_iter().partition(|h| h.hyp.frame == t);
+        kept = later.into_iter().filter(|h| h.hyp.frame > t).collect();
         if hyps.is_empty() {
             continue;
         }
-        hyps.sort_by_key(|h| std::cmp::Reverse(h.seq_len()));
+        hyps.sort_by_key(|h| std::cmp::Reverse(seq_len(h)));
         s.join_all(&mut hyps, t)?;
         if zero.is_some() {
             s.prefix_search(&mut hyps, t)?;
@@ -357,7 +317,7 @@ fn search_tdt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
             let mut staying: Vec<Hyp> = Vec::new();
             let mut moving: Vec<Hyp> = Vec::new();
             for h in &hyps {
-                let logits = h.logits_at(t)?;
+                let logits = logits_at(h, t)?;
                 let lp = log_softmax(&logits[..classes]);
                 let dlp = log_softmax(&logits[classes..classes + durations.len()]);
                 let top = top_k(&lp, candidates);
@@ -380,16 +340,14 @@ fn search_tdt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
                     }
                     let score = h.score + pairs[p] as f64;
                     if k == blank {
-                        ended.push(Hyp {
-                            score,
-                            frame: h.frame + d,
-                            logits: None,
-                            ..h.clone()
-                        });
+                        let mut ending = Hyp { score, ..h.clone() };
+                        ending.hyp.frame += d;
+                        ending.own.logits = None;
+                        ended.push(ending);
                     } else if d == 0 {
-                        staying.push(h.child(k, t, 0, score));
+                        staying.push(child(h, k, t, 0, score));
                     } else {
-                        moving.push(h.child(k, t + d, d, score));
+                        moving.push(child(h, k, t + d, d, score));
                     }
                 }
             }
@@ -406,7 +364,7 @@ fn search_tdt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
                 hyps = merge_duplicates(staying);
             } else {
                 for h in &mut staying {
-                    let logits = h.logits_at(t)?;
+                    let logits = logits_at(h, t)?;
                     let lp = log_softmax(&logits[..classes]);
                     let dlp = log_softmax(&logits[classes..classes + durations.len()]);
                     let mut di = first_best(dlp.iter().map(|&x| x as f64)).map_or(0, |b| b.0);
@@ -414,7 +372,7 @@ fn search_tdt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
                         di = shortest_move;
                     }
                     h.score += (lp[blank] + dlp[di]) as f64;
-                    h.frame += durations[di];
+                    h.hyp.frame += durations[di];
                 }
                 kept.extend(ended);
                 kept.extend(staying);
@@ -425,16 +383,4 @@ fn search_tdt(s: &mut Search, start: Hyp) -> Result<Vec<Hyp>> {
         }
     }
     Ok(kept)
-}
-
-/// NeMo's TDT `merge_duplicate_hypotheses`: best first; a later hypothesis with the same
-/// tokens on the same frame adds its probability to the first one's (through f32 tensors,
-/// as NeMo) and leaves.
-fn merge_duplicates(mut hyps: Vec<Hyp>) -> Vec<Hyp> {
-    sort_best_first(&mut hyps, |h| h.score);
-    merge_into_first(
-        hyps,
-        |m, h| m.frame == h.frame && m.same_tokens(h),
-        |m, h| m.score = log_add_exp(m.score as f32, h.score as f32) as f64,
-    )
 }

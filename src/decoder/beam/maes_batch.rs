@@ -11,70 +11,43 @@
 //! the slot's count of blanks (NeMo's `next_timestamp`). A boosting tree fuses like
 //! `malsd_batch` (late pruning, `lm_weighted_full`), with NeMo's 1e-6 clamp of this search.
 
-use super::{
-    BeamConfig, NBest, Projection, TokenPath, TransducerSearch, extend_hash, fuse_boost,
-    log_softmax, rank, top_k,
-};
+use super::toolkit::{Candidate, extend_hash, log_add_exp, log_softmax, rank, top_k};
+use super::{NBest, SearchRun, TransducerSearch, fuse_boost};
 use crate::backend::Backend;
-use crate::decoder::boosting::BoostingTree;
-use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
 use crate::tokenizer::Token;
 use anyhow::Result;
 
 const DEAD: f32 = f32::NEG_INFINITY;
 
-#[derive(Clone)]
-struct Slot {
-    /// Decoder state after the last label; `hyp.score` unused (see `score`).
-    hyp: Hypothesis,
-    score: f32,
-    hash: i64,
+/// One slot of the beam (dead at a score of minus infinity).
+type Slot = Candidate<f32, Stamps>;
+
+/// What a `maes_batch` slot keeps besides.
+#[derive(Clone, Default)]
+struct Stamps {
     /// The hash of the transcript without its last label (NeMo's `transcript_prefix_hash`).
     prefix_hash: i64,
     /// Blanks so far: the frame a label emitted now is stamped with.
     next_timestamp: usize,
-    tokens: TokenPath,
-    boost_state: u32,
 }
 
-impl Slot {
-    fn live(&self) -> bool {
-        self.score != DEAD
-    }
-
-    /// NeMo's last label, the blank standing for none.
-    fn last_or(&self, blank: usize) -> usize {
-        self.hyp.last.unwrap_or(blank)
-    }
+fn live(slot: &Slot) -> bool {
+    slot.score != DEAD
 }
 
 /// NeMo's RNN-T `maes_batch`.
 pub(super) struct MaesBatch;
 
 impl TransducerSearch for MaesBatch {
-    fn search(
-        &self,
-        backend: &mut Backend,
-        mut nets: Nets,
-        input: Projection,
-        cfg: &BeamConfig,
-        boost: Option<&BoostingTree>,
-    ) -> Result<Vec<NBest>> {
+    fn search(&self, run: SearchRun) -> Result<Vec<NBest>> {
+        let (backend, mut nets, input, cfg, boost) = run.parts();
         let frames = input.frames;
         let blank = nets.blank();
         let beam = cfg.beam_size;
         let expansions = cfg.beam_size + cfg.maes_expansion_beta;
         let gamma = cfg.maes_expansion_gamma as f32;
-        let start = Slot {
-            hyp: nets.start(backend)?,
-            score: 0.0,
-            hash: 0,
-            prefix_hash: 0,
-            next_timestamp: 0,
-            tokens: TokenPath::default(),
-            boost_state: boost.map_or(0, BoostingTree::start),
-        };
+        let start = Slot::start(&mut nets, backend, boost)?;
         let mut slots = vec![
             Slot {
                 score: DEAD,
@@ -89,7 +62,7 @@ impl TransducerSearch for MaesBatch {
         let mut bonus_next = vec![0u32; blank];
         for t in 0..frames {
             let enc = input.at(t);
-            let mut logps = feed_and_join(&mut nets, backend, &mut slots, &[], enc)?;
+            let mut logps = feed_and_join(&mut nets, backend, &mut slots, enc)?;
             let mut fused = |slot: &Slot, lp: &[f32]| -> Vec<f32> {
                 let mut row = lp.to_vec();
                 if let Some(tree) = boost {
@@ -138,7 +111,6 @@ impl TransducerSearch for MaesBatch {
                 }
                 let chosen = top_k(&probs, beam);
                 let mut next: Vec<Slot> = Vec::with_capacity(beam);
-                let mut extended: Vec<bool> = Vec::with_capacity(beam);
                 for &c in &chosen {
                     let parent = &slots[c / expansions];
                     let mut slot = Slot {
@@ -147,28 +119,26 @@ impl TransducerSearch for MaesBatch {
                     };
                     let label = labels[c];
                     match label {
-                        Some(l) if l == blank => slot.next_timestamp += 1,
+                        Some(l) if l == blank => slot.own.next_timestamp += 1,
                         Some(l) => {
-                            slot.tokens = slot.tokens.push(Token {
+                            slot.own.prefix_hash = slot.hash;
+                            slot.emit(Token {
                                 id: l,
-                                frame: slot.next_timestamp,
+                                frame: slot.own.next_timestamp,
                                 duration: 0,
                             });
-                            slot.prefix_hash = slot.hash;
-                            slot.hash = extend_hash(slot.hash, l);
-                            slot.hyp.last = Some(l);
                             if let Some(tree) = boost {
                                 slot.boost_state = tree.advance(slot.boost_state, l).1;
                             }
                         }
                         None => {}
                     }
-                    extended.push(matches!(label, Some(l) if l != blank));
                     next.push(slot);
                 }
                 slots = next;
                 started = true;
-                logps = feed_and_join(&mut nets, backend, &mut slots, &extended, enc)?;
+                let extended: Vec<bool> = slots.iter().map(|s| s.unfed.is_some()).collect();
+                logps = feed_and_join(&mut nets, backend, &mut slots, enc)?;
                 for (e, &x) in expanding.iter_mut().zip(&extended) {
                     *e &= x;
                 }
@@ -177,39 +147,31 @@ impl TransducerSearch for MaesBatch {
             for (i, slot) in slots.iter_mut().enumerate() {
                 if expanding[i] {
                     slot.score += logps[i][blank];
-                    slot.next_timestamp += 1;
+                    slot.own.next_timestamp += 1;
                 }
             }
         }
-        let hyps = slots
-            .into_iter()
-            .filter(Slot::live)
-            .map(|s| NBest {
-                tokens: s.tokens.to_vec(),
-                score: s.score,
-            })
-            .collect();
+        let hyps = slots.into_iter().filter(live).map(|s| (s.tokens, s.score));
         Ok(rank(hyps, cfg.score_norm))
     }
 }
 
-/// Feeds the new label of every live slot `fed` marks (none when `fed` is empty) and returns every live slot's label
+/// Feeds the pending label of every live slot and returns every live slot's label
 /// log-probabilities at `enc`, in one graph (zeros for dead slots, whose scores make them
-/// irrelevant).
+/// irrelevant). No slot has a pending label after it.
 fn feed_and_join(
     nets: &mut Nets,
     backend: &mut Backend,
     slots: &mut [Slot],
-    fed: &[bool],
     enc: &[f32],
 ) -> Result<Vec<Vec<f32>>> {
     let classes = nets.classes();
     let mut feeding: Vec<(usize, usize)> = Vec::new();
     let mut joining: Vec<usize> = Vec::new();
-    for (i, slot) in slots.iter().enumerate() {
-        match slot.hyp.last {
-            Some(label) if fed.get(i) == Some(&true) && slot.live() => feeding.push((i, label)),
-            _ if slot.live() => joining.push(i),
+    for (i, slot) in slots.iter_mut().enumerate() {
+        match slot.unfed.take() {
+            Some(label) if live(slot) => feeding.push((i, label)),
+            _ if live(slot) => joining.push(i),
             _ => {}
         }
     }
@@ -250,12 +212,13 @@ fn prefix_search(slots: &mut [Slot], logps: &[Vec<f32>], blank: usize) {
     let scores: Vec<f32> = (0..slots.len())
         .map(|i| {
             let me = &slots[i];
-            if !me.live() || me.tokens.len() == 0 {
+            if !live(me) || me.tokens.len() == 0 {
                 return me.score;
             }
-            let last = me.last_or(blank);
+            // NeMo's last label, the blank standing for none.
+            let last = me.hyp.last.unwrap_or(blank);
             let paths: Vec<f32> = (0..slots.len())
-                .filter(|&j| slots[j].hash == me.prefix_hash)
+                .filter(|&j| slots[j].hash == me.own.prefix_hash)
                 .map(|j| slots[j].score + logps[j][last])
                 .collect();
             let max = paths.iter().copied().fold(DEAD, f32::max);
@@ -264,7 +227,7 @@ fn prefix_search(slots: &mut [Slot], logps: &[Vec<f32>], blank: usize) {
             }
             let sum: f64 = paths.iter().map(|&p| ((p - max) as f64).exp()).sum();
             let through = (max as f64 + sum.ln()) as f32;
-            super::toolkit::log_add_exp(me.score, through)
+            log_add_exp(me.score, through)
         })
         .collect();
     for (slot, s) in slots.iter_mut().zip(scores) {
@@ -297,7 +260,7 @@ fn remove_duplicates(
     let mut scores: Vec<f32> = probs.to_vec();
     for c in 0..labels.len() {
         let non_blank = labels[c] != Some(blank);
-        if non_blank && slots.iter().any(|s| s.live() && s.hash == hashes[c]) {
+        if non_blank && slots.iter().any(|s| live(s) && s.hash == hashes[c]) {
             scores[c] = DEAD;
         }
     }

@@ -10,37 +10,28 @@
 //! the candidates are chosen, every non-blank label gains alpha x (its tree bonus + the log of
 //! the non-blank probability) and the blank's log-probability is scaled by 1 + alpha.
 
-use super::{
-    BeamConfig, NBest, Projection, TokenPath, TransducerSearch, extend_hash, fuse_boost,
-    log_softmax, rank, top_k,
-};
-use crate::backend::Backend;
+use super::toolkit::{Candidate, log_softmax, rank, recombine_groups, top_k};
+use super::{BeamConfig, NBest, SearchRun, TransducerSearch, fuse_boost};
 use crate::decoder::boosting::BoostingTree;
-use crate::decoder::hypothesis::Hypothesis;
-use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::decoder::nets::{JointInput, PredictInput};
 use crate::tokenizer::Token;
 use anyhow::{Result, bail};
 
-/// One hypothesis of the beam.
-#[derive(Clone)]
-struct Slot {
-    /// Decoder state, score, last label and the frame looked at next (NeMo's time index).
-    hyp: Hypothesis,
-    tokens: TokenPath,
-    /// NeMo's transcript hash of the labels.
-    hash: i64,
+/// One hypothesis of the beam; its `hyp.frame` is the frame looked at next (NeMo's time
+/// index).
+type Slot = Candidate<f32, Step>;
+
+/// What a `malsd_batch` hypothesis keeps besides.
+#[derive(Clone, Default)]
+struct Step {
     /// Labels emitted since the frame last advanced (NeMo's `last_timestamp_lasts`).
     on_frame: usize,
     /// The joint's output at `hyp.frame`, once computed.
     logits: Option<Vec<f32>>,
-    /// A label emitted this step whose prediction-net update is still to run.
-    unfed: Option<usize>,
-    /// The boosting tree's state (the start state without a tree).
-    boost_state: u32,
 }
 
 /// One proposed extension of a slot.
-struct Candidate {
+struct Proposal {
     parent: usize,
     /// The label, or `None` for a finished hypothesis carried over unchanged.
     label: Option<usize>,
@@ -53,35 +44,21 @@ struct Candidate {
 pub(super) struct MalsdBatch;
 
 impl TransducerSearch for MalsdBatch {
-    fn search(
-        &self,
-        backend: &mut Backend,
-        mut nets: Nets,
-        input: Projection,
-        cfg: &BeamConfig,
-        boost: Option<&BoostingTree>,
-    ) -> Result<Vec<NBest>> {
+    fn search(&self, run: SearchRun) -> Result<Vec<NBest>> {
+        let (backend, mut nets, input, cfg, boost) = run.parts();
         let frames = input.frames;
         let (blank, classes, durations) = (nets.blank(), nets.classes(), nets.durations());
         let tdt = !durations.is_empty();
         let beam = cfg.beam_size;
         let enc = |t: usize| input.at(t);
-        let mut slots = vec![Slot {
-            hyp: nets.start(backend)?,
-            tokens: TokenPath::default(),
-            hash: 0,
-            on_frame: 0,
-            logits: None,
-            unfed: None,
-            boost_state: boost.map_or(0, BoostingTree::start),
-        }];
+        let mut slots = vec![Slot::start(&mut nets, backend, boost)?];
         let mut fusion = boost.map(|tree| Fusion::new(tree, blank));
         let active = |s: &Slot| s.hyp.frame < frames;
         while slots.iter().any(active) {
             // The joint for every active hypothesis whose logits the last prediction step did not
             // already give, in one graph.
             let need: Vec<usize> = (0..slots.len())
-                .filter(|&i| active(&slots[i]) && slots[i].logits.is_none())
+                .filter(|&i| active(&slots[i]) && slots[i].own.logits.is_none())
                 .collect();
             let inputs: Vec<JointInput> = need
                 .iter()
@@ -92,7 +69,7 @@ impl TransducerSearch for MalsdBatch {
                 .collect();
             let outputs = nets.joint(backend, &inputs)?;
             for (&i, logits) in need.iter().zip(outputs) {
-                slots[i].logits = Some(logits);
+                slots[i].own.logits = Some(logits);
             }
 
             let mut candidates = Vec::with_capacity(slots.len() * beam);
@@ -102,11 +79,11 @@ impl TransducerSearch for MalsdBatch {
                     propose(slot, i, cfg, shape, fusion.as_mut(), &mut candidates)?;
                 } else {
                     // Past the last frame: carried over as it is.
-                    candidates.push(Candidate {
+                    candidates.push(Proposal {
                         parent: i,
                         label: None,
                         duration: 0,
-                        score: slot.hyp.score,
+                        score: slot.score,
                     });
                 }
             }
@@ -121,32 +98,32 @@ impl TransducerSearch for MalsdBatch {
                 let parent = &slots[c.parent];
                 let mut slot = Slot {
                     hyp: parent.hyp.clone(),
+                    unfed: None,
                     tokens: parent.tokens.clone(),
                     hash: parent.hash,
-                    on_frame: parent.on_frame,
-                    logits: None,
-                    unfed: None,
+                    score: c.score,
                     boost_state: parent.boost_state,
+                    own: Step {
+                        on_frame: parent.own.on_frame,
+                        logits: None,
+                    },
                 };
-                slot.hyp.score = c.score;
                 let advance = if tdt { durations[c.duration] } else { 0 };
                 match c.label {
                     None => {}
                     Some(label) if label == blank => {
                         slot.hyp.frame += if tdt { advance } else { 1 };
-                        slot.on_frame = 0;
+                        slot.own.on_frame = 0;
                     }
                     Some(label) => {
-                        slot.tokens = slot.tokens.push(Token {
+                        slot.emit(Token {
                             id: label,
                             frame: slot.hyp.frame,
                             duration: advance,
                         });
-                        slot.hash = extend_hash(slot.hash, label);
-                        slot.hyp.last = Some(label);
                         slot.hyp.frame += advance;
-                        slot.on_frame = if advance > 0 { 0 } else { slot.on_frame + 1 };
-                        slot.unfed = Some(label);
+                        let on_frame = &mut slot.own.on_frame;
+                        *on_frame = if advance > 0 { 0 } else { *on_frame + 1 };
                         if let Some(tree) = boost {
                             slot.boost_state = tree.advance(slot.boost_state, label).1;
                         }
@@ -163,7 +140,7 @@ impl TransducerSearch for MalsdBatch {
                 .collect();
             let moved: Vec<usize> = (0..slots.len())
                 .filter(|&i| {
-                    slots[i].unfed.is_none() && slots[i].logits.is_none() && active(&slots[i])
+                    slots[i].unfed.is_none() && slots[i].own.logits.is_none() && active(&slots[i])
                 })
                 .collect();
             let extra: Vec<JointInput> = moved
@@ -186,24 +163,20 @@ impl TransducerSearch for MalsdBatch {
                 .collect();
             let (predictions, joints) = nets.predict_and_join(backend, &inputs, &extra)?;
             for (&i, logits) in moved.iter().zip(joints) {
-                slots[i].logits = Some(logits);
+                slots[i].own.logits = Some(logits);
             }
             for (&i, p) in unfed.iter().zip(predictions) {
                 let s = &mut slots[i];
                 s.hyp.state = p.state;
                 s.hyp.pred_out = p.pred_out;
-                s.logits = p.logits;
+                s.own.logits = p.logits;
                 s.unfed = None;
             }
         }
-        let hyps = slots
-            .into_iter()
-            .map(|s| NBest {
-                tokens: s.tokens.to_vec(),
-                score: s.hyp.score,
-            })
-            .collect();
-        Ok(rank(hyps, cfg.score_norm))
+        Ok(rank(
+            slots.into_iter().map(|s| (s.tokens, s.score)),
+            cfg.score_norm,
+        ))
     }
 }
 
@@ -215,9 +188,9 @@ fn propose(
     cfg: &BeamConfig,
     (blank, classes, n_durations): (usize, usize, usize),
     fusion: Option<&mut Fusion>,
-    out: &mut Vec<Candidate>,
+    out: &mut Vec<Proposal>,
 ) -> Result<()> {
-    let Some(logits) = slot.logits.as_ref() else {
+    let Some(logits) = slot.own.logits.as_ref() else {
         bail!("internal: an active hypothesis without its joint output");
     };
     let mut label_logp = log_softmax(&logits[..classes]);
@@ -267,7 +240,7 @@ fn propose(
         };
         (label, duration)
     };
-    if slot.on_frame >= cfg.max_symbols_per_step {
+    if slot.own.on_frame >= cfg.max_symbols_per_step {
         // Forced blank: the blank's probability with the best duration's, moving by the
         // duration of the best extension (at least 1), as NeMo does.
         let Some(&first) = top.first() else {
@@ -283,21 +256,21 @@ fn propose(
             label_logp[blank]
         };
         let duration = if tdt { split(first).1.max(1) } else { 0 };
-        out.push(Candidate {
+        out.push(Proposal {
             parent: index,
             label: Some(blank),
             duration,
-            score: slot.hyp.score + blank_logp,
+            score: slot.score + blank_logp,
         });
         return Ok(());
     }
     for (k, joint) in top.into_iter().zip(joint_of) {
         let (label, duration) = split(k);
-        out.push(Candidate {
+        out.push(Proposal {
             parent: index,
             label: Some(label),
             duration,
-            score: slot.hyp.score + joint,
+            score: slot.score + joint,
         });
     }
     Ok(())
@@ -333,46 +306,7 @@ impl<'t> Fusion<'t> {
 /// probabilities; the others leave the beam.
 fn recombine(slots: Vec<Slot>, tdt: bool) -> Vec<Slot> {
     let equal = |a: &Slot, b: &Slot| {
-        a.hash == b.hash
-            && a.hyp.last == b.hyp.last
-            && a.tokens.len() == b.tokens.len()
-            && (!tdt || a.hyp.frame == b.hyp.frame)
-            && a.tokens.same_ids(&b.tokens)
+        a.hyp.last == b.hyp.last && (!tdt || a.hyp.frame == b.hyp.frame) && a.same_tokens(b)
     };
-    let merged_scores: Vec<Option<f32>> =
-        super::toolkit::group_leaders(&slots, equal, |s| s.hyp.score)
-            .into_iter()
-            .map(|group| Some(log_sum_exp(group?.iter().map(|&j| slots[j].hyp.score))))
-            .collect();
-    slots
-        .into_iter()
-        .zip(merged_scores)
-        .filter_map(|(mut slot, score)| {
-            slot.hyp.score = score?;
-            Some(slot)
-        })
-        .collect()
-}
-
-/// torch's `logsumexp` of a few scores (max plus the log of the shifted sum).
-fn log_sum_exp(scores: impl Iterator<Item = f32> + Clone) -> f32 {
-    let max = scores.clone().fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        return max;
-    }
-    let sum: f64 = scores.map(|s| ((s - max) as f64).exp()).sum();
-    (max as f64 + sum.ln()) as f32
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn log_sum_exp_of_one_is_itself() {
-        assert_eq!(log_sum_exp([-3.25f32].into_iter()), -3.25);
-        let two = log_sum_exp([-1.0f32, -1.0].into_iter());
-        assert!((two - (-1.0 + 2f32.ln())).abs() < 1e-6);
-        assert_eq!(super::super::toolkit::log_add_exp(-1.0f32, -1.0), two);
-    }
+    recombine_groups(slots, equal, true)
 }

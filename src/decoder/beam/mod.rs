@@ -5,6 +5,8 @@
 //! (`rnnt_default`), and CTC's batched `beam_batch` (`ctc`). Phrase boosting fuses into
 //! the strategies NeMo fuses it into (`malsd_batch`, `maes_batch`, `beam_batch`).
 //!
+//! Every strategy keeps its hypotheses in one candidate type and shares its choosing,
+//! merging and ranking (`toolkit`); each holds only its own search, behind one trait.
 //! The searches step their hypotheses through the [`Nets`] together: one
 //! joint graph and one prediction graph per step serve the whole beam (NeMo's `beam` expands
 //! one hypothesis at a time by design, so it runs one graph per expansion). A hypothesis
@@ -23,12 +25,10 @@ mod tdt_default;
 mod toolkit;
 
 pub use ctc::ctc_beam;
-use path::TokenPath;
 
 use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
-use crate::decoder::hypothesis::Hypothesis;
-use crate::decoder::nets::{InputGates, JointInput, Nets, PredictInput};
+use crate::decoder::nets::{InputGates, Nets};
 use crate::hparams::ModelType;
 use crate::model::Model;
 use crate::tokenizer::Token;
@@ -50,17 +50,34 @@ pub const MAX_BEAM_SIZE: usize = 256;
 pub const MAX_MAES_BEAM_SIZE: usize = 8;
 
 /// One transducer beam strategy: its own search over the shared nets, from the start
-/// hypothesis to NeMo's N-best list, best first. `boost` is `None` unless the strategy
-/// boosts ([`BeamStrategy::boosts`]).
+/// hypothesis to NeMo's N-best list, best first.
 trait TransducerSearch: Sync {
-    fn search(
-        &self,
-        backend: &mut Backend,
-        nets: Nets,
-        input: Projection,
-        cfg: &BeamConfig,
-        boost: Option<&BoostingTree>,
-    ) -> Result<Vec<NBest>>;
+    fn search(&self, run: SearchRun) -> Result<Vec<NBest>>;
+}
+
+/// What a transducer search runs on. `boost` is `None` unless the strategy boosts
+/// ([`BeamStrategy::boosts`]).
+struct SearchRun<'a, 'm> {
+    backend: &'a mut Backend,
+    nets: Nets<'m>,
+    input: Projection<'a>,
+    cfg: &'a BeamConfig,
+    boost: Option<&'a BoostingTree>,
+}
+
+/// A run's backend, nets, input, settings and boosting tree.
+type RunParts<'a, 'm> = (
+    &'a mut Backend,
+    Nets<'m>,
+    Projection<'a>,
+    &'a BeamConfig,
+    Option<&'a BoostingTree>,
+);
+
+impl<'a, 'm> SearchRun<'a, 'm> {
+    fn parts(self) -> RunParts<'a, 'm> {
+        (self.backend, self.nets, self.input, self.cfg, self.boost)
+    }
 }
 
 /// A beam search, by NeMo's name for it (`decoding.strategy`).
@@ -393,7 +410,13 @@ pub fn transducer_beam(
         joint_enc,
         frames,
     };
-    search.search(backend, nets, input, cfg, boost)
+    search.search(SearchRun {
+        backend,
+        nets,
+        input,
+        cfg,
+        boost,
+    })
 }
 
 /// A transducer search's input: the encoder projection, `frames` rows of `width` values
@@ -410,39 +433,6 @@ impl<'a> Projection<'a> {
     fn at(&self, t: usize) -> &'a [f32] {
         &self.joint_enc[t * self.width..(t + 1) * self.width]
     }
-}
-
-/// Feeds `hyp`'s pending label `unfed`, if any (`hyp.state` is the state before it), and
-/// returns the joint's output at the frame projection `enc`: one graph either way.
-fn feed_and_join(
-    nets: &mut Nets,
-    backend: &mut Backend,
-    hyp: &mut Hypothesis,
-    unfed: &mut Option<usize>,
-    enc: &[f32],
-) -> Result<Vec<f32>> {
-    if let Some(token) = unfed.take() {
-        let input = PredictInput {
-            token,
-            state: &hyp.state,
-            next_enc: Some(enc),
-        };
-        let Some(p) = nets.predict(backend, &[input])?.pop() else {
-            bail!("internal: a prediction step without its result");
-        };
-        hyp.state = p.state;
-        hyp.pred_out = p.pred_out;
-        return p
-            .logits
-            .ok_or_else(|| anyhow::anyhow!("internal: a prediction step without its joint"));
-    }
-    let input = JointInput {
-        enc,
-        pred_out: &hyp.pred_out,
-    };
-    nets.joint(backend, &[input])?
-        .pop()
-        .ok_or_else(|| anyhow::anyhow!("internal: a joint step without its result"))
 }
 
 /// Why `boost` cannot steer a search over `vocab` non-blank labels, if it cannot.
@@ -471,77 +461,6 @@ fn fuse_boost(row: &mut [f32], bonus: &[f32], alpha: f32, eps: f32) {
         *lp += non_blank_logp * alpha + b * alpha;
     }
     *blank_logp *= 1.0 + alpha;
-}
-
-/// Log-softmax of one row in f32 (as NeMo's `F.log_softmax(dtype=float32)`), accumulated in
-/// f64.
-fn log_softmax(row: &[f32]) -> Vec<f32> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    // exp(x - max) <= 1 from the vectorised exponential (2e-7 relative, libm's per-value call
-    // was most of a beam step's host time), summed in f64.
-    let mut e: Vec<f32> = row.iter().map(|&x| x - max).collect();
-    crate::kernels::vmath::exp_in_place(&mut e);
-    let sum: f64 = e.iter().map(|&v| v as f64).sum();
-    let lse = sum.ln() as f32;
-    row.iter().map(|&x| x - max - lse).collect()
-}
-
-/// NeMo's transcript hash (a 64-bit linear congruential step per emitted label), used with
-/// the last label and the length to recognise equal hypotheses.
-fn extend_hash(hash: i64, label: usize) -> i64 {
-    const MULTIPLIER: i64 = 6364136223846793005;
-    hash.wrapping_mul(MULTIPLIER)
-        .wrapping_add(1)
-        .wrapping_add(label as i64)
-}
-
-/// Indices of the `k` largest values, largest first; equal values keep index order (NeMo's
-/// ties are measure-zero events). One pass keeping the best `k` so far: a beam's `k` is a
-/// handful against a vocabulary (times durations) of thousands.
-fn top_k(values: &[f32], k: usize) -> Vec<usize> {
-    let mut best: Vec<usize> = Vec::with_capacity(k + 1);
-    for (i, &v) in values.iter().enumerate() {
-        if best.len() == k && best.last().is_none_or(|&b| v.total_cmp(&values[b]).is_le()) {
-            continue;
-        }
-        let at = best.partition_point(|&b| values[b].total_cmp(&v).is_ge());
-        best.insert(at, i);
-        best.truncate(k);
-    }
-    best
-}
-
-/// [`rank`] for the searches NeMo scores in Python floats: ranked in f64 on `(tokens,
-/// score)` pairs, then reported in f32.
-fn rank_f64(mut hyps: Vec<(TokenPath, f64)>, score_norm: bool) -> Vec<NBest> {
-    let key = |(tokens, score): &(TokenPath, f64)| {
-        if score_norm {
-            score / (tokens.len() as f64 + 1.0)
-        } else {
-            *score
-        }
-    };
-    toolkit::sort_best_first(&mut hyps, key);
-    hyps.into_iter()
-        .map(|(tokens, score)| NBest {
-            tokens: tokens.to_vec(),
-            score: score as f32,
-        })
-        .collect()
-}
-
-/// Ranks finished hypotheses NeMo's way: by score per (emitted tokens + 1) when `score_norm`
-/// (the + 1 counts NeMo's start symbol), else by score; best first.
-fn rank(mut hyps: Vec<NBest>, score_norm: bool) -> Vec<NBest> {
-    let key = |h: &NBest| {
-        if score_norm {
-            h.score / (h.tokens.len() as f32 + 1.0)
-        } else {
-            h.score
-        }
-    };
-    toolkit::sort_best_first(&mut hyps, key);
-    hyps
 }
 
 #[cfg(test)]
@@ -633,42 +552,6 @@ mod tests {
                 );
             }
             assert!(strategy.transducer_search(BeamHead::Ctc).is_none());
-        }
-    }
-
-    #[test]
-    fn hash_wraps_like_torch_int64() {
-        // torch: (0 * M + 1 + 5) = 6; then 6 * M + 1 + 7 wraps in int64.
-        let h = extend_hash(extend_hash(0, 5), 7);
-        assert_eq!(h, 6i64.wrapping_mul(6364136223846793005).wrapping_add(8));
-    }
-
-    #[test]
-    fn ranking_normalises_by_length_plus_one() {
-        let hyp = |n: usize, score: f32| NBest {
-            tokens: vec![
-                Token {
-                    id: 0,
-                    frame: 0,
-                    duration: 0
-                };
-                n
-            ],
-            score,
-        };
-        let ranked = rank(vec![hyp(0, -2.0), hyp(3, -6.0)], true);
-        assert_eq!(ranked[0].score, -6.0); // -1.5 per token beats -2.0
-        let ranked = rank(vec![hyp(0, -2.0), hyp(3, -6.0)], false);
-        assert_eq!(ranked[0].score, -2.0);
-    }
-
-    #[test]
-    fn top_k_is_a_stable_descending_sort_cut_to_k() {
-        let values = [0.5f32, 2.0, f32::NEG_INFINITY, 2.0, -1.0, 0.5, 3.0];
-        let mut sorted: Vec<usize> = (0..values.len()).collect();
-        sorted.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
-        for k in 0..=values.len() + 1 {
-            assert_eq!(top_k(&values, k), sorted[..k.min(values.len())], "k = {k}");
         }
     }
 }

@@ -5,52 +5,24 @@
 //! frames + `alsd_max_target_len` x frames steps). Both score in Python floats (f64) as NeMo
 //! and run one prediction and one joint graph per step for the whole beam.
 
-use super::toolkit::{log_add_exp, merge_into_first, sort_best_first};
-use super::{
-    BeamConfig, NBest, Projection, TokenPath, TransducerSearch, extend_hash, log_softmax, rank_f64,
-    top_k,
-};
+use super::path::TokenPath;
+use super::toolkit::{Candidate, best_n, log_add_exp, log_softmax, rank, recombine, top_k};
+use super::{BeamConfig, NBest, SearchRun, TransducerSearch};
 use crate::backend::Backend;
-use crate::decoder::boosting::BoostingTree;
-use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
 use crate::tokenizer::Token;
 use anyhow::Result;
 
-#[derive(Clone)]
-struct Hyp {
-    /// Decoder state after the last fed label.
-    hyp: Hypothesis,
-    /// A label emitted but not yet fed (`hyp.state` is the state before it).
-    unfed: Option<usize>,
-    tokens: TokenPath,
-    hash: i64,
-    score: f64,
-}
+type Hyp = Candidate<f64>;
 
-impl Hyp {
-    fn same_tokens(&self, other: &Hyp) -> bool {
-        self.hash == other.hash
-            && self.tokens.len() == other.tokens.len()
-            && self.tokens.same_ids(&other.tokens)
-    }
-
-    fn child(&self, label: usize, stamp: usize, score: f64) -> Hyp {
-        Hyp {
-            hyp: Hypothesis {
-                last: Some(label),
-                ..self.hyp.clone()
-            },
-            unfed: Some(label),
-            tokens: self.tokens.push(Token {
-                id: label,
-                frame: stamp,
-                duration: 0,
-            }),
-            hash: extend_hash(self.hash, label),
-            score,
-        }
-    }
+/// `hyp` extended by `label`, stamped `stamp`, with `score`.
+fn child(hyp: &Hyp, label: usize, stamp: usize, score: f64) -> Hyp {
+    let token = Token {
+        id: label,
+        frame: stamp,
+        duration: 0,
+    };
+    hyp.child(token, score)
 }
 
 /// Feeds every pending label and returns each hypothesis' label log-probabilities at its
@@ -104,27 +76,10 @@ fn score_all(
         .collect()
 }
 
-fn start(nets: &mut Nets, backend: &mut Backend) -> Result<Hyp> {
-    Ok(Hyp {
-        hyp: nets.start(backend)?,
-        unfed: None,
-        tokens: TokenPath::default(),
-        hash: 0,
-        score: 0.0,
-    })
-}
-
-/// Best first, stable, at most `n`.
-fn best_n(mut hyps: Vec<Hyp>, n: usize) -> Vec<Hyp> {
-    sort_best_first(&mut hyps, |h| h.score);
-    hyps.truncate(n);
-    hyps
-}
-
 /// The N-best list, ranked NeMo's way.
 fn finish(hyps: Vec<Hyp>, cfg: &BeamConfig) -> Vec<NBest> {
-    rank_f64(
-        hyps.into_iter().map(|h| (h.tokens, h.score)).collect(),
+    rank(
+        hyps.into_iter().map(|h| (h.tokens, h.score)),
         cfg.score_norm,
     )
 }
@@ -133,17 +88,11 @@ fn finish(hyps: Vec<Hyp>, cfg: &BeamConfig) -> Vec<NBest> {
 pub(super) struct Tsd;
 
 impl TransducerSearch for Tsd {
-    fn search(
-        &self,
-        backend: &mut Backend,
-        mut nets: Nets,
-        input: Projection,
-        cfg: &BeamConfig,
-        _boost: Option<&BoostingTree>,
-    ) -> Result<Vec<NBest>> {
+    fn search(&self, run: SearchRun) -> Result<Vec<NBest>> {
+        let (backend, mut nets, input, cfg, _) = run.parts();
         let blank = nets.blank();
         let beam = cfg.beam_size.min(blank);
-        let mut kept = vec![start(&mut nets, backend)?];
+        let mut kept = vec![Hyp::start(&mut nets, backend, None)?];
         for t in 0..input.frames {
             let mut ended: Vec<Hyp> = Vec::new();
             let mut expanding = std::mem::take(&mut kept);
@@ -161,7 +110,7 @@ impl TransducerSearch for Tsd {
                 let mut next = Vec::with_capacity(expanding.len() * beam);
                 for (h, lp) in expanding.iter().zip(&logp) {
                     for k in top_k(&lp[..blank], beam) {
-                        next.push(h.child(k, t, h.score + lp[k] as f64));
+                        next.push(child(h, k, t, h.score + lp[k] as f64));
                     }
                 }
                 expanding = best_n(next, beam);
@@ -176,19 +125,13 @@ impl TransducerSearch for Tsd {
 pub(super) struct Alsd;
 
 impl TransducerSearch for Alsd {
-    fn search(
-        &self,
-        backend: &mut Backend,
-        mut nets: Nets,
-        input: Projection,
-        cfg: &BeamConfig,
-        _boost: Option<&BoostingTree>,
-    ) -> Result<Vec<NBest>> {
+    fn search(&self, run: SearchRun) -> Result<Vec<NBest>> {
+        let (backend, mut nets, input, cfg, _) = run.parts();
         let blank = nets.blank();
         let beam = cfg.beam_size.min(blank);
         let frames = input.frames;
         let u_max = (cfg.alsd_max_target_len * frames as f64) as usize;
-        let mut kept = vec![start(&mut nets, backend)?];
+        let mut kept = vec![Hyp::start(&mut nets, backend, None)?];
         // Only tokens and score: up to a beam of these per step of the last frame, an hour's
         // worth of decoder states would not fit.
         let mut finished: Vec<(TokenPath, f64)> = Vec::new();
@@ -219,7 +162,7 @@ impl TransducerSearch for Alsd {
                 }
                 next.push(ended);
                 for k in top_k(&lp[..blank], beam) {
-                    next.push(h.child(k, step, h.score + lp[k] as f64));
+                    next.push(child(h, k, step, h.score + lp[k] as f64));
                 }
             }
             kept = recombine(best_n(next, beam));
@@ -238,19 +181,9 @@ impl TransducerSearch for Alsd {
             // up to a beam of them: at a large beam, many times the beam. The beam's best are
             // the list's (ranked as NeMo ranks it), as every other strategy's list holds at most
             // the beam.
-            let mut ranked = rank_f64(finished, cfg.score_norm);
+            let mut ranked = rank(finished, cfg.score_norm);
             ranked.truncate(beam);
             ranked
         })
     }
-}
-
-/// NeMo's `recombine_hypotheses`: a later hypothesis with the same labels adds its
-/// probability to the first one's and leaves.
-fn recombine(hyps: Vec<Hyp>) -> Vec<Hyp> {
-    merge_into_first(
-        hyps,
-        |o, h| o.same_tokens(h),
-        |o, h| o.score = log_add_exp(o.score, h.score),
-    )
 }

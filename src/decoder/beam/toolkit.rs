@@ -1,8 +1,291 @@
-//! What every beam search shares: choosing, sorting and merging candidates by score as NeMo's
-//! Python does (`max` takes the first of equals; `sorted` is stable), and adding probabilities
-//! in log space. A score is f32 where NeMo keeps it in a tensor, f64 where in a Python float.
+//! What every beam search shares: the one candidate type each strategy keeps its hypotheses
+//! in, and choosing, sorting, merging and ranking candidates by score as NeMo's Python does
+//! (`max` takes the first of equals; `sorted` is stable), with probabilities added in log
+//! space. A score is f32 where NeMo keeps it in a tensor, f64 where in a Python float.
 
+use super::NBest;
+use super::path::TokenPath;
+use crate::backend::Backend;
+use crate::decoder::boosting::BoostingTree;
+use crate::decoder::hypothesis::{Hypothesis, LstmState};
+use crate::decoder::nets::{JointInput, Nets, PredictInput};
+use crate::tokenizer::Token;
+use anyhow::{Result, anyhow};
 use std::cmp::Ordering;
+
+/// One hypothesis of a beam, as every strategy keeps it; `X` holds what only its strategy
+/// needs besides.
+#[derive(Clone)]
+pub(super) struct Candidate<S, X = ()> {
+    /// The decoder state after the last fed label; `hyp.last` is the last label (CTC's: the
+    /// last frame's, blank included) and `hyp.frame` the frame looked at next. Its own score
+    /// is unused: see `score`.
+    pub(super) hyp: Hypothesis,
+    /// A label emitted but not yet fed to the prediction net (`hyp.state` is the state before
+    /// it).
+    pub(super) unfed: Option<usize>,
+    pub(super) tokens: TokenPath,
+    /// NeMo's transcript hash of the labels ([`extend_hash`]).
+    pub(super) hash: i64,
+    pub(super) score: S,
+    /// The boosting tree's state (the start state without a tree).
+    pub(super) boost_state: u32,
+    pub(super) own: X,
+}
+
+impl<S: Score, X: Default> Candidate<S, X> {
+    /// The empty hypothesis after the start symbol.
+    pub(super) fn start(
+        nets: &mut Nets,
+        backend: &mut Backend,
+        boost: Option<&BoostingTree>,
+    ) -> Result<Candidate<S, X>> {
+        Ok(Candidate::with_state(nets.start(backend)?, boost))
+    }
+
+    /// The empty hypothesis of a search without a decoder state (CTC).
+    pub(super) fn stateless(boost: Option<&BoostingTree>) -> Candidate<S, X> {
+        let hyp = Hypothesis {
+            state: LstmState { layers: Vec::new() },
+            pred_out: Vec::new(),
+            last: None,
+            score: 0.0,
+            frame: 0,
+            tokens: Vec::new(),
+        };
+        Candidate::with_state(hyp, boost)
+    }
+
+    fn with_state(hyp: Hypothesis, boost: Option<&BoostingTree>) -> Candidate<S, X> {
+        Candidate {
+            hyp,
+            unfed: None,
+            tokens: TokenPath::default(),
+            hash: 0,
+            score: S::from_f64(0.0),
+            boost_state: boost.map_or(0, BoostingTree::start),
+            own: X::default(),
+        }
+    }
+}
+
+impl<S: Score, X> Candidate<S, X> {
+    /// Whether both hold the same labels (NeMo compares hashes, lengths, then the labels).
+    pub(super) fn same_tokens(&self, other: &Candidate<S, X>) -> bool {
+        self.hash == other.hash
+            && self.tokens.len() == other.tokens.len()
+            && self.tokens.same_ids(&other.tokens)
+    }
+
+    /// Appends `token`, to be fed: the last label, the hash and the tokens follow it.
+    pub(super) fn emit(&mut self, token: Token) {
+        let label = token.id;
+        self.hash = extend_hash(self.hash, label);
+        self.hyp.last = Some(label);
+        self.unfed = Some(label);
+        self.tokens = self.tokens.push(token);
+    }
+
+    /// This candidate extended by `token` (to be fed) with `score`, keeping `own`.
+    pub(super) fn child_with(&self, token: Token, score: S, own: X) -> Candidate<S, X> {
+        let mut child = Candidate {
+            hyp: self.hyp.clone(),
+            unfed: None,
+            tokens: self.tokens.clone(),
+            hash: self.hash,
+            score,
+            boost_state: self.boost_state,
+            own,
+        };
+        child.emit(token);
+        child
+    }
+
+    /// Feeds the pending label, if any, and returns the joint's output at the frame
+    /// projection `enc`: one graph either way.
+    pub(super) fn feed_and_join(
+        &mut self,
+        nets: &mut Nets,
+        backend: &mut Backend,
+        enc: &[f32],
+    ) -> Result<Vec<f32>> {
+        if let Some(token) = self.unfed.take() {
+            let input = PredictInput {
+                token,
+                state: &self.hyp.state,
+                next_enc: Some(enc),
+            };
+            let p = nets
+                .predict(backend, &[input])?
+                .pop()
+                .ok_or_else(|| anyhow!("internal: a prediction step without its result"))?;
+            self.hyp.state = p.state;
+            self.hyp.pred_out = p.pred_out;
+            return p
+                .logits
+                .ok_or_else(|| anyhow!("internal: a prediction step without its joint"));
+        }
+        let input = JointInput {
+            enc,
+            pred_out: &self.hyp.pred_out,
+        };
+        nets.joint(backend, &[input])?
+            .pop()
+            .ok_or_else(|| anyhow!("internal: a joint step without its result"))
+    }
+}
+
+impl<S: Score, X: Clone> Candidate<S, X> {
+    /// This candidate extended by `token` (to be fed) with `score`.
+    pub(super) fn child(&self, token: Token, score: S) -> Candidate<S, X> {
+        self.child_with(token, score, self.own.clone())
+    }
+}
+
+/// The index of the first of the best-scored candidates (as Python's `max`).
+pub(super) fn first_best_of<S: Score, X>(candidates: &[Candidate<S, X>]) -> Option<usize> {
+    first_best(candidates.iter().map(|c| c.score)).map(|(i, _)| i)
+}
+
+/// Best first, stable (as Python's `sorted(reverse=True)`), at most `n`.
+pub(super) fn best_n<S: Score, X>(
+    mut candidates: Vec<Candidate<S, X>>,
+    n: usize,
+) -> Vec<Candidate<S, X>> {
+    sort_best_first(&mut candidates, |c| c.score);
+    candidates.truncate(n);
+    candidates
+}
+
+/// NeMo's `merge_duplicate_hypotheses` (TDT): best first; a later candidate with the same
+/// tokens on the same frame adds its probability to the first one's (through f32 tensors, as
+/// NeMo) and leaves.
+pub(super) fn merge_duplicates<S: Score, X>(
+    mut candidates: Vec<Candidate<S, X>>,
+) -> Vec<Candidate<S, X>> {
+    sort_best_first(&mut candidates, |c| c.score);
+    merge_into_first(
+        candidates,
+        |m, c| m.hyp.frame == c.hyp.frame && m.same_tokens(c),
+        |m, c| {
+            let sum = log_add_exp(m.score.to_f64() as f32, c.score.to_f64() as f32);
+            m.score = S::from_f64(sum as f64);
+        },
+    )
+}
+
+/// NeMo's `recombine_hypotheses`: a later candidate with the same labels adds its
+/// probability to the first one's and leaves.
+pub(super) fn recombine<S: Score, X>(candidates: Vec<Candidate<S, X>>) -> Vec<Candidate<S, X>> {
+    merge_into_first(
+        candidates,
+        |o, c| o.same_tokens(c),
+        |o, c| o.score = log_add_exp(o.score, c.score),
+    )
+}
+
+/// The batched searches' recombination: of each group of `equal` candidates the first best
+/// keeps its place, with the log-sum of the group's probabilities when `sum` (the
+/// transducers', torch's `logsumexp`) or its own score (CTC's, which takes the maximum); the
+/// others leave.
+pub(super) fn recombine_groups<X>(
+    candidates: Vec<Candidate<f32, X>>,
+    equal: impl Fn(&Candidate<f32, X>, &Candidate<f32, X>) -> bool,
+    sum: bool,
+) -> Vec<Candidate<f32, X>> {
+    let scores: Vec<Option<f32>> = group_leaders(&candidates, equal, |c| c.score)
+        .into_iter()
+        .enumerate()
+        .map(|(i, group)| {
+            let group = group?;
+            Some(if sum {
+                log_sum_exp(group.iter().map(|&j| candidates[j].score))
+            } else {
+                candidates[i].score
+            })
+        })
+        .collect();
+    candidates
+        .into_iter()
+        .zip(scores)
+        .filter_map(|(mut c, score)| {
+            c.score = score?;
+            Some(c)
+        })
+        .collect()
+}
+
+/// Ranks finished hypotheses NeMo's way, in their score's precision: by score per (emitted
+/// tokens + 1) when `score_norm` (the + 1 counts NeMo's start symbol), else by score; best
+/// first, reported in f32.
+pub(super) fn rank<S: Score>(
+    hyps: impl IntoIterator<Item = (TokenPath, S)>,
+    score_norm: bool,
+) -> Vec<NBest> {
+    let mut hyps: Vec<(TokenPath, S)> = hyps.into_iter().collect();
+    let key = |(tokens, score): &(TokenPath, S)| {
+        if score_norm {
+            S::from_f64(score.to_f64() / (tokens.len() as f64 + 1.0))
+        } else {
+            *score
+        }
+    };
+    sort_best_first(&mut hyps, key);
+    hyps.into_iter()
+        .map(|(tokens, score)| NBest {
+            tokens: tokens.to_vec(),
+            score: score.to_f64() as f32,
+        })
+        .collect()
+}
+
+/// NeMo's transcript hash (a 64-bit linear congruential step per emitted label), used with
+/// the last label and the length to recognise equal hypotheses.
+pub(super) fn extend_hash(hash: i64, label: usize) -> i64 {
+    const MULTIPLIER: i64 = 6364136223846793005;
+    hash.wrapping_mul(MULTIPLIER)
+        .wrapping_add(1)
+        .wrapping_add(label as i64)
+}
+
+/// Indices of the `k` largest values, largest first; equal values keep index order (NeMo's
+/// ties are measure-zero events). One pass keeping the best `k` so far: a beam's `k` is a
+/// handful against a vocabulary (times durations) of thousands.
+pub(super) fn top_k(values: &[f32], k: usize) -> Vec<usize> {
+    let mut best: Vec<usize> = Vec::with_capacity(k + 1);
+    for (i, &v) in values.iter().enumerate() {
+        if best.len() == k && best.last().is_none_or(|&b| v.total_cmp(&values[b]).is_le()) {
+            continue;
+        }
+        let at = best.partition_point(|&b| values[b].total_cmp(&v).is_ge());
+        best.insert(at, i);
+        best.truncate(k);
+    }
+    best
+}
+
+/// Log-softmax of one row in f32 (as NeMo's `F.log_softmax(dtype=float32)`), accumulated in
+/// f64.
+pub(super) fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // exp(x - max) <= 1 from the vectorised exponential (2e-7 relative, libm's per-value call
+    // was most of a beam step's host time), summed in f64.
+    let mut e: Vec<f32> = row.iter().map(|&x| x - max).collect();
+    crate::kernels::vmath::exp_in_place(&mut e);
+    let sum: f64 = e.iter().map(|&v| v as f64).sum();
+    let lse = sum.ln() as f32;
+    row.iter().map(|&x| x - max - lse).collect()
+}
+
+/// torch's `logsumexp` of a few scores (max plus the log of the shifted sum).
+pub(super) fn log_sum_exp(scores: impl Iterator<Item = f32> + Clone) -> f32 {
+    let max = scores.clone().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return max;
+    }
+    let sum: f64 = scores.map(|s| ((s - max) as f64).exp()).sum();
+    (max as f64 + sum.ln()) as f32
+}
 
 /// A beam score: f32 or f64.
 pub(super) trait Score: Copy + PartialOrd + std::ops::Sub<Output = Self> {
@@ -157,5 +440,46 @@ mod tests {
             |x| x.1,
         );
         assert_eq!(leaders, [None, Some(vec![0, 1, 3]), Some(vec![2]), None]);
+    }
+
+    #[test]
+    fn hash_wraps_like_torch_int64() {
+        // torch: (0 * M + 1 + 5) = 6; then 6 * M + 1 + 7 wraps in int64.
+        let h = extend_hash(extend_hash(0, 5), 7);
+        assert_eq!(h, 6i64.wrapping_mul(6364136223846793005).wrapping_add(8));
+    }
+
+    #[test]
+    fn ranking_normalises_by_length_plus_one() {
+        let token = Token {
+            id: 0,
+            frame: 0,
+            duration: 0,
+        };
+        let three = (0..3).fold(TokenPath::default(), |p, _| p.push(token.clone()));
+        let hyps = || [(TokenPath::default(), -2.0f32), (three.clone(), -6.0)];
+        let ranked = rank(hyps(), true);
+        assert_eq!(ranked[0].score, -6.0); // -1.5 per token beats -2.0
+        assert_eq!(ranked[0].tokens.len(), 3);
+        let ranked = rank(hyps(), false);
+        assert_eq!(ranked[0].score, -2.0);
+    }
+
+    #[test]
+    fn top_k_is_a_stable_descending_sort_cut_to_k() {
+        let values = [0.5f32, 2.0, f32::NEG_INFINITY, 2.0, -1.0, 0.5, 3.0];
+        let mut sorted: Vec<usize> = (0..values.len()).collect();
+        sorted.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
+        for k in 0..=values.len() + 1 {
+            assert_eq!(top_k(&values, k), sorted[..k.min(values.len())], "k = {k}");
+        }
+    }
+
+    #[test]
+    fn log_sum_exp_of_one_is_itself() {
+        assert_eq!(log_sum_exp([-3.25f32].into_iter()), -3.25);
+        let two = log_sum_exp([-1.0f32, -1.0].into_iter());
+        assert!((two - (-1.0 + 2f32.ln())).abs() < 1e-6);
+        assert_eq!(log_add_exp(-1.0f32, -1.0), two);
     }
 }
