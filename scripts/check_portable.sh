@@ -43,9 +43,6 @@ model=$work/tiny_tdt.gguf
 clip=tests/fixtures/audio/speech_2s.wav
 "$x86" convert tests/fixtures/tiny_tdt.nemo "$model" >/dev/null
 
-# parakeet re-executes itself to set GOMP_SPINCOUNT, and qemu-user runs a program that a guest
-# executes natively: set it here so that every run stays under the emulated CPU.
-export GOMP_SPINCOUNT=5000
 fail=0
 # transcribe NAME COMMAND...: the text of the clip, compared with this CPU's.
 transcribe() {

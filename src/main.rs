@@ -5,7 +5,6 @@ use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
 use parakeet::cli::signals;
 use parakeet::convert::{OutType, convert_with_progress};
-use parakeet::decoder::boosting::BoostingTree;
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
 use parakeet::diar::{DEFAULT_MODEL as DEFAULT_DIAR_MODEL, Diarizer};
 use parakeet::encoder::AttentionChoice;
@@ -275,7 +274,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
-    bound_openmp_spinning();
+    parakeet::backend::openmp::bound_spinning();
     parakeet::backend::silence_ggml_logs();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -334,41 +333,6 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     });
     if ours { EXIT_FAILED_INPUTS } else { EXIT_USAGE }
 }
-
-/// ggml's threads meet at an OpenMP barrier after every op, and libgomp's default is to spin
-/// there for up to 300,000 rounds before sleeping. On a busy machine the spinning thread burns
-/// the core its descheduled partner needs: a 2-thread 110m transcription under load took 25 s
-/// with the default and about 2 s with short spins. Measured both ways (docs/BENCHMARKS.md),
-/// 5000 rounds beat 1000 on an idle machine (the decoder's small graphs come about 50 us apart,
-/// and with 1000 rounds the second thread had gone to sleep by then: 0.34 -> 0.25 ms per step)
-/// and under load (encoder -5 %, decoder -40 %); 10,000 and more made the decoder bimodal under
-/// load. libgomp reads its settings once, when it is
-/// loaded, so unless the user chose (`OMP_WAIT_POLICY` / `GOMP_SPINCOUNT`), run ourselves again
-/// with the spin count set. `exec` only returns on failure; then carry on as we are.
-fn bound_openmp_spinning() {
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::CommandExt;
-        if std::env::var_os("OMP_WAIT_POLICY").is_some()
-            || std::env::var_os("GOMP_SPINCOUNT").is_some()
-        {
-            return;
-        }
-        let Ok(exe) = std::env::current_exe() else {
-            return;
-        };
-        let mut args = std::env::args_os();
-        let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
-        let _failed = std::process::Command::new(&exe)
-            .arg0(arg0)
-            .args(args)
-            .env("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
-            .exec();
-    }
-}
-
-/// Barrier spin rounds before a libgomp thread sleeps (see [`bound_openmp_spinning`]).
-const GOMP_SPINCOUNT: &str = "5000";
 
 /// `println!` that returns the write error (a closed pipe) instead of panicking.
 macro_rules! outln {
@@ -1135,13 +1099,19 @@ fn stream(args: StreamArgs) -> Result<u8> {
     let model = Arc::new(parakeet::model_source::load(&args.model, &mut |line| {
         eprintln!("{line}")
     })?);
-    let boost = match args.boost.config(args.boost.phrases()?) {
-        Some(cfg) => Some(Arc::new(BoostingTree::new(model.tokenizer(), &cfg)?)),
-        None => None,
-    };
+    // Boosting and confidence checked and built as `transcribe` checks them (the ranges).
+    let decoding = DecodeOptions::new(
+        &model,
+        &DecodeRequest {
+            decoder: args.decoder,
+            confidence: args.confidence.resolve(false)?,
+            boost: args.boost.config(args.boost.phrases()?),
+            ..DecodeRequest::default()
+        },
+    )?;
     let options = LiveOptions {
-        boost,
-        confidence: args.confidence.resolve(false)?,
+        boost: decoding.boosting().cloned(),
+        confidence: decoding.confidence().copied(),
         att_context: args.att_context,
         chunk_secs: args.chunk_secs,
         left_secs: args.left_secs,

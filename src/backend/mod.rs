@@ -14,6 +14,7 @@
 pub(crate) mod custom;
 mod dtype;
 pub(crate) mod graph;
+pub mod openmp;
 mod state;
 pub(crate) mod weight;
 

@@ -243,6 +243,45 @@ fn system_info_shows_the_baseline_and_ggml_built_for_it() {
     }
 }
 
+/// libgomp starts once (the program does not run itself again) with the bounded barrier spin
+/// count, unless the user chose a spin count or a wait policy; libgomp itself reports what it
+/// read (`OMP_DISPLAY_ENV=verbose`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn openmp_spinning_is_bounded_in_one_start() {
+    let spin_count = |env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_parakeet"));
+        command
+            .arg("--version")
+            .env("OMP_DISPLAY_ENV", "verbose")
+            .env_remove("GOMP_SPINCOUNT")
+            .env_remove("OMP_WAIT_POLICY")
+            .env_remove("OMP_WAIT_POLICY_ALL")
+            .envs(env.iter().copied());
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let err = text(&out.stderr);
+        assert_eq!(
+            err.matches("OPENMP DISPLAY ENVIRONMENT BEGIN").count(),
+            1,
+            "{env:?}: libgomp started more than once:\n{err}"
+        );
+        err.lines()
+            .find_map(|l| l.trim().strip_prefix("GOMP_SPINCOUNT = "))
+            .unwrap_or_else(|| panic!("{env:?}: no spin count in\n{err}"))
+            .trim_matches('\'')
+            .to_owned()
+    };
+    assert_eq!(
+        spin_count(&[]),
+        parakeet::backend::openmp::SPIN_COUNT,
+        "the default"
+    );
+    assert_eq!(spin_count(&[("GOMP_SPINCOUNT", "1000")]), "1000");
+    // libgomp's own rule for a passive policy: no spinning.
+    assert_eq!(spin_count(&[("OMP_WAIT_POLICY", "passive")]), "0");
+}
+
 #[test]
 fn stdin_and_unreadable_entries() {
     let root = scratch("stdin");

@@ -151,20 +151,35 @@ fn events_render_as_text_or_json_lines() {
 
 /// A WAV header for a stream of `channels` x s16 at `rate`, its lengths set to `data_len`.
 fn wav_header(rate: u32, channels: u16, data_len: u32) -> Vec<u8> {
+    wav_header_of(1, 16, rate, channels, data_len)
+}
+
+/// A WAV header of format tag `tag` (1 integer PCM, 3 IEEE float) with `bits` per sample.
+fn wav_header_of(tag: u16, bits: u16, rate: u32, channels: u16, data_len: u32) -> Vec<u8> {
+    let block = bits / 8 * channels;
     let mut h = Vec::new();
     h.extend_from_slice(b"RIFF");
     h.extend_from_slice(&data_len.wrapping_add(36).to_le_bytes());
     h.extend_from_slice(b"WAVEfmt ");
     h.extend_from_slice(&16u32.to_le_bytes());
-    h.extend_from_slice(&1u16.to_le_bytes());
+    h.extend_from_slice(&tag.to_le_bytes());
     h.extend_from_slice(&channels.to_le_bytes());
     h.extend_from_slice(&rate.to_le_bytes());
-    h.extend_from_slice(&(rate * 2 * u32::from(channels)).to_le_bytes());
-    h.extend_from_slice(&(2 * channels).to_le_bytes());
-    h.extend_from_slice(&16u16.to_le_bytes());
+    h.extend_from_slice(&(rate * u32::from(block)).to_le_bytes());
+    h.extend_from_slice(&block.to_le_bytes());
+    h.extend_from_slice(&bits.to_le_bytes());
     h.extend_from_slice(b"data");
     h.extend_from_slice(&data_len.to_le_bytes());
     h
+}
+
+/// Every sample `source` gives, to its end.
+fn all_samples(source: &mut dyn AudioSource) -> Vec<f32> {
+    let mut all = Vec::new();
+    while let Some(piece) = source.next_piece().unwrap() {
+        all.extend(piece);
+    }
+    all
 }
 
 #[test]
@@ -178,10 +193,7 @@ fn a_piped_wav_without_a_length_is_read_to_its_end_and_mixed_to_mono() {
         let mut source =
             input::open_reader(std::io::Cursor::new(bytes), "<stdin>", None, true).unwrap();
         assert_eq!(source.sample_rate(), 48_000);
-        let mut mono = Vec::new();
-        while let Some(piece) = source.next_piece().unwrap() {
-            mono.extend(piece);
-        }
+        let mono = all_samples(source.as_mut());
         assert_eq!(mono.len(), frames, "placeholder {placeholder:#x}");
         assert!(mono.iter().all(|&s| s == 0.125));
     }
@@ -287,13 +299,19 @@ fn stream_stdin(extra: &[&str], stdin: &[u8]) -> (i32, String) {
 
 #[test]
 fn bad_input_on_stdin_is_one_clear_error() {
-    let cases: [(&[&str], Vec<u8>, &str); 6] = [
+    let cases: [(&[&str], Vec<u8>, &str); 7] = [
         (
             &[],
             b"hello, not audio".to_vec(),
             "<stdin>: not a WAV stream",
         ),
         (&[], Vec::new(), "<stdin>: no audio (the input is empty)"),
+        // Empty headerless samples: the same rule as an empty WAV.
+        (
+            &["--raw", "s16le", "--rate", "16000"],
+            Vec::new(),
+            "<stdin>: no audio (the input is empty)",
+        ),
         (
             &[],
             wav_header(0, 1, 0),
@@ -316,6 +334,43 @@ fn bad_input_on_stdin_is_one_clear_error() {
         assert_eq!(code, 2, "{extra:?}: {stderr}");
         assert!(stderr.contains(message), "{extra:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// Boosting weights and confidence alphas outside their ranges are refused as `transcribe`
+/// refuses them (the same words), before any audio is read.
+#[test]
+fn decoding_weights_out_of_range_are_refused_as_transcribe_refuses_them() {
+    let raw = ["--raw", "s16le", "--rate", "16000"];
+    for (flags, says) in [
+        (
+            &["--boost", "data", "--boost-alpha", "1e37"][..],
+            "--boost-alpha 10000000000000000000000000000000000000: takes 0 to 10",
+        ),
+        (
+            &["--boost", "data", "--boost-context-score", "3e38"][..],
+            "--boost-context-score",
+        ),
+        (
+            &[
+                "--confidence",
+                "entropy_gibbs_lin",
+                "--confidence-alpha",
+                "2",
+            ][..],
+            "--confidence-alpha 2: entropy_gibbs_lin takes",
+        ),
+        (
+            &["--confidence", "max_prob", "--confidence-alpha", "1e6"][..],
+            "--confidence-alpha 1000000: max_prob takes 0.0100 to 10.0000",
+        ),
+    ] {
+        let (code, stderr) = stream_stdin(&[&raw[..], flags].concat(), &[0; 3200]);
+        assert_eq!(code, 2, "{flags:?}: {stderr}");
+        // One error (the model's one-time conversion may be reported before it).
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+        assert_eq!(errors.len(), 1, "{flags:?}: {stderr}");
+        assert!(errors[0].contains(says), "{flags:?}: {stderr}");
     }
 }
 
@@ -423,10 +478,7 @@ fn wavs_hound_cannot_read_stream_through_the_audio_room() {
             input::open_reader(std::fs::File::open(&path).unwrap(), name, None, true).unwrap();
         for mut source in [from_file, piped] {
             assert_eq!(source.sample_rate(), want_rate, "{name}");
-            let mut got = Vec::new();
-            while let Some(piece) = source.next_piece().unwrap() {
-                got.extend(piece);
-            }
+            let got = all_samples(source.as_mut());
             assert_eq!(got.len(), want.len(), "{name}");
             let worst = got
                 .iter()
@@ -436,6 +488,19 @@ fn wavs_hound_cannot_read_stream_through_the_audio_room() {
             assert!(worst <= 1e-6, "{name}: off by {worst}");
         }
     }
+    // 96 kHz 64-bit float (an IEEE-float `fmt ` chunk hound refuses), piped: every sample as
+    // written (multiples of 1/1024, exact in f32) at the file's rate.
+    let want: Vec<f32> = (0..9600)
+        .map(|i| ((i % 2048) as f32 - 1024.0) / 1024.0)
+        .collect();
+    let mut wav = wav_header_of(3, 64, 96_000, 1, want.len() as u32 * 8);
+    for s in &want {
+        wav.extend_from_slice(&f64::from(*s).to_le_bytes());
+    }
+    let mut source =
+        input::open_reader(std::io::Cursor::new(wav), "f64_96k.wav", None, true).unwrap();
+    assert_eq!(source.sample_rate(), 96_000);
+    assert_eq!(all_samples(source.as_mut()), want);
 }
 
 /// `stream --att-context` reads lookaheads with `transcribe --att-context`'s grammar: the same
