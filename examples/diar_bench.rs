@@ -6,7 +6,15 @@
 //!
 //! `cargo run --release --example diar_bench ASR.gguf V1.gguf V2.gguf WAV [REPEAT] [RUNS]`:
 //! WAV 16 kHz mono, tiled REPEAT times (default 1); each time is the best of RUNS (default 3)
-//! after a warm-up. The full-size Sortformer shapes: `scripts/synth_sortformer.py`.
+//! after a warm-up. The v2 model is then fed as live audio, 0.48 s at a time (one chunk each):
+//! the cost of each piece, p50 / p90 / max against the 0.48 s it takes to arrive (the speaker
+//! cache and FIFO fill in the first 30 s, so use a minute or more).
+//!
+//! `cargo run --release --example diar_bench -- --long V2.gguf WAV [V1.gguf]`: the whole WAV
+//! (e.g. 60 minutes) streamed through v2 in one pass, fed 0.48 s at a time, with its time, the
+//! cost per chunk and the process's peak RSS before and after; with V1, whether the offline
+//! model takes the recording in one pass (or the error naming its limit).
+//! The full-size Sortformer shapes: `scripts/synth_sortformer.py`.
 
 use parakeet::diar::Diarizer;
 use parakeet::session::{DecodeOptions, DecodeRequest, Session, Threads};
@@ -35,6 +43,9 @@ fn best_of(runs: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Re
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--long") {
+        return long(&args[1..]);
+    }
     anyhow::ensure!(
         args.len() >= 4,
         "usage: diar_bench ASR.gguf V1.gguf V2.gguf WAV [REPEAT] [RUNS]"
@@ -96,30 +107,117 @@ fn main() -> anyhow::Result<()> {
 
     let mut d2 = Diarizer::load(&v2, THREADS)?;
     let settings = d2.params().streaming.inference_defaults();
-    let mut trace = Vec::new();
-    d2.diarize_streaming_traced(&samples, &settings, &mut trace)?;
-    let chunks = trace.len();
     let (v2_s, v2_cpu) = best_of(runs, || {
         d2.diarize_streaming(&samples, &settings).map(|_| ())
     })?;
-    let chunk_s = settings.chunk_len as f64 * d2.frame_seconds();
-    let per_chunk = v2_s / chunks as f64;
     println!(
-        "v2 streaming diarization ({}): {:.1} ms (cpu {:.1} s), RTF {:.4}, {:.3}x the transcription; \
-         {chunks} chunks of {chunk_s:.2} s: {:.1} ms per chunk ({:.1} % of the chunk's {chunk_s:.2} s)",
+        "v2 streaming diarization ({}): {:.1} ms (cpu {:.1} s), RTF {:.4}, {:.3}x the transcription",
         v2.display(),
         v2_s * 1e3,
         v2_cpu,
         v2_s / seconds,
         v2_s / asr_s,
-        per_chunk * 1e3,
-        100.0 * per_chunk / chunk_s
     );
+    live_chunks(&mut d2, &samples)?;
     let (v2_off, _) = best_of(runs, || d2.diarize_offline(&samples).map(|_| ()))?;
     println!(
         "v2 full context (one pass): {:.1} ms, {:.3}x the transcription",
         v2_off * 1e3,
         v2_off / asr_s
     );
+    Ok(())
+}
+
+/// A peak or current memory figure of this process in MB (`VmHWM`, `VmRSS`).
+fn memory_mb(field: &str) -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok());
+    kb.unwrap_or(0.0) / 1024.0
+}
+
+/// Streams `samples` through `d` as live audio, one chunk's worth (0.48 s) at a time, and
+/// prints the cost of each piece: p50, p90 and max against the time the piece takes to arrive.
+/// Returns the frames' probabilities.
+fn live_chunks(d: &mut Diarizer, samples: &[f32]) -> anyhow::Result<Vec<f32>> {
+    let settings = d.params().streaming.inference_defaults();
+    let piece = settings.chunk_len * d.samples_per_frame();
+    let budget_ms = piece as f64 / 16.0;
+    let mut stream = d.start_stream(&settings)?;
+    let (mut probs, mut costs) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    for audio in samples.chunks(piece) {
+        let t = Instant::now();
+        probs.extend(d.stream_accept(&mut stream, audio)?);
+        costs.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    probs.extend(d.stream_finish(&mut stream)?);
+    let wall = started.elapsed().as_secs_f64();
+    costs.sort_by(f64::total_cmp);
+    let at = |q: f64| costs[((costs.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "v2 live, {} pieces of {budget_ms:.0} ms (chunk {} + right context {} frames, FIFO {}, \
+         cache {}): per piece p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms ({:.1} % / {:.1} % of \
+         {budget_ms:.0} ms); {:.1} s in all, RTF {:.4}",
+        costs.len(),
+        settings.chunk_len,
+        settings.chunk_right_context,
+        settings.fifo_len,
+        settings.spkcache_len,
+        at(0.5),
+        at(0.9),
+        at(1.0),
+        100.0 * at(0.5) / budget_ms,
+        100.0 * at(0.9) / budget_ms,
+        wall,
+        wall / (samples.len() as f64 / 16000.0),
+    );
+    Ok(probs)
+}
+
+/// `--long V2.gguf WAV [V1.gguf]`: one pass over a long recording, with the peak memory.
+fn long(args: &[String]) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (2..=3).contains(&args.len()),
+        "usage: diar_bench --long V2.gguf WAV [V1.gguf]"
+    );
+    let audio = parakeet::audio::load_audio(args[1].as_ref())?;
+    anyhow::ensure!(
+        audio.sample_rate == 16000,
+        "{}: needs 16 kHz audio",
+        args[1]
+    );
+    let seconds = audio.samples.len() as f64 / 16000.0;
+    let mut d2 = Diarizer::load(args[0].as_ref(), THREADS)?;
+    println!(
+        "{}: {seconds:.1} s, {THREADS} threads; peak RSS {:.0} MB with the audio and model loaded",
+        args[1],
+        memory_mb("VmHWM")
+    );
+    let probs = live_chunks(&mut d2, &audio.samples)?;
+    let frames = probs.len() / d2.params().n_spks;
+    println!(
+        "v2 one pass: {frames} frames; peak RSS {:.0} MB (now {:.0} MB)",
+        memory_mb("VmHWM"),
+        memory_mb("VmRSS")
+    );
+    if let Some(v1) = args.get(2) {
+        let mut d1 = Diarizer::load(v1.as_ref(), THREADS)?;
+        match d1.check_offline_length(audio.samples.len()) {
+            Ok(()) => {
+                let t = Instant::now();
+                let a = d1.diarize_offline(&audio.samples)?;
+                println!(
+                    "v1 one pass: {} frames in {:.1} s; peak RSS {:.0} MB",
+                    a.frames,
+                    t.elapsed().as_secs_f64(),
+                    memory_mb("VmHWM")
+                );
+            }
+            Err(e) => println!("v1: {e}"),
+        }
+    }
     Ok(())
 }

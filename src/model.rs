@@ -11,6 +11,9 @@ use crate::tokenizer::Tokenizer;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
+mod sortformer;
+pub use sortformer::{SortformerWeights, TransformerLayer};
+
 const F32: &[DType] = &[DType::F32];
 /// Large matmul weights may be stored f16, q8_0 or q4_0.
 const MATMUL: &[DType] = &[DType::F32, DType::F16, DType::Q8_0, DType::Q4_0];
@@ -144,22 +147,22 @@ pub enum Heads {
         transducer: Transducer,
         ctc: Linear,
     },
-    /// A Sortformer diarization model: its own modules, read from the file by `diar`.
-    Diarization,
+    /// A Sortformer diarization model: its Transformer and speaker head.
+    Diarization(Box<SortformerWeights>),
 }
 
 impl Heads {
     pub fn transducer(&self) -> Option<&Transducer> {
         match self {
             Heads::Transducer(t) | Heads::Hybrid { transducer: t, .. } => Some(t),
-            Heads::Ctc(_) | Heads::Diarization => None,
+            Heads::Ctc(_) | Heads::Diarization(_) => None,
         }
     }
 
     pub fn ctc(&self) -> Option<&Linear> {
         match self {
             Heads::Ctc(c) | Heads::Hybrid { ctc: c, .. } => Some(c),
-            Heads::Transducer(_) | Heads::Diarization => None,
+            Heads::Transducer(_) | Heads::Diarization(_) => None,
         }
     }
 }
@@ -224,6 +227,14 @@ impl Model {
 
     pub fn ctc(&self) -> Option<&Linear> {
         self.heads.ctc()
+    }
+
+    /// A Sortformer's Transformer and speaker head (`None` for a speech recognition model).
+    pub fn sortformer(&self) -> Option<&SortformerWeights> {
+        match &self.heads {
+            Heads::Diarization(w) => Some(w),
+            _ => None,
+        }
     }
 
     /// The mapped file (for modules read from it directly, and page-cache hints).
@@ -294,7 +305,9 @@ impl Model {
             (Some(transducer), Some(ctc)) => Heads::Hybrid { transducer, ctc },
             (Some(t), None) => Heads::Transducer(t),
             (None, Some(c)) => Heads::Ctc(c),
-            (None, None) if !hparams.model_type.is_asr() => Heads::Diarization,
+            (None, None) if let Some(p) = &hparams.sortformer => Heads::Diarization(Box::new(
+                SortformerWeights::load(&file, hparams.encoder.d_model, p)?,
+            )),
             (None, None) => bail!(
                 "{shown}: a {} model without a decoder head",
                 hparams.model_type.name()

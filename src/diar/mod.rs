@@ -19,92 +19,25 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
-use crate::backend::{Backend, DType, Graph, Stats, Tensor};
+use crate::backend::{Backend, Graph, Stats, Tensor};
 use crate::encoder::EncoderState;
 use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode};
 use crate::hparams::{ModelType, SortformerParams};
 use crate::kernels::FusedOps;
-use crate::model::{LayerNorm, Linear, Model};
+use crate::model::{Linear, Model, TransformerLayer};
 
 /// The diarization model a transcript's speakers come from unless one is named: NVIDIA's
 /// streaming Sortformer, whose speaker cache and FIFO keep memory bounded however long the
 /// recording.
 pub const DEFAULT_MODEL: &str = "nvidia/diar_streaming_sortformer_4spk-v2";
 
+/// The longest recording an offline pass takes: its full attention needs about 45 bytes per
+/// squared encoder frame (the full-size v1's peak RSS, its 0.49 GB file included: 0.56 GB at
+/// 60 s, 0.60 GB at 120 s, 0.83 GB at 240 s), some 10 GB at 20 minutes.
+pub const MAX_OFFLINE_SECONDS: f64 = 20.0 * 60.0;
+
 /// LayerNorm epsilon of NeMo's Transformer blocks.
 const LN_EPS: f32 = 1e-5;
-
-/// `transformer_encoder.layers.N`: a post-LN block, `x = LN1(x + MHA(x)); x = LN2(x + FF(x))`.
-#[derive(Clone, Debug)]
-pub struct TransformerLayer {
-    pub query_net: Linear,
-    pub key_net: Linear,
-    pub value_net: Linear,
-    pub out_projection: Linear,
-    pub layer_norm_1: LayerNorm,
-    pub dense_in: Linear,
-    pub dense_out: Linear,
-    pub layer_norm_2: LayerNorm,
-}
-
-/// The weights after the FastConformer (NeMo's names).
-#[derive(Clone, Debug)]
-pub struct SortformerWeights {
-    /// `sortformer_modules.encoder_proj` (fc_d_model -> tf_d_model).
-    pub encoder_proj: Linear,
-    pub layers: Vec<TransformerLayer>,
-    pub first_hidden_to_hidden: Linear,
-    pub single_hidden_to_spks: Linear,
-}
-
-impl SortformerWeights {
-    fn load(model: &Model, p: &SortformerParams) -> Result<SortformerWeights> {
-        let f = model.file();
-        let w = |name: &str, shape: &[usize]| f.weight(name, shape, &[DType::F32]);
-        let linear = |prefix: &str, n_in: usize, n_out: usize| -> Result<Linear> {
-            Ok(Linear {
-                weight: w(&format!("{prefix}.weight"), &[n_in, n_out])?,
-                bias: Some(w(&format!("{prefix}.bias"), &[n_out])?),
-            })
-        };
-        let norm = |prefix: &str, d: usize| -> Result<LayerNorm> {
-            Ok(LayerNorm {
-                weight: w(&format!("{prefix}.weight"), &[d])?,
-                bias: w(&format!("{prefix}.bias"), &[d])?,
-            })
-        };
-        let (fc, tf, inner) = (
-            model.hparams().encoder.d_model,
-            p.tf_d_model,
-            p.tf_inner_size,
-        );
-        let layers = (0..p.tf_n_layers)
-            .map(|i| {
-                // The converter's name (`convert::gguf_name`).
-                let l = format!("transformer_encoder.{i}");
-                let a = format!("{l}.first_sub_layer");
-                let ff = format!("{l}.second_sub_layer");
-                Ok(TransformerLayer {
-                    query_net: linear(&format!("{a}.query_net"), tf, tf)?,
-                    key_net: linear(&format!("{a}.key_net"), tf, tf)?,
-                    value_net: linear(&format!("{a}.value_net"), tf, tf)?,
-                    out_projection: linear(&format!("{a}.out_projection"), tf, tf)?,
-                    layer_norm_1: norm(&format!("{l}.layer_norm_1"), tf)?,
-                    dense_in: linear(&format!("{ff}.dense_in"), tf, inner)?,
-                    dense_out: linear(&format!("{ff}.dense_out"), inner, tf)?,
-                    layer_norm_2: norm(&format!("{l}.layer_norm_2"), tf)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let m = "sortformer_modules";
-        Ok(SortformerWeights {
-            encoder_proj: linear(&format!("{m}.encoder_proj"), fc, tf)?,
-            layers,
-            first_hidden_to_hidden: linear(&format!("{m}.first_hidden_to_hidden"), tf, tf)?,
-            single_hidden_to_spks: linear(&format!("{m}.single_hidden_to_spks"), tf, p.n_spks)?,
-        })
-    }
-}
 
 /// Per-frame speaker activity of one recording.
 #[derive(Clone, Debug, Default)]
@@ -145,7 +78,6 @@ pub struct Forward {
 pub struct Diarizer {
     model: Arc<Model>,
     params: SortformerParams,
-    weights: SortformerWeights,
     backend: Backend,
     mel: MelConfig,
     times: DiarTimes,
@@ -181,12 +113,10 @@ impl Diarizer {
             bail!("internal: a Sortformer without its parameters");
         };
         debug_assert_eq!(model.hparams().model_type, ModelType::Sortformer);
-        let weights = SortformerWeights::load(&model, &params)?;
         let mel = model.hparams().preprocessor.mel_config();
         Ok(Diarizer {
             model,
             params,
-            weights,
             backend: Backend::cpu(threads)?,
             mel,
             times: DiarTimes::default(),
@@ -279,6 +209,27 @@ impl Diarizer {
         Ok(())
     }
 
+    /// Refuses a recording too long for one pass: NeMo runs an offline Sortformer with full
+    /// attention over the whole recording (it has no long-form mode; NVIDIA gives v1 about
+    /// 12 minutes on a 48 GB GPU), whose memory grows with the square of its length. A
+    /// streaming Sortformer streams any length in bounded memory.
+    pub fn check_offline_length(&self, samples: usize) -> Result<()> {
+        let rate = self.model.hparams().preprocessor.sample_rate as f64;
+        let seconds = samples as f64 / rate;
+        if seconds > MAX_OFFLINE_SECONDS {
+            bail!(
+                "{seconds:.1} s of audio is longer than the {:.0} minutes {} diarizes in one \
+                 pass (an offline Sortformer attends over the whole recording at once, as in \
+                 NeMo, and its memory grows with the square of the length): split the \
+                 recording, or use a streaming Sortformer ({DEFAULT_MODEL}), which streams \
+                 any length in bounded memory",
+                MAX_OFFLINE_SECONDS / 60.0,
+                self.model.path().display()
+            );
+        }
+        Ok(())
+    }
+
     /// The whole recording in one pass (NeMo's `forward` of an offline model, or a streaming
     /// model with full context).
     pub fn diarize_offline(&mut self, samples: &[f32]) -> Result<Activity> {
@@ -288,6 +239,7 @@ impl Diarizer {
     /// [`Diarizer::diarize_offline`], keeping every intermediate result when `taps` is set.
     pub fn forward(&mut self, samples: &[f32], taps: bool) -> Result<Forward> {
         self.check_length(samples.len())?;
+        self.check_offline_length(samples.len())?;
         let features = self.features(samples);
         let hp = self.model.hparams();
         let attention = AttentionChoice::Full.resolve(
@@ -345,7 +297,11 @@ impl Diarizer {
             );
         }
         let start = Instant::now();
-        let (w, p) = (&self.weights, &self.params);
+        let model = self.model.clone();
+        let Some(w) = model.sortformer() else {
+            bail!("internal: a Sortformer without its weights");
+        };
+        let p = &self.params;
         let mut ids = Vec::new();
         let mut computed = self.backend.compute(|g| {
             let x = g.input_f32(x, &[fc, frames]);

@@ -255,6 +255,17 @@ struct Positions<'a> {
 }
 
 impl<'a> Operands<'a> {
+    /// Floats per staged value row: `d_k`, rounded up to whole vectors where the 512-bit
+    /// product runs (zero columns, so that a head of 24 multiplies in two vectors, not in a
+    /// scalar tail).
+    fn v_width(&self) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if avx512() {
+            return self.dk.next_multiple_of(LANES);
+        }
+        self.dk
+    }
+
     /// The sources of an attention node over `window`: `q`, `k`, `v`, then with `positional`
     /// `p`, `bu`, `bv`.
     fn of(op: &'a CustomOp<'_>, window: KeyWindow, positional: bool) -> Operands<'a> {
@@ -305,8 +316,9 @@ struct Scratch {
     /// [`LANES`] so that a block may read whole vectors past its last column.
     kt: Vec<f32>,
     pt: Vec<f32>,
-    /// The task's values, one contiguous `d_k` row per frame (the tensor's rows of one head
-    /// lie `h * d_k` floats apart: a 4 KiB stride that mapped every row to the same L1 sets).
+    /// The task's values, one contiguous row per frame (the tensor's rows of one head lie
+    /// `h * d_k` floats apart: a 4 KiB stride that mapped every row to the same L1 sets), of
+    /// [`Operands::v_width`] floats.
     vr: Vec<f32>,
     /// `[block][n]` content scores (then probabilities) and positional scores.
     ac: Vec<f32>,
@@ -334,6 +346,8 @@ struct Staged<'s> {
     kt: &'s [f32],
     pt: &'s [f32],
     vr: &'s [f32],
+    /// Floats per row of `vr`.
+    v_width: usize,
 }
 
 multiversioned! {
@@ -358,9 +372,11 @@ multiversioned! {
         if let Some(pos) = &o.positions {
             transpose_rows(o, pos.p, head, r0, nr, p_width, grow(&mut s.pt, dk * p_width));
         }
-        let vr = grow(&mut s.vr, nk * dk);
-        for (j, row) in vr.chunks_exact_mut(dk).enumerate() {
-            row.copy_from_slice(o.row(o.v, j0 + j, head));
+        let v_width = o.v_width();
+        let vr = grow(&mut s.vr, nk * v_width);
+        for (j, row) in vr.chunks_exact_mut(v_width).enumerate() {
+            row[..dk].copy_from_slice(o.row(o.v, j0 + j, head));
+            row[dk..].fill(0.0);
         }
         let Scratch {
             q_u,
@@ -379,6 +395,7 @@ multiversioned! {
             kt,
             pt,
             vr,
+            v_width,
         };
         for block in blocks {
             let i0 = block * QUERY_BLOCK;
@@ -483,11 +500,25 @@ fn attend_block(
         row[hi + 1..].fill(0.0);
     }
     // out_i = sum_j prob[i][j] v_j, four queries and 64 channels at a time.
-    let v = &st.vr[(j0 - st.j0) * dk..];
+    let dv = st.v_width;
+    let v = &st.vr[(j0 - st.j0) * dv..];
     #[cfg(target_arch = "x86_64")]
     if avx512() && dk.is_multiple_of(LANES) {
         // SAFETY: AVX-512F present; the extents are the ones the portable loop below indexes.
         unsafe { probs_times_v_avx512(o, head, v, (nk, nk_pad), ac, (i0, nq), out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // Rows of whole vectors (the values' zero columns give zeros), then the d_k wanted.
+        let rows = grow(q_v, nq * dv);
+        // SAFETY: AVX-512F present; `v` holds nk rows of dv (a multiple of LANES), `ac` nq
+        // rows of nk_pad probabilities, `rows` nq rows of dv.
+        unsafe { probs_times_v_rows_avx512(v, dv, (nk, nk_pad), ac, nq, rows) };
+        for (b, row) in rows.chunks_exact(dv).enumerate() {
+            let at = ((i0 + b) * o.h + head) * dk;
+            out[at..at + dk].copy_from_slice(&row[..dk]);
+        }
         return;
     }
     let mut b = 0;
@@ -498,7 +529,7 @@ fn attend_block(
             let nc = (dk - c0).min(LANES);
             let mut acc = [[0f32; LANES]; 4];
             for j in 0..nk {
-                let vj = &v[j * dk + c0..][..nc];
+                let vj = &v[j * dv + c0..][..nc];
                 for (qb, acc) in acc.iter_mut().enumerate().take(nb) {
                     let pr = ac[(b + qb) * nk_pad + j];
                     for (a, &x) in acc.iter_mut().zip(vj) {
@@ -759,6 +790,38 @@ unsafe fn probs_times_v_avx512(
             v_stride: dk,
             out: &mut out[out_at(b) + c0..],
             out_stride: o.h * dk,
+        };
+        // SAFETY: AVX-512F (this function's contract); extents asserted above.
+        unsafe { by_tile_shape!(pv_tile, nb, nv, t) };
+    }
+}
+
+/// [`probs_times_v_avx512`] into `rows` (`nq` rows of `dv`) from values of `dv` floats a row.
+///
+/// # Safety
+/// AVX-512F; `dv` a multiple of [`LANES`]; `probs` holds `nq` rows of `nk_pad` (`nk <= nk_pad`);
+/// `v` holds `nk` rows of `dv`; `rows` `nq` rows of `dv`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn probs_times_v_rows_avx512(
+    v: &[f32],
+    dv: usize,
+    (nk, nk_pad): (usize, usize),
+    probs: &[f32],
+    nq: usize,
+    rows: &mut [f32],
+) {
+    assert!(nk <= nk_pad && probs.len() >= nq * nk_pad && dv.is_multiple_of(LANES));
+    assert!(rows.len() >= nq * dv && v.len() >= nk * dv);
+    for (b, nb, c0, nv) in tiles(nq, dv) {
+        let t = PvTile {
+            probs: &probs[b * nk_pad..],
+            nk_pad,
+            nk,
+            v: &v[c0..],
+            v_stride: dv,
+            out: &mut rows[b * dv + c0..],
+            out_stride: dv,
         };
         // SAFETY: AVX-512F (this function's contract); extents asserted above.
         unsafe { by_tile_shape!(pv_tile, nb, nv, t) };

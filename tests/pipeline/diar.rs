@@ -376,3 +376,20 @@ fn offline_sortformer_refuses_to_stream() {
     let err = diarizer.start_stream(&settings).err().unwrap().to_string();
     assert!(err.contains("offline Sortformer"), "{err}");
 }
+
+/// An offline pass over a recording past the limit is refused before any work, naming the
+/// limit and the streaming model; one just inside it is not refused for its length.
+#[test]
+fn offline_pass_refuses_a_recording_past_its_limit() {
+    let mut diarizer = Diarizer::load(&gguf("tiny_sortformer", OutType::F32), 2).unwrap();
+    let limit = (parakeet::diar::MAX_OFFLINE_SECONDS * 16000.0) as usize;
+    let err = diarizer
+        .diarize_offline(&vec![0.0; limit + 16000])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("1201.0 s of audio"), "{err}");
+    assert!(err.contains("20 minutes"), "{err}");
+    assert!(err.contains(parakeet::diar::DEFAULT_MODEL), "{err}");
+    assert!(diarizer.check_offline_length(limit).is_ok());
+}
