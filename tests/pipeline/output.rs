@@ -56,15 +56,23 @@ fn transcript() -> Transcript {
         duration,
     })
     .collect();
+    Transcript {
+        text: detokenize(&vocab, tokens.iter().map(|t| t.id)),
+        ..tdt_transcript(&vocab, tokens, 4.0)
+    }
+}
+
+/// A TDT transcript of `tokens` (80 ms frames) over `audio_seconds`: pieces and words as the
+/// library makes them, no text.
+fn tdt_transcript(vocab: &[String], tokens: Vec<Token>, audio_seconds: f64) -> Transcript {
     let clock = TokenClock {
         frame_seconds: 0.08,
         tdt_durations: true,
-        audio_seconds: 4.0,
+        audio_seconds,
     };
     Transcript {
-        text: detokenize(&vocab, tokens.iter().map(|t| t.id)),
         pieces: tokens.iter().map(|t| vocab[t.id].clone()).collect(),
-        words: words(&vocab, &tokens, &clock),
+        words: words(vocab, &tokens, &clock),
         tokens,
         audio_seconds: clock.audio_seconds,
         frame_seconds: clock.frame_seconds,
@@ -303,20 +311,7 @@ fn json_times_a_zero_duration_token_as_nemo() {
         token(5, 8, 2),
         token(10, 40, 5),
     ];
-    let clock = TokenClock {
-        frame_seconds: 0.08,
-        tdt_durations: true,
-        audio_seconds: 3.5,
-    };
-    let t = Transcript {
-        pieces: tokens.iter().map(|t| vocab[t.id].clone()).collect(),
-        words: words(&vocab, &tokens, &clock),
-        tokens,
-        audio_seconds: clock.audio_seconds,
-        frame_seconds: clock.frame_seconds,
-        tdt_durations: true,
-        ..Transcript::default()
-    };
+    let t = tdt_transcript(&vocab, tokens, 3.5);
     let v: Value = serde_json::from_str(&render(Format::Json, &t, &meta())).unwrap();
     assert_eq!(
         v["tokens"][1],
