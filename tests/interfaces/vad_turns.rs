@@ -10,20 +10,11 @@ use parakeet::stream::turns::TurnParams;
 use serde_json::Value;
 use std::sync::Arc;
 
-fn stream_vad(model: &std::path::Path, extra: &[&str]) -> std::process::Output {
+fn stream_vad(model: &str, extra: &[&str]) -> std::process::Output {
     let clip = fixtures().join("vad_turns/two_turns.wav");
-    let mut args = vec![
-        "stream",
-        clip.to_str().unwrap(),
-        "-m",
-        model.to_str().unwrap(),
-        "--format",
-        "jsonl",
-        "-t",
-        "1",
-    ];
+    let mut args = vec![clip.to_str().unwrap()];
     args.extend_from_slice(extra);
-    run_parakeet(&args, &scratch_dir("vad_turns", "cache"))
+    crate::stream_buffered::stream_cmd(model, &args, None)
 }
 
 #[test]
@@ -34,7 +25,7 @@ fn stream_vad_gives_a_final_per_turn_on_the_iterator_s_boundaries() {
     for name in ["tiny_stream_tdt_ctc", "tiny_tdt"] {
         let path = gguf(name, OutType::F32);
         let model = Arc::new(Model::load(&path).unwrap());
-        let out = stream_vad(&path, &["--vad"]);
+        let out = stream_vad(name, &["--vad"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{name}: {stderr}");
         let finals: Vec<Value> = String::from_utf8(out.stdout)
@@ -65,7 +56,7 @@ fn stream_vad_gives_a_final_per_turn_on_the_iterator_s_boundaries() {
 
 #[test]
 fn stream_vad_flags_are_checked() {
-    let path = gguf("tiny_tdt", OutType::F32);
+    let model = "tiny_tdt";
     for (args, said) in [
         (&["--vad", "--threshold", "1.5"][..], "--threshold 1.5"),
         (&["--vad", "--threshold", "0"][..], "--threshold 0"),
@@ -79,15 +70,15 @@ fn stream_vad_flags_are_checked() {
         ),
         (&["--threshold", "0.6"][..], "needs --vad"),
     ] {
-        let out = stream_vad(&path, args);
+        let out = stream_vad(model, args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(said), "{args:?}: {stderr}");
         assert!(out.stdout.is_empty(), "{args:?}");
     }
-    let out = stream_vad(&path, &["--vad-model", "/nonexistent.gguf"]);
+    let out = stream_vad(model, &["--vad-model", "/nonexistent.gguf"]);
     assert_eq!(out.status.code(), Some(2));
-    let out = stream_vad(&path, &["--vad", "--vad-model", "/nonexistent.gguf"]);
+    let out = stream_vad(model, &["--vad", "--vad-model", "/nonexistent.gguf"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("/nonexistent.gguf"), "{stderr}");
