@@ -16,6 +16,9 @@ use crate::tokenizer::Tokenizer;
 use crate::{bail, ensure};
 use std::collections::HashMap;
 
+mod merge;
+pub use merge::BaseTree;
+
 /// What to boost and how much: NeMo's `greedy.boosting_tree` (`BoostingTreeModelConfig`) and
 /// `greedy.boosting_tree_alpha`.
 #[derive(Clone, Debug, PartialEq)]
@@ -101,7 +104,7 @@ pub struct BoostingTree {
 }
 
 /// A trie node of NeMo's `ContextGraph`, with its scores in f64 as Python computes them.
-#[derive(Clone)]
+#[derive(Clone, Copy)]
 struct TrieNode {
     token: u32,
     parent: u32,
@@ -110,7 +113,100 @@ struct TrieNode {
     node_score: f64,
     is_end: bool,
     fail: u32,
-    children: Vec<u32>,
+}
+
+/// What NeMo's trie updates read and write: the whole trie ([`ContextGraph`]), or a request's
+/// phrases laid over a server's ([`Overlay`]), so that both follow the same rules.
+trait Nodes {
+    fn node(&self, id: u32) -> &TrieNode;
+    fn node_mut(&mut self, id: u32) -> &mut TrieNode;
+    fn child(&self, parent: u32, token: u32) -> Option<u32>;
+    /// Adds `node` as its parent's child for its token; its id.
+    fn push(&mut self, node: TrieNode) -> u32;
+
+    /// Adds one phrase's tokens with its per-token score, as NeMo's `build` loop body. A node
+    /// shared with an earlier phrase keeps the larger token score of the two, and its node
+    /// score is recomputed from its parent's (its own descendants keep theirs: NeMo's order of
+    /// updates, kept because the backoff weights are differences of node scores).
+    fn add(&mut self, tokens: &[u32], context_score: f64, depth_scaling: f64, uniform: bool) {
+        let mut node = 0u32;
+        for (i, &token) in tokens.iter().enumerate() {
+            let last = i + 1 == tokens.len();
+            let parent_score = self.node(node).node_score;
+            node = match self.child(node, token) {
+                Some(existing) => {
+                    let n = self.node_mut(existing);
+                    n.token_score = context_score.max(n.token_score);
+                    n.node_score = parent_score + n.token_score;
+                    n.is_end |= last;
+                    existing
+                }
+                None => {
+                    let token_score = if i > 0 && !uniform {
+                        context_score * depth_scaling + ((i + 1) as f64).ln()
+                    } else {
+                        context_score
+                    };
+                    self.push(TrieNode {
+                        token,
+                        parent: node,
+                        level: i as u32 + 1,
+                        token_score,
+                        node_score: parent_score + token_score,
+                        is_end: last,
+                        fail: 0,
+                    })
+                }
+            };
+        }
+    }
+
+    /// The fail arc of `id` (NeMo's `_fill_fail_output` for one node): the longest proper
+    /// suffix of its path that is also a path from the root, found down its parent's fail
+    /// chain. Every shallower node's fail arc must be final.
+    fn fail_of(&self, id: u32) -> u32 {
+        let n = self.node(id);
+        if n.level <= 1 {
+            return 0;
+        }
+        let mut fail = self.node(n.parent).fail;
+        loop {
+            if let Some(next) = self.child(fail, n.token) {
+                return next;
+            }
+            if fail == 0 {
+                return 0;
+            }
+            fail = self.node(fail).fail;
+        }
+    }
+
+    /// The state of node `id` as NeMo lays it out: where it backs off to (as a node), the
+    /// backoff weight and the final weight.
+    fn backoff(&self, id: u32, uniform: bool) -> (u32, f32, f32) {
+        let n = self.node(id);
+        // A finished phrase keeps its bonus on backing off (except, past the first token,
+        // with uniform weights, where its last arc carries the whole phrase).
+        let keep = n.is_end && (n.level == 1 || !uniform);
+        let backoff_w = if keep {
+            0.0
+        } else {
+            (self.node(n.fail).node_score - n.node_score) as f32
+        };
+        let final_w = if n.is_end { FINAL_EOS_SCORE } else { 0.0 };
+        (n.fail, backoff_w, final_w)
+    }
+
+    /// The weight of the arc into node `id`.
+    fn arc_weight(&self, id: u32, uniform: bool) -> f32 {
+        let n = self.node(id);
+        let weight = if uniform && n.is_end && n.level > 1 {
+            n.token_score + n.node_score
+        } else {
+            n.token_score
+        };
+        weight as f32
+    }
 }
 
 /// The trie with fail arcs (NeMo's `ContextGraph.build`); node 0 is the root, node ids are in
@@ -119,6 +215,27 @@ struct TrieNode {
 struct ContextGraph {
     nodes: Vec<TrieNode>,
     child: HashMap<(u32, u32), u32>,
+}
+
+impl Nodes for ContextGraph {
+    fn node(&self, id: u32) -> &TrieNode {
+        &self.nodes[id as usize]
+    }
+
+    fn node_mut(&mut self, id: u32) -> &mut TrieNode {
+        &mut self.nodes[id as usize]
+    }
+
+    fn child(&self, parent: u32, token: u32) -> Option<u32> {
+        self.child.get(&(parent, token)).copied()
+    }
+
+    fn push(&mut self, node: TrieNode) -> u32 {
+        let id = self.nodes.len() as u32;
+        self.child.insert((node.parent, node.token), id);
+        self.nodes.push(node);
+        id
+    }
 }
 
 impl ContextGraph {
@@ -132,78 +249,24 @@ impl ContextGraph {
                 node_score: 0.0,
                 is_end: false,
                 fail: 0,
-                children: Vec::new(),
             }],
             child: HashMap::new(),
         }
     }
 
-    /// Adds one phrase's tokens with its per-token score, as NeMo's `build` loop body. A node
-    /// shared with an earlier phrase keeps the larger token score of the two, and its node
-    /// score is recomputed from its parent's (its own descendants keep theirs: NeMo's order of
-    /// updates, kept because the backoff weights are differences of node scores).
-    fn add(&mut self, tokens: &[u32], context_score: f64, depth_scaling: f64, uniform: bool) {
-        let mut node = 0u32;
-        for (i, &token) in tokens.iter().enumerate() {
-            let last = i + 1 == tokens.len();
-            let parent_score = self.nodes[node as usize].node_score;
-            node = match self.child.get(&(node, token)) {
-                Some(&existing) => {
-                    let n = &mut self.nodes[existing as usize];
-                    n.token_score = context_score.max(n.token_score);
-                    n.node_score = parent_score + n.token_score;
-                    n.is_end |= last;
-                    existing
-                }
-                None => {
-                    let token_score = if i > 0 && !uniform {
-                        context_score * depth_scaling + ((i + 1) as f64).ln()
-                    } else {
-                        context_score
-                    };
-                    let id = self.nodes.len() as u32;
-                    self.nodes.push(TrieNode {
-                        token,
-                        parent: node,
-                        level: i as u32 + 1,
-                        token_score,
-                        node_score: parent_score + token_score,
-                        is_end: last,
-                        fail: 0,
-                        children: Vec::new(),
-                    });
-                    self.nodes[node as usize].children.push(id);
-                    self.child.insert((node, token), id);
-                    id
-                }
-            };
-        }
+    /// The non-root nodes level by level (NeMo's breadth-first order up to the order within a
+    /// level, which no fail arc depends on: a node's depends on shallower nodes' alone).
+    fn by_level(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = (1..self.nodes.len() as u32).collect();
+        ids.sort_by_key(|&id| self.nodes[id as usize].level);
+        ids
     }
 
-    /// The fail arcs, breadth first from the root (NeMo's `_fill_fail_output`): the longest
-    /// proper suffix of a node's path that is also a path from the root.
+    /// The fail arcs, shallower nodes first.
     fn fill_fail(&mut self) {
-        let mut queue = std::collections::VecDeque::new();
-        for &c in &self.nodes[0].children {
-            queue.push_back(c);
-        }
-        while let Some(current) = queue.pop_front() {
-            for ci in 0..self.nodes[current as usize].children.len() {
-                let node = self.nodes[current as usize].children[ci];
-                let token = self.nodes[node as usize].token;
-                let mut fail = self.nodes[current as usize].fail;
-                let fail = loop {
-                    if let Some(&next) = self.child.get(&(fail, token)) {
-                        break next;
-                    }
-                    if fail == 0 {
-                        break 0;
-                    }
-                    fail = self.nodes[fail as usize].fail;
-                };
-                self.nodes[node as usize].fail = fail;
-                queue.push_back(node);
-            }
+        for id in self.by_level() {
+            let fail = self.fail_of(id);
+            self.nodes[id as usize].fail = fail;
         }
     }
 }
@@ -278,53 +341,67 @@ impl PhraseTrie {
     /// Adds `phrases` (numbered after those given before in errors). On an error the trie may
     /// hold some of them: a caller adding a request's phrases adds them to a copy.
     pub fn add(&mut self, tokenizer: &Tokenizer, phrases: &[String]) -> Result<()> {
-        let cfg = &self.config;
-        let vocab = self.vocab;
-        let unknown = tokenizer.unknown_id();
         for phrase in phrases {
             self.given += 1;
-            let shown = || format!("boost phrase {} ({phrase:?})", self.given);
-            if phrase.trim().is_empty() {
-                bail!(Options, "{} is empty", shown());
-            }
             // NeMo keys its phrases by text: a repeated phrase adds nothing.
-            if self.seen.contains(phrase.as_str()) {
+            let Some((ids, score)) = self.tokens(tokenizer, phrase, self.given, |_| false)? else {
                 continue;
-            }
-            let ids = tokenizer.encode(phrase)?;
-            if ids.is_empty() {
-                bail!(Options, "{} tokenises to nothing", shown());
-            }
-            // A bare word mark ("▁", which text in an unknown script also gets) spells nothing.
-            let spells = |id: &u32| {
-                Some(*id) != unknown && tokenizer.piece(*id as usize) != Some("\u{2581}")
             };
-            if !ids.iter().any(spells) {
-                bail!(
-                    Options,
-                    "{} spells nothing in the model's vocabulary (it tokenises to <unk> and word \
-                     marks only)",
-                    shown()
-                );
-            }
-            if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-                bail!(
-                    Options,
-                    "{}: token {bad} is outside the vocabulary",
-                    shown()
-                );
-            }
-            let per_phrase = round2(widen(cfg.score_per_phrase) / phrase.chars().count() as f64);
-            let score = if per_phrase == 0.0 {
-                widen(cfg.context_score)
-            } else {
-                per_phrase
-            };
+            let cfg = &self.config;
             self.graph
                 .add(&ids, score, widen(cfg.depth_scaling), cfg.uniform_weights);
             self.seen.insert(phrase.clone());
         }
         Ok(())
+    }
+
+    /// Phrase `number`'s tokens and per-token score, checked; `None` for a phrase given
+    /// before (in this trie, or where `given_before` says).
+    fn tokens(
+        &self,
+        tokenizer: &Tokenizer,
+        phrase: &str,
+        number: usize,
+        given_before: impl Fn(&str) -> bool,
+    ) -> Result<Option<(Vec<u32>, f64)>> {
+        let shown = || format!("boost phrase {number} ({phrase:?})");
+        if phrase.trim().is_empty() {
+            bail!(Options, "{} is empty", shown());
+        }
+        if self.seen.contains(phrase) || given_before(phrase) {
+            return Ok(None);
+        }
+        let ids = tokenizer.encode(phrase)?;
+        if ids.is_empty() {
+            bail!(Options, "{} tokenises to nothing", shown());
+        }
+        // A bare word mark ("▁", which text in an unknown script also gets) spells nothing.
+        let unknown = tokenizer.unknown_id();
+        let spells =
+            |id: &u32| Some(*id) != unknown && tokenizer.piece(*id as usize) != Some("\u{2581}");
+        if !ids.iter().any(spells) {
+            bail!(
+                Options,
+                "{} spells nothing in the model's vocabulary (it tokenises to <unk> and word \
+                 marks only)",
+                shown()
+            );
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab) {
+            bail!(
+                Options,
+                "{}: token {bad} is outside the vocabulary",
+                shown()
+            );
+        }
+        let cfg = &self.config;
+        let per_phrase = round2(widen(cfg.score_per_phrase) / phrase.chars().count() as f64);
+        let score = if per_phrase == 0.0 {
+            widen(cfg.context_score)
+        } else {
+            per_phrase
+        };
+        Ok(Some((ids, score)))
     }
 
     /// Distinct phrases so far.
@@ -358,18 +435,22 @@ impl BoostingTree {
     /// state, else back to itself with `unk_score`), then the trie's nodes level by level, each
     /// level in (parent node, token) order, each node one state reached by one arc.
     fn from_graph(graph: &ContextGraph, vocab: usize, unk_score: f32, uniform: bool) -> Self {
+        Self::laid_out(graph, vocab, unk_score, uniform).0
+    }
+
+    /// [`from_graph`](Self::from_graph), and the state of every trie node.
+    fn laid_out(
+        graph: &ContextGraph,
+        vocab: usize,
+        unk_score: f32,
+        uniform: bool,
+    ) -> (Self, Vec<u32>) {
         let nodes = &graph.nodes;
-        let mut levels: Vec<Vec<u32>> = Vec::new();
-        for (id, n) in nodes.iter().enumerate().skip(1) {
-            let level = n.level as usize;
-            if levels.len() < level {
-                levels.resize_with(level, Vec::new);
-            }
-            levels[level - 1].push(id as u32);
-        }
-        for level in &mut levels {
-            level.sort_by_key(|&id| (nodes[id as usize].parent, nodes[id as usize].token));
-        }
+        let mut levels = graph.by_level();
+        levels.sort_by_key(|&id| {
+            let n = &nodes[id as usize];
+            (n.level, n.parent, n.token)
+        });
         let mut state_of = vec![u32::MAX; nodes.len()];
         state_of[0] = 0;
         let mut states = vec![BoostState {
@@ -388,64 +469,46 @@ impl BoostingTree {
                 weight: unk_score,
             })
             .collect();
-        for (depth, level) in levels.iter().enumerate() {
-            for &id in level {
-                let n = &nodes[id as usize];
-                let fail = &nodes[n.fail as usize];
-                let from = state_of[n.parent as usize];
-                let to = states.len() as u32;
-                state_of[id as usize] = to;
-                // A finished phrase keeps its bonus on backing off (except, past the first
-                // token, with uniform weights, where its last arc carries the whole phrase).
-                let keep = n.is_end && (depth == 0 || !uniform);
-                let backoff_w = if keep {
-                    0.0
-                } else {
-                    (fail.node_score - n.node_score) as f32
-                };
-                states.push(BoostState {
-                    arcs_start: 0,
-                    arcs_end: 0,
-                    order: states[from as usize].order + 1,
-                    backoff_to: state_of[n.fail as usize],
-                    backoff_w,
-                    final_w: if n.is_end { FINAL_EOS_SCORE } else { 0.0 },
-                });
-                if depth == 0 {
-                    arcs[n.token as usize] = BoostArc {
-                        from: 0,
-                        to,
-                        label: n.token,
-                        weight: n.token_score as f32,
-                    };
-                    continue;
-                }
-                let weight = if uniform && n.is_end {
-                    n.token_score + n.node_score
-                } else {
-                    n.token_score
-                };
-                let arc = arcs.len() as u32;
-                arcs.push(BoostArc {
-                    from,
-                    to,
-                    label: n.token,
-                    weight: weight as f32,
-                });
-                let s = &mut states[from as usize];
-                if s.arcs_start == 0 {
-                    s.arcs_start = arc;
-                }
-                s.arcs_end = arc + 1;
+        for id in levels {
+            let n = &nodes[id as usize];
+            let from = state_of[n.parent as usize];
+            let to = states.len() as u32;
+            state_of[id as usize] = to;
+            let (fail, backoff_w, final_w) = graph.backoff(id, uniform);
+            states.push(BoostState {
+                arcs_start: 0,
+                arcs_end: 0,
+                order: n.level + 1,
+                backoff_to: state_of[fail as usize],
+                backoff_w,
+                final_w,
+            });
+            let arc = BoostArc {
+                from,
+                to,
+                label: n.token,
+                weight: graph.arc_weight(id, uniform),
+            };
+            if n.level == 1 {
+                arcs[n.token as usize] = arc;
+                continue;
             }
+            let at = arcs.len() as u32;
+            arcs.push(arc);
+            let s = &mut states[from as usize];
+            if s.arcs_start == 0 {
+                s.arcs_start = at;
+            }
+            s.arcs_end = at + 1;
         }
-        BoostingTree {
+        let tree = BoostingTree {
             states,
             arcs,
             vocab,
             alpha: 0.0,
             phrases: 0,
-        }
+        };
+        (tree, state_of)
     }
 
     /// The state before any token.
@@ -757,12 +820,26 @@ mod tests {
         assert_eq!(c.bonus(), &[0.0, 0.0, 1.5]);
     }
 
-    fn tokenizer() -> Tokenizer {
+    pub(super) fn tokenizer() -> Tokenizer {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/tokenizers/spe_bpe_v1024.model"
         );
         Tokenizer::with_sentencepiece(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    /// A server's phrases, and a request's sharing prefixes and suffixes with them, one of
+    /// them repeated.
+    pub(super) fn server_and_request() -> (Vec<String>, Vec<String>) {
+        let owned = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        let server = [
+            "nvidia parakeet",
+            "cuda graphs",
+            "speech recognition",
+            "nemo",
+        ];
+        let request = ["parakeet tdt", "graphs", "nemo", "recognition speech"];
+        (owned(&server), owned(&request))
     }
 
     /// A server's phrases extended by a request's (sharing prefixes and suffixes with them,
@@ -772,13 +849,7 @@ mod tests {
     fn phrases_added_to_a_trie_give_the_tree_of_all_of_them() {
         let tok = tokenizer();
         let owned = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
-        let server = owned(&[
-            "nvidia parakeet",
-            "cuda graphs",
-            "speech recognition",
-            "nemo",
-        ]);
-        let request = owned(&["parakeet tdt", "graphs", "nemo", "recognition speech"]);
+        let (server, request) = server_and_request();
         for uniform_weights in [false, true] {
             let cfg = |phrases: Vec<String>| BoostingConfig {
                 phrases,

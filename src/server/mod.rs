@@ -12,7 +12,7 @@ mod openai;
 pub mod pool;
 pub mod realtime;
 
-use crate::decoder::boosting::PhraseTrie;
+use crate::decoder::boosting::BaseTree;
 use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
 use crate::diar::Diarizer;
 use crate::error::{Blame, Context, Error, Result};
@@ -178,10 +178,10 @@ struct AppState {
     /// of both, checked by the same function).
     options: DecodeOptions,
     /// The request `options` was built from (without phrases), the boosting flags, and the
-    /// server's phrases tokenised: for requests that add phrases.
+    /// server's phrases' tree, kept for merging: for requests that add phrases.
     request: DecodeRequest,
     boost: BoostArgs,
-    boost_trie: Option<Arc<PhraseTrie>>,
+    boost_trie: Option<Arc<BaseTree>>,
     /// Each worker's compute buffer after its last request (0 after a release).
     buffers: Arc<Vec<AtomicUsize>>,
     next_id: AtomicU64,
@@ -218,13 +218,14 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         ..DecodeRequest::default()
     };
     let mut options = DecodeOptions::new(&model, &request)?;
-    // The server's phrases tokenised once, kept for the requests that add phrases of their own.
+    // The server's phrases' tree built once, kept for the requests that add phrases of their
+    // own: theirs are merged into it.
     let boost_trie = match args.boost.config(boost_phrases) {
-        Some(cfg) => Some(Arc::new(boosting_trie(&model, &cfg)?)),
+        Some(cfg) => Some(Arc::new(boosting_trie(&model, &cfg)?.into_base())),
         None => None,
     };
-    if let Some(trie) = &boost_trie {
-        options = options.with_boosting(Arc::new(trie.as_ref().clone().into_tree()))?;
+    if let Some(base) = &boost_trie {
+        options = options.with_boosting(base.tree().clone())?;
     }
     let diar_model = match &args.diar_model {
         None => None,
@@ -541,12 +542,12 @@ struct Fields {
 /// A request's decoding options: the server's, or the server's with the request's own phrases
 /// added, checked as the server's were and built on the worker (a tree of many phrases takes
 /// time: never on the async threads, which must stay free to answer everyone else). The
-/// server's phrases are not tokenised again: the request's are added to a copy of their trie.
+/// server's tree is not built again: the request's phrases are merged into a copy of it.
 enum RequestOptions {
     Ready(DecodeOptions),
     Extend {
         options: DecodeOptions,
-        server: Arc<PhraseTrie>,
+        server: Arc<BaseTree>,
         request: Vec<String>,
         vad: bool,
     },
@@ -591,11 +592,11 @@ impl RequestOptions {
             } => {
                 let mut options = options;
                 if !request.is_empty() {
-                    let mut all = server.as_ref().clone();
-                    all.add(model.tokenizer(), &request)
+                    let all = server
+                        .merge(model.tokenizer(), &request)
                         .map_err(|e| api_error(boosting_error(e), Some("boost")))?;
                     options = options
-                        .with_boosting(Arc::new(all.into_tree()))
+                        .with_boosting(Arc::new(all))
                         .map_err(|e| api_error(e, Some("boost")))?;
                 }
                 if vad {
