@@ -83,17 +83,33 @@ impl Overlay<'_> {
         (id as usize) < self.base.nodes.len()
     }
 
-    /// Whether the path of `s` is a suffix of the path of `u` (`u` at least as deep).
-    fn ends_with(&self, mut u: u32, mut s: u32) -> bool {
+    /// The tokens of the path to `s`, its last first.
+    fn path(&self, mut s: u32) -> Vec<u32> {
+        let mut tokens = Vec::new();
         while s != 0 {
-            let (a, b) = (self.node(u), self.node(s));
-            if a.token != b.token {
-                return false;
-            }
-            (u, s) = (a.parent, b.parent);
+            let n = self.node(s);
+            tokens.push(n.token);
+            s = n.parent;
         }
-        true
+        tokens
     }
+}
+
+/// `v` copied with room for `extra` more.
+fn with_room<T: Copy>(v: &[T], extra: usize) -> Vec<T> {
+    let mut copy = Vec::with_capacity(v.len() + extra);
+    copy.extend_from_slice(v);
+    copy
+}
+
+/// Whether server node `u`'s path ends with `path` (last token first), read in the server's
+/// trie alone (its nodes' paths are never changed).
+fn ends_with(base: &ContextGraph, mut u: u32, path: &[u32]) -> bool {
+    path.iter().all(|&token| {
+        let n = &base.nodes[u as usize];
+        u = n.parent;
+        n.token == token
+    })
 }
 
 impl Nodes for Overlay<'_> {
@@ -218,16 +234,36 @@ impl BaseTree {
                 while !t.is_base(server_suffix) {
                     server_suffix = t.node(server_suffix).fail;
                 }
-                let token = t.node(s).token;
-                for &u in self.failed_by.failing_to_with(base, server_suffix, token) {
-                    if base.nodes[u as usize].level > depth && t.ends_with(u, s) {
+                let path = t.path(s);
+                for &u in self.failed_by.failing_to_with(base, server_suffix, path[0]) {
+                    if base.nodes[u as usize].level > depth && ends_with(base, u, &path) {
                         t.node_mut(u).fail = s;
                     }
                 }
             }
         }
 
-        let mut tree = BoostingTree::clone(&self.tree);
+        let mut by_parent = added.clone();
+        by_parent.sort_by_key(|&id| (t.node(id).parent, t.node(id).token));
+        let parents = || {
+            by_parent
+                .chunk_by(|&a, &b| t.node(a).parent == t.node(b).parent)
+                .map(|children| (t.node(children[0]).parent, children))
+        };
+        // The server's arrays copied with room for what the request adds (pushing past a
+        // copy's capacity would copy them again).
+        let rewritten: usize = parents()
+            .filter(|&(parent, _)| parent != 0 && t.is_base(parent))
+            .map(|(parent, _)| {
+                let s = self.tree.states[self.state_of[parent as usize] as usize];
+                (s.arcs_end - s.arcs_start) as usize
+            })
+            .sum();
+        let mut tree = BoostingTree {
+            states: with_room(&self.tree.states, added.len()),
+            arcs: with_room(&self.tree.arcs, added.len() + rewritten),
+            ..*self.tree
+        };
         let mut state_of_added = vec![0u32; t.added.len()];
         for &id in &added {
             state_of_added[(id - first_new) as usize] = tree.states.len() as u32;
@@ -268,10 +304,7 @@ impl BaseTree {
                 weight: t.arc_weight(id, uniform),
             }
         };
-        let mut by_parent = added.clone();
-        by_parent.sort_by_key(|&id| (t.node(id).parent, t.node(id).token));
-        for children in by_parent.chunk_by(|&a, &b| t.node(a).parent == t.node(b).parent) {
-            let parent = t.node(children[0]).parent;
+        for (parent, children) in parents() {
             if parent == 0 {
                 for &c in children {
                     tree.arcs[t.node(c).token as usize] = arc_to(c);
