@@ -117,15 +117,15 @@ def write_checkpoint(keys, path, fixed=None):
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         for i, (name, shape, dtype) in enumerate(keys):
             numel = int(np.prod(shape)) if shape else 1
-            if name in fixed:
-                data = fixed[name].astype("<f4")
-                assert data.size == numel, name
-                cls = torch.FloatStorage
-            elif dtype == "int64":
+            if dtype == "int64":
                 data, cls = np.zeros(numel, np.int64), torch.LongStorage
             else:
                 data = (rng.standard_normal(numel, dtype=np.float32) * 0.02).astype("<f4")
                 cls = torch.FloatStorage
+            if name in fixed:
+                # Drawn anyway: every other tensor keeps the values it has without `fixed`.
+                data = fixed[name].astype("<f4")
+                assert data.size == numel, name
             z.writestr(f"archive/data/{i}", data.tobytes())
             state[name] = Tensor(Storage(cls, str(i), numel), shape)
         buf = io.BytesIO()
