@@ -8,9 +8,9 @@
 //!
 //! The layout is NeMo's, state for state and arc for arc (same numbering, same f32 weights), so
 //! that every bonus, and the float sums behind it, are NeMo's (a tree with a request's phrases
-//! merged in, [`BaseTree::merge`], numbers its states otherwise but gives the same bonuses). Bonuses are computed from the arcs
-//! when asked, not tabulated: a dense state x vocabulary table for 10,000 phrases on a 1024-piece
-//! vocabulary would be hundreds of MB.
+//! merged in, [`BaseTree::merge`], numbers its states otherwise but gives the same bonuses).
+//! Bonuses are computed from the arcs when asked, not tabulated: a dense state x vocabulary
+//! table for 10,000 phrases on a 1024-piece vocabulary would be hundreds of MB.
 
 use crate::error::Result;
 use crate::tokenizer::Tokenizer;
