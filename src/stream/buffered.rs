@@ -16,12 +16,13 @@
 //!   valid length that its masked encoder computed from zeroed features; their argmax adds
 //!   spurious tokens to the last final (`khl` on the tiny hybrid). Those frames are not
 //!   computed here, so the last final lacks them; every other token is NeMo's.
-//! - Punctuation (models whose vocabulary has it, e.g. parakeet-tdt-0.6b-v2 and v3): segment
-//!   and word times around punctuation pieces, and a lone `.`, `,` or `?` joined to the word
-//!   before, follow NeMo's code (`buffered/words.rs`, tested piece by piece against it) but no
-//!   NeMo run: the references' tiny models have no punctuation. NeMo's `ParakeetBPETokenizer`
-//!   (vocabularies with event tags) leaves `[` and `]` out of the punctuation; here a `[` or
-//!   `]` piece counts as punctuation.
+//! - Punctuation (models whose vocabulary has it, e.g. parakeet-tdt-0.6b-v2 and v3): a mark's
+//!   time moved onto the piece before it, texts without a space before a mark (finals with a
+//!   run of marks cut to its last), segment and word times around marks, a lone `.`, `,` or
+//!   `?` joined to the word before: as NeMo 3.0.0's pipeline, tested against its run of a tiny
+//!   model with a punctuated vocabulary. The marks are NeMo 3.0.0's set (punctuation characters
+//!   of pieces other than tags such as `[laughter]` or `<en>`), so a lone `[` or `]` piece
+//!   counts; later NeMo tokenizers for vocabularies with event tags leave them out.
 //! - Boosting and confidence follow NeMo's per-stream design (the tree state rides with the
 //!   decoder state), checked against the offline decode of the same frames: NeMo 3.0.0's
 //!   pipeline, which made the references, fuses no per-stream phrases.
@@ -254,8 +255,10 @@ pub struct StepRecord {
     /// The head's rows of the buffer after the roll, `[encoded_len][width]` (transducer:
     /// `joint.enc` of the encoder output; CTC: the logits).
     pub rows: Vec<f32>,
-    /// The finished utterance's text, when the step ended one.
+    /// The finished utterance's text, when the step ended one, and the partial text, when
+    /// the step reported one.
     pub final_text: Option<String>,
+    pub partial_text: Option<String>,
     /// Tokens the stream keeps after the step (the utterance's unreported ones and the few
     /// the duplicate-token check compares).
     pub kept_tokens: usize,
@@ -581,7 +584,7 @@ impl BufferedStream {
         self.times.decoder = t.elapsed();
         let mut events = Vec::new();
         if eou {
-            if let Some(u) = self.utterance() {
+            if let Some(u) = self.utterance(true) {
                 record.final_text = Some(u.text.clone());
                 events.push(StreamEvent::Final(u));
             }
@@ -594,7 +597,8 @@ impl BufferedStream {
                 events.push(StreamEvent::Final(done));
                 self.forget_reported();
             }
-            if let Some(u) = self.utterance() {
+            if let Some(u) = self.utterance(false) {
+                record.partial_text = Some(u.text.clone());
                 events.push(StreamEvent::Partial(u));
             }
         }
@@ -667,6 +671,16 @@ impl BufferedStream {
         }
         self.decoding.hyp = Some(hyp);
         self.decoding.boost_state = boost_state;
+        // Punctuation and language tags take the time of the word before them; one that
+        // opens the step takes the stream's frame 0, before any window but the first step's.
+        let ids: Vec<usize> = local.iter().map(|l| l.0).collect();
+        let mut times: Vec<i64> = local.iter().map(|l| l.1).collect();
+        let stream_start = -(self.decoding.timestamp_offset.ceil() as i64);
+        self.grouping
+            .move_mark_times(&ids, &mut times, stream_start);
+        for (l, t) in local.iter_mut().zip(times) {
+            l.1 = t;
+        }
         let c = s.chunk_frames as i64;
         let alignment = (s.right_frames + s.chunk_frames) as i64;
         let d = &mut self.decoding;
@@ -866,7 +880,7 @@ impl BufferedStream {
             _ if span > 2.0 * limit => d.tokens.len(),
             _ => return None,
         };
-        let done = self.utterance_of(self.reported, cut);
+        let done = self.utterance_of(self.reported, cut, true);
         self.reported = cut;
         done
     }
@@ -889,12 +903,13 @@ impl BufferedStream {
     }
 
     /// The utterance since the last end of utterance (less what a cut reported), with NeMo's
-    /// segment times, or `None` when it has no token.
-    fn utterance(&self) -> Option<Utterance> {
-        self.utterance_of(self.reported, self.decoding.tokens.len())
+    /// segment times and its text as NeMo prints a finished segment (`is_final`) or a partial
+    /// transcript, or `None` when it has no token.
+    fn utterance(&self, is_final: bool) -> Option<Utterance> {
+        self.utterance_of(self.reported, self.decoding.tokens.len(), is_final)
     }
 
-    fn utterance_of(&self, from: usize, to: usize) -> Option<Utterance> {
+    fn utterance_of(&self, from: usize, to: usize, is_final: bool) -> Option<Utterance> {
         let d = &self.decoding;
         if from >= to {
             return None;
@@ -904,6 +919,11 @@ impl BufferedStream {
         let fs = self.sizes.frame_seconds;
         let tokenizer = model.tokenizer();
         let text = ids_to_text(tokenizer, ids);
+        let text = if is_final {
+            self.grouping.tidy_final(&text)
+        } else {
+            self.grouping.tidy_partial(&text)
+        };
         let (start, end) = self.grouping.refine(ids, times, None, None);
         let confidences = self
             .confidence
@@ -1245,7 +1265,7 @@ impl LiveTranscriber for BufferedStream {
             let mut chunk = std::mem::take(&mut self.pending);
             chunk.resize(self.sizes.chunk_samples, 0.0);
             events.extend(self.step(&chunk, valid, true)?);
-        } else if let Some(u) = self.utterance() {
+        } else if let Some(u) = self.utterance(true) {
             // No audio since the last request was decoded as the last one.
             events.push(StreamEvent::Final(u));
         }
