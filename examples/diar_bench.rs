@@ -66,37 +66,51 @@ fn main() -> anyhow::Result<()> {
 
     let mut session = Session::load(&asr, Threads::new(THREADS)?)?;
     let options = DecodeOptions::new(session.model(), &DecodeRequest::default())?;
-    let mut stages = (0.0, 0.0);
+    let mut stages = (0.0, 0.0, 0.0);
     let (asr_s, asr_cpu) = best_of(runs, || {
         let t = session.transcribe(samples.clone(), &options)?;
         stages = (
             (t.times.features + t.times.encoder).as_secs_f64(),
             t.times.decoder.as_secs_f64(),
+            t.times.features.as_secs_f64(),
         );
         Ok(())
     })?;
     println!(
         "transcription ({}): {:.1} ms (cpu {:.1} s), RTF {:.4}; features + encoder {:.1} ms, \
-         decoder {:.1} ms (last run)",
+         decoder {:.1} ms, features {:.1} ms (last run)",
         asr.display(),
         asr_s * 1e3,
         asr_cpu,
         asr_s / seconds,
         stages.0 * 1e3,
-        stages.1 * 1e3
+        stages.1 * 1e3,
+        stages.2 * 1e3
     );
 
     let mut d1 = Diarizer::load(&v1, THREADS)?;
-    let (v1_s, v1_cpu) = best_of(runs, || Ok(d1.diarize_offline(&samples).map(|_| ())?))?;
+    let mut v1_stages = (0.0, 0.0);
+    let (v1_s, v1_cpu) = best_of(runs, || {
+        let before = d1.times();
+        d1.diarize_offline(&samples)?;
+        let after = d1.times();
+        v1_stages = (
+            (after.features - before.features).as_secs_f64(),
+            (after.transformer - before.transformer).as_secs_f64(),
+        );
+        Ok(())
+    })?;
     println!(
         "v1 offline diarization ({}): {:.1} ms (cpu {:.1} s), RTF {:.4}, {:.3}x the transcription, \
-         {:.3}x its features + encoder",
+         {:.3}x its features + encoder; features {:.1} ms, Transformer + head {:.1} ms (last run)",
         v1.display(),
         v1_s * 1e3,
         v1_cpu,
         v1_s / seconds,
         v1_s / asr_s,
-        v1_s / stages.0
+        v1_s / stages.0,
+        v1_stages.0 * 1e3,
+        v1_stages.1 * 1e3
     );
 
     // Where v1's time goes: one more pass with every graph node timed by kind.

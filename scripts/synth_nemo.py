@@ -4,7 +4,8 @@
 For exercising the converter and the loader at real model sizes (2.4 GB for tdt_0.6b_v2) when
 the real checkpoints aren't at hand. The config is a tiny reference model's config with every
 size taken from the key list's shapes; the weights are N(0, 0.02) float32 (int64 for
-`num_batches_tracked`), pickled the way torch.save does (protocol 2, persistent storage ids).
+`num_batches_tracked`), pickled the way torch.save does (protocol 2, persistent storage ids),
+except the window and mel filterbank, the base model's own where its mel count is the same.
 
 usage: synth_nemo.py KEYS.txt BASE.nemo TOKENIZER.vocab OUT.nemo
   KEYS.txt        lines `name<TAB>[shape]<TAB>dtype` (../shared/reference/models/*.keys.txt)
@@ -74,9 +75,45 @@ def read_keys(path):
         yield name, json.loads(shape), dtype
 
 
-def write_checkpoint(keys, path):
+class _CheckpointReader(pickle.Unpickler):
+    """Unpickles a torch.save state dict into (storage key, offset, shape) per tensor."""
+
+    def persistent_load(self, pid):
+        return pid[2]  # ("storage", type, key, location, numel)
+
+    def find_class(self, module, name):
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return lambda key, offset, shape, *rest: (key, offset, tuple(shape))
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        if module == "torch":
+            return name
+        raise pickle.UnpicklingError(f"unexpected global {module}.{name}")
+
+
+def read_tensors(nemo, names):
+    """The float32 tensors `names` of a .nemo's checkpoint, as flat little-endian arrays."""
+    with tarfile.open(nemo) as t:
+        member = next(m for m in t.getmembers() if m.name.endswith("model_weights.ckpt"))
+        ckpt = io.BytesIO(t.extractfile(member).read())
+    with zipfile.ZipFile(ckpt) as z:
+        pkl = next(n for n in z.namelist() if n.endswith("/data.pkl"))
+        root = pkl[: -len("data.pkl")]
+        state = _CheckpointReader(io.BytesIO(z.read(pkl))).load()
+        out = {}
+        for name in names:
+            key, offset, shape = state[name]
+            numel = int(np.prod(shape)) if shape else 1
+            data = np.frombuffer(z.read(f"{root}data/{key}"), "<f4")
+            out[name] = data[offset:offset + numel].copy()
+    return out
+
+
+def write_checkpoint(keys, path, fixed=None):
+    """Random weights for `keys`, except the flat arrays `fixed` gives by name."""
     rng = np.random.default_rng(0)
     state = collections.OrderedDict()
+    fixed = fixed or {}
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         for i, (name, shape, dtype) in enumerate(keys):
             numel = int(np.prod(shape)) if shape else 1
@@ -85,12 +122,41 @@ def write_checkpoint(keys, path):
             else:
                 data = (rng.standard_normal(numel, dtype=np.float32) * 0.02).astype("<f4")
                 cls = torch.FloatStorage
+            if name in fixed:
+                # Drawn anyway: every other tensor keeps the values it has without `fixed`.
+                data = fixed[name].astype("<f4")
+                assert data.size == numel, name
             z.writestr(f"archive/data/{i}", data.tobytes())
             state[name] = Tensor(Storage(cls, str(i), numel), shape)
         buf = io.BytesIO()
         Pickler(buf, protocol=2).dump(state)
         z.writestr("archive/data.pkl", buf.getvalue())
         z.writestr("archive/byteorder", "little")
+
+
+FRONT_END = ("preprocessor.featurizer.window", "preprocessor.featurizer.fb")
+
+
+def front_end(keys, base_nemo):
+    """The base model's window and mel filterbank (NeMo's own) where `keys` has the same
+    mel count: a random filterbank has no zero weights and costs the features several times
+    a real one's."""
+    shapes = {name: shape for name, shape, _ in keys}
+    base = {name: shape for name, shape, _ in read_keys_of(base_nemo)}
+    if any(shapes.get(name) != base.get(name) for name in FRONT_END):
+        return {}
+    return read_tensors(base_nemo, FRONT_END)
+
+
+def read_keys_of(nemo):
+    """(name, shape, dtype) of the float tensors in a .nemo's checkpoint."""
+    with tarfile.open(nemo) as t:
+        member = next(m for m in t.getmembers() if m.name.endswith("model_weights.ckpt"))
+        ckpt = io.BytesIO(t.extractfile(member).read())
+    with zipfile.ZipFile(ckpt) as z:
+        pkl = next(n for n in z.namelist() if n.endswith("/data.pkl"))
+        state = _CheckpointReader(io.BytesIO(z.read(pkl))).load()
+    return [(name, list(shape), "float32") for name, (_, _, shape) in state.items()]
 
 
 def make_config(base_cfg, keys, vocab):
@@ -130,7 +196,7 @@ def main(keys_path, base_nemo, vocab_path, out):
     cfg = make_config(base_cfg, keys, vocab)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out))) as tmp:
         ckpt = os.path.join(tmp, "model_weights.ckpt")
-        write_checkpoint(keys, ckpt)
+        write_checkpoint(keys, ckpt, front_end(keys, base_nemo))
         conf = os.path.join(tmp, "model_config.yaml")
         with open(conf, "w", encoding="utf-8") as f:
             yaml.safe_dump(cfg, f, allow_unicode=True, sort_keys=False)

@@ -10,8 +10,9 @@ and config, written by synth_nemo.py's checkpoint writer.
       update 144, chunk 6, context 1 / 7)
 
 The reference set's build_sortformer.py makes these with NeMo, which needs torch; where no
-NeMo environment exists, this makes the same shapes (the weights' values do not change the
-time a forward takes).
+NeMo environment exists, this makes the same shapes with random weights (their values do not
+change the time a forward takes), and the tiny model's own window and mel filterbank (a
+filterbank's zeros do).
 
 usage: synth_sortformer.py v1|v2 TINY.keys.txt TINY.nemo OUT.nemo
   TINY  tiny_sortformer (v1) or tiny_sortformer_stream (v2) of ../shared/reference/models
@@ -25,7 +26,7 @@ import tempfile
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from synth_nemo import read_keys, write_checkpoint  # noqa: E402
+from synth_nemo import front_end, read_keys, write_checkpoint  # noqa: E402
 
 FC, FF, HEADS, SUB, TF, INNER, TF_LAYERS = 512, 2048, 8, 256, 192, 768, 18
 ENC_LAYERS = {"v1": 18, "v2": 17}
@@ -90,7 +91,7 @@ def main(generation, keys_path, tiny_nemo, out):
     cfg = full_config(cfg, generation)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(out))) as tmp:
         ckpt = os.path.join(tmp, "model_weights.ckpt")
-        write_checkpoint(keys, ckpt)
+        write_checkpoint(keys, ckpt, front_end(keys, tiny_nemo))
         conf = os.path.join(tmp, "model_config.yaml")
         with open(conf, "w", encoding="utf-8") as f:
             yaml.safe_dump(cfg, f, sort_keys=False)

@@ -311,7 +311,8 @@ pub fn storage_type(name: &str, ne: &[usize], ty: OutType) -> DType {
 fn tensor_role(name: &str) -> Role {
     if !is_matmul_weight(name) {
         Role::Other
-    } else if name.starts_with("encoder.") || name == "joint.enc.weight" {
+    } else if name.starts_with("encoder.") || name == "joint.enc.weight" || is_sortformer_gemm(name)
+    {
         Role::Gemm
     } else if name.starts_with("decoder.prediction.dec_rnn.lstm.") || name == "joint.pred.weight" {
         Role::MatVec
@@ -325,8 +326,39 @@ pub fn storage_layout(name: &str, ne: &[usize], dtype: DType) -> Layout {
     layout::choose(tensor_role(name), dtype.elem(), ne, Layout::ALL)
 }
 
+/// A Sortformer's matrices after its FastConformer that multiply every frame: the
+/// Transformer's linears and `encoder_proj`, `first_hidden_to_hidden` (the last layer, one row
+/// per speaker, stays f32).
+fn is_sortformer_gemm(name: &str) -> bool {
+    let Some(stem) = name.strip_suffix(".weight") else {
+        return false;
+    };
+    let (parent, leaf) = last_two(stem);
+    match parent {
+        "first_sub_layer" | "second_sub_layer" => {
+            stem.starts_with("transformer_encoder.layers.")
+                && matches!(
+                    leaf,
+                    "query_net"
+                        | "key_net"
+                        | "value_net"
+                        | "out_projection"
+                        | "dense_in"
+                        | "dense_out"
+                )
+        }
+        _ => matches!(
+            stem,
+            "sortformer_modules.encoder_proj" | "sortformer_modules.first_hidden_to_hidden"
+        ),
+    }
+}
+
 /// The large matmul weights that `--type f16|q8_0|q4_0` converts.
 fn is_matmul_weight(name: &str) -> bool {
+    if is_sortformer_gemm(name) {
+        return true;
+    }
     let leaf = name.rsplit('.').next().unwrap_or_default();
     if name.starts_with("decoder.prediction.dec_rnn.lstm.")
         && (leaf.starts_with("weight_ih_l") || leaf.starts_with("weight_hh_l"))
@@ -376,6 +408,12 @@ mod tests {
             "joint.joint_net.2.weight",
             "decoder.prediction.dec_rnn.lstm.weight_ih_l0",
             "decoder.prediction.dec_rnn.lstm.weight_hh_l1",
+            "transformer_encoder.layers.17.first_sub_layer.query_net.weight",
+            "transformer_encoder.layers.0.first_sub_layer.out_projection.weight",
+            "transformer_encoder.layers.3.second_sub_layer.dense_in.weight",
+            "transformer_encoder.layers.3.second_sub_layer.dense_out.weight",
+            "sortformer_modules.encoder_proj.weight",
+            "sortformer_modules.first_hidden_to_hidden.weight",
         ] {
             assert!(is_matmul_weight(name), "{name}");
         }
@@ -390,6 +428,9 @@ mod tests {
             "decoder.decoder_layers.0.weight",
             "preprocessor.featurizer.fb",
             "joint.enc.bias",
+            "transformer_encoder.layers.0.first_sub_layer.query_net.bias",
+            "transformer_encoder.layers.0.layer_norm_1.weight",
+            "sortformer_modules.single_hidden_to_spks.weight",
         ] {
             assert!(!is_matmul_weight(name), "{name}");
         }

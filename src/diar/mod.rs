@@ -22,7 +22,7 @@ use crate::error::Result;
 use crate::audio::mel::{Features, MelConfig, log_mel};
 use crate::backend::{Backend, Graph, Stats, Tensor};
 use crate::encoder::EncoderState;
-use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode};
+use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode, last_linear};
 use crate::hparams::{ModelType, SortformerParams};
 use crate::kernels::FusedOps;
 use crate::model::{Linear, Model, TransformerLayer};
@@ -322,8 +322,8 @@ impl Diarizer {
                 ids.push(("transformer_out", g.capture("transformer_out", x)));
             }
             let h = g.relu(x);
-            let h = linear(g, h, &w.first_hidden_to_hidden);
-            let h = g.relu(h);
+            let hidden = &w.first_hidden_to_hidden;
+            let h = g.linear_relu(h, &hidden.weight, hidden.bias.as_ref());
             let logits = linear(g, h, &w.single_hidden_to_spks);
             Ok(g.sigmoid(logits))
         })?;
@@ -363,12 +363,11 @@ fn transformer_layer<'g>(
     );
     let o = g.dot_product_attention(q, k, v);
     let o = g.reshape(o, &[d, t]);
-    let o = linear(g, o, &l.out_projection);
-    let x = g.add(x, o);
+    // The residual adds and the ReLU are done in the GEMMs' stores where the weights are
+    // packed (`x + o` and `o + x` are the same sum).
+    let x = last_linear(g, o, &l.out_projection, Some((x, 1.0)));
     let x = g.layer_norm(x, &l.layer_norm_1.weight, &l.layer_norm_1.bias, LN_EPS);
-    let f = linear(g, x, &l.dense_in);
-    let f = g.relu(f);
-    let f = linear(g, f, &l.dense_out);
-    let x = g.add(x, f);
+    let f = g.linear_relu(x, &l.dense_in.weight, l.dense_in.bias.as_ref());
+    let x = last_linear(g, f, &l.dense_out, Some((x, 1.0)));
     g.layer_norm(x, &l.layer_norm_2.weight, &l.layer_norm_2.bias, LN_EPS)
 }

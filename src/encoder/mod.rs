@@ -696,7 +696,7 @@ fn per_frame<'g>(
 type Residual<'g> = Option<(Tensor<'g>, f32)>;
 
 /// `linear`, or `linear_residual` when the block ends in a residual connection.
-fn last_linear<'g>(
+pub(crate) fn last_linear<'g>(
     g: &mut Graph<'g>,
     x: Tensor<'g>,
     l: &crate::model::Linear,

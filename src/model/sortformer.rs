@@ -35,9 +35,10 @@ impl SortformerWeights {
     /// Reads the weights by their names in the file (the converter's, NeMo's prefixes).
     pub(super) fn load(f: &GgufFile, fc: usize, p: &SortformerParams) -> Result<SortformerWeights> {
         let w = |name: &str, shape: &[usize]| f.weight(name, shape, &[DType::F32]);
+        // The converter's `--type` applies to every matrix but the last one's.
         let linear = |prefix: &str, n_in: usize, n_out: usize| -> Result<Linear> {
             Ok(Linear {
-                weight: w(&format!("{prefix}.weight"), &[n_in, n_out])?,
+                weight: f.weight(&format!("{prefix}.weight"), &[n_in, n_out], super::MATMUL)?,
                 bias: Some(w(&format!("{prefix}.bias"), &[n_out])?),
             })
         };

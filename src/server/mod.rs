@@ -8,6 +8,7 @@
 //! ([`realtime`]): each connection gets its own transcriber over the same model.
 
 pub mod conn;
+mod language;
 mod openai;
 pub mod pool;
 pub mod realtime;
@@ -536,6 +537,8 @@ struct Fields {
     stream: bool,
     /// `vad=true`: transcribe only the speech (as `transcribe --vad`, the default parameters).
     vad: bool,
+    /// The `language` field's language, by name.
+    language: Option<&'static str>,
 }
 
 /// A request's decoding options: the server's, or the server's with the request's own phrases
@@ -672,6 +675,7 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
         boost,
         stream,
         vad,
+        language,
     } = fields;
     if format == ResponseFormat::DiarizedJson && !st.diarizes {
         return Err(ApiError::bad_request(
@@ -740,7 +744,8 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
     let mut resp = if stream {
         openai::render_stream(&transcript)
     } else {
-        openai::render(format, &transcript, granularities)
+        let language = language.unwrap_or_else(|| language::of_model(st.model.tokenizer()));
+        openai::render(format, &transcript, granularities, language)
     };
     resp.extensions_mut()
         .insert(AudioSeconds(transcript.audio_seconds));
@@ -858,6 +863,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
     let mut boost = Vec::new();
     let mut stream = false;
     let mut vad = false;
+    let mut language = None;
     while let Some(field) = multipart.next_field().await.map_err(bad)? {
         let name = field.name().unwrap_or_default().to_string();
         match name.as_str() {
@@ -868,6 +874,12 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
             "response_format" => format = ResponseFormat::parse(&field.text().await.map_err(bad)?)?,
             "stream" => stream = openai::parse_stream(&field.text().await.map_err(bad)?)?,
             "vad" => vad = openai::parse_flag("vad", &field.text().await.map_err(bad)?)?,
+            "language" => {
+                let code = field.text().await.map_err(bad)?;
+                language = Some(language::requested(&code).map_err(|message| {
+                    ApiError::bad_request(message, Some("language"), Some("invalid_value"))
+                })?);
+            }
             "boost" | "boost[]" => {
                 boost.push(field.text().await.map_err(bad)?);
                 let bytes: usize = boost.iter().map(String::len).sum();
@@ -885,9 +897,8 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
             "timestamp_granularities[]" | "timestamp_granularities" => granularities
                 .get_or_insert_with(Granularities::default)
                 .add(&field.text().await.map_err(bad)?)?,
-            // `model`, `language`, `prompt`, `temperature` and anything newer are accepted
-            // and ignored: there is one model, and greedy decoding has no prompt or
-            // temperature. The parser skips the field's body when the next one is asked for.
+            // `model`, `prompt`, `temperature` and anything newer are accepted and ignored:
+            // there is one model, and greedy decoding has no prompt or temperature. The parser skips the field's body when the next one is asked for.
             _ => {}
         }
     }
@@ -913,6 +924,7 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
         boost,
         stream,
         vad,
+        language,
     })
 }
 

@@ -178,6 +178,7 @@ struct JsonResponse<'a> {
 #[derive(Serialize)]
 struct VerboseResponse<'a> {
     task: &'static str,
+    language: &'a str,
     duration: f64,
     text: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -296,8 +297,14 @@ pub fn render_stream(t: &Transcript) -> Response {
 }
 
 /// The response body for `t` in `format`: json and verbose_json as OpenAI lays them out, text,
-/// srt and vtt exactly as the CLI writes its txt, srt and vtt files.
-pub fn render(format: ResponseFormat, t: &Transcript, granularities: Granularities) -> Response {
+/// srt and vtt exactly as the CLI writes its txt, srt and vtt files; verbose_json names the
+/// audio's `language`.
+pub fn render(
+    format: ResponseFormat,
+    t: &Transcript,
+    granularities: Granularities,
+    language: &str,
+) -> Response {
     let text_like = |f: Format, mime: &'static str| {
         let body = output::render(f, t, &OutputMeta::default());
         ([(header::CONTENT_TYPE, mime)], body).into_response()
@@ -329,6 +336,7 @@ pub fn render(format: ResponseFormat, t: &Transcript, granularities: Granulariti
             });
             axum::Json(VerboseResponse {
                 task: "transcribe",
+                language,
                 duration: round_ms(t.audio_seconds),
                 text,
                 segments,

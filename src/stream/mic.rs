@@ -2,7 +2,7 @@
 //! buffer to mono and sends it over a channel; [`Microphone::next_piece`] waits on that channel.
 
 use super::input::AudioSource;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::{bail, err};
 use cpal::traits::{DeviceTrait, HostTrait, StreamTrait};
 use cpal::{FromSample, SampleFormat, SizedSample};
@@ -22,22 +22,21 @@ impl Microphone {
     pub fn open() -> Result<Self> {
         let host = cpal::default_host();
         let Some(device) = host.default_input_device() else {
-            bail!(
-                Internal,
-                "no microphone: the audio system ({}) has no default input device; give a file, or pipe audio to `-`",
-                host.id().name()
-            );
+            return Err(Error::Io {
+                message: format!(
+                    "no microphone: the audio system ({}) has no default input device; {ELSE}",
+                    host.id().name()
+                ),
+                kind: std::io::ErrorKind::NotFound,
+            });
         };
         let name = device.description().map_or_else(
             |_| "the default microphone".to_string(),
             |d| d.name().to_string(),
         );
-        let config = device.default_input_config().map_err(|e| {
-            err!(
-                Internal,
-                "microphone {name}: cannot read its configuration: {e}"
-            )
-        })?;
+        let config = device
+            .default_input_config()
+            .map_err(|e| device_error(&name, "cannot read its configuration", &e))?;
         let (tx, rx) = channel();
         let stream = match config.sample_format() {
             SampleFormat::F32 => build::<f32>(&device, config.config(), tx),
@@ -50,16 +49,36 @@ impl Microphone {
                 "microphone {name}: its sample format {other} is not supported"
             ),
         }
-        .map_err(|e| err!(Internal, "microphone {name}: cannot open it: {e}"))?;
+        .map_err(|e| device_error(&name, "cannot open it", &e))?;
         stream
             .play()
-            .map_err(|e| err!(Internal, "microphone {name}: cannot start capturing: {e}"))?;
+            .map_err(|e| device_error(&name, "cannot start capturing", &e))?;
         Ok(Self {
             name,
             rate: config.sample_rate(),
             pieces: rx,
             _stream: stream,
         })
+    }
+}
+
+/// What to do without a microphone.
+const ELSE: &str = "give a file, or pipe audio to `-`";
+
+/// A failure of the microphone `name` while doing `what`. A device that is not there or not
+/// permitted is the user's machine, reported as a missing or forbidden file is (exit 2): no
+/// microphone to listen to; any other failure is ours.
+fn device_error(name: &str, what: &str, e: &cpal::Error) -> Error {
+    use cpal::ErrorKind as K;
+    use std::io::ErrorKind as Io;
+    let kind = match e.kind() {
+        K::DeviceNotAvailable | K::HostUnavailable => Io::NotFound,
+        K::PermissionDenied => Io::PermissionDenied,
+        _ => return err!(Internal, "microphone {name}: {what}: {e}"),
+    };
+    Error::Io {
+        message: format!("no microphone: {name}: {what}: {e}; {ELSE}"),
+        kind,
     }
 }
 

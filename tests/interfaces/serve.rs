@@ -271,6 +271,8 @@ fn every_response_format_matches_the_cli() {
         let v = r.json();
         assert_eq!(v["text"].as_str().unwrap(), cli.txt.trim());
         assert_eq!(v["duration"], cli.json["duration"]);
+        // The model's: its vocabulary has no letter beyond ASCII.
+        assert_eq!(v["language"], "english");
         assert!(v.get("words").is_none());
         let segs = v["segments"].as_array().unwrap();
         let cli_segs = cli.json["segments"].as_array().unwrap();
@@ -307,7 +309,7 @@ fn every_response_format_matches_the_cli() {
                 ("response_format", "verbose_json"),
                 ("timestamp_granularities[]", "word"),
                 ("timestamp_granularities[]", "segment"),
-                ("language", "en"),
+                ("language", "DE"),
                 ("prompt", "ignored"),
                 ("temperature", "0.3"),
             ],
@@ -315,6 +317,24 @@ fn every_response_format_matches_the_cli() {
         let v = r.json();
         assert_words_as_cli(&v["words"], &cli.json["words"]);
         assert_eq!(v["segments"].as_array().unwrap().len(), cli_segs.len());
+        // The request's language, by the name OpenAI gives it.
+        assert_eq!(v["language"], "german");
+    }
+    // A language that is not an ISO-639-1 code of one Parakeet transcribes: 400, by name.
+    for bad in ["english", "en-US", "xx", ""] {
+        let r = upload(
+            &server,
+            &clip("speech_10s.wav"),
+            &[("response_format", "verbose_json"), ("language", bad)],
+        );
+        assert_eq!(r.status, 400, "{bad}: {r:?}");
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], "language", "{bad}: {e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("language {bad:?}: expected an ISO-639-1 code")),
+            "{message}"
+        );
     }
 
     // The model listing and health.

@@ -539,3 +539,30 @@ fn att_context_has_one_grammar() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains(malformed));
 }
+
+/// No input and no microphone (ALSA given an empty configuration, so no machine's sound card
+/// is opened): the user's environment, one clear error, exit 2, before any model is loaded.
+#[test]
+fn no_microphone_is_the_users_error() {
+    let dir = scratch_dir("stream", "no-mic");
+    let config = dir.join("empty-alsa.conf");
+    std::fs::write(&config, "").unwrap();
+    let model = nemo("tiny_tdt");
+    let out = parakeet_command(&["stream", "-m", model.to_str().unwrap()], &dir)
+        .env("ALSA_CONFIG_PATH", &config)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].starts_with("error: no microphone: "), "{stderr}");
+    assert!(
+        errors[0].ends_with("give a file, or pipe audio to `-`"),
+        "{stderr}"
+    );
+    // The model was not converted into the cache (nor loaded).
+    let cached: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+}

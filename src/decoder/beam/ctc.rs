@@ -6,16 +6,28 @@
 //! With a boosting tree, an emitting label also earns alpha times the tree's bonus for it
 //! from the hypothesis' tree state, and moves that state.
 
-use super::toolkit::{Candidate, rank, recombine_groups, top_k};
+use super::toolkit::{Candidate, DecoderState, rank, recombine_groups, top_k};
 use super::{BeamConfig, BeamHead, NBest, check_boost};
 use crate::bail;
 use crate::decoder::boosting::BoostingTree;
 use crate::error::Result;
 use crate::tokenizer::Token;
 
-/// A CTC hypothesis: no decoder state; `hyp.last` is the last frame's label, blank included
-/// (`None` before the first frame).
-type Slot = Candidate<f32>;
+/// A CTC hypothesis: no prediction net, so its decoder state is the last label alone.
+type Slot = Candidate<f32, (), LastLabel>;
+
+/// The last frame's label, blank included (`None` before the first frame): what the next
+/// frame's repeats compare with.
+#[derive(Clone, Copy, Default)]
+struct LastLabel {
+    last: Option<usize>,
+}
+
+impl DecoderState for LastLabel {
+    fn set_last(&mut self, label: usize) {
+        self.last = Some(label);
+    }
+}
 
 /// Beam search over CTC log-probabilities (`[frames][classes]`, blank = classes - 1): the
 /// N-best list NeMo returns, best by raw score first (NeMo's CTC beam does not normalise).
@@ -36,7 +48,7 @@ pub fn ctc_beam(
     }
     let blank = classes - 1;
     let beam = cfg.beam_size;
-    let mut slots = vec![Slot::stateless(boost)];
+    let mut slots = vec![Slot::with_state(LastLabel::default(), boost)];
     let mut scores = Vec::with_capacity(beam * classes);
     // Per slot: alpha x the tree's bonus of every non-blank label, and the states they lead to.
     let mut bonus = vec![0.0f32; blank];
@@ -45,14 +57,17 @@ pub fn ctc_beam(
         scores.clear();
         for slot in &slots {
             let from = scores.len();
-            scores.extend(row.iter().enumerate().map(|(label, &lp)| {
-                let s = lp + slot.score;
-                if label == blank || Some(label) == slot.hyp.last {
-                    s
-                } else {
-                    s + cfg.beam_beta
-                }
-            }));
+            // Every non-blank label earns beta, but a repeat of the last one (in a loop
+            // without a branch per label, so it vectorises).
+            scores.extend(
+                row[..blank]
+                    .iter()
+                    .map(|&lp| lp + slot.score + cfg.beam_beta),
+            );
+            scores.push(row[blank] + slot.score);
+            if let Some(last) = slot.hyp.last.filter(|&l| l < blank) {
+                scores[from + last] = row[last] + slot.score;
+            }
             if let Some(tree) = boost {
                 tree.advance_all(slot.boost_state, &mut bonus, &mut bonus_next);
                 let alpha = tree.alpha();

@@ -7,7 +7,7 @@ use super::NBest;
 use super::path::TokenPath;
 use crate::backend::Backend;
 use crate::decoder::boosting::BoostingTree;
-use crate::decoder::hypothesis::{Hypothesis, LstmState};
+use crate::decoder::hypothesis::Hypothesis;
 use crate::decoder::nets::{JointInput, Nets, PredictInput};
 use crate::err;
 use crate::error::Result;
@@ -15,13 +15,14 @@ use crate::tokenizer::Token;
 use std::cmp::Ordering;
 
 /// One hypothesis of a beam, as every strategy keeps it; `X` holds what only its strategy
-/// needs besides.
+/// needs besides, `D` the decoder's state (a transducer's [`Hypothesis`]; CTC keeps only its
+/// last label, so extending its beam copies nothing that allocates).
 #[derive(Clone)]
-pub(super) struct Candidate<S, X = ()> {
-    /// The decoder state after the last fed label; `hyp.last` is the last label (CTC's: the
-    /// last frame's, blank included) and `hyp.frame` the frame looked at next. Its own score
-    /// is unused: see `score`.
-    pub(super) hyp: Hypothesis,
+pub(super) struct Candidate<S, X = (), D = Hypothesis> {
+    /// The decoder state after the last fed label; its last label is the last emitted one
+    /// (CTC's: the last frame's, blank included); a transducer's `hyp.frame` is the frame
+    /// looked at next and its own score is unused (see `score`).
+    pub(super) hyp: D,
     /// A label emitted but not yet fed to the prediction net (`hyp.state` is the state before
     /// it).
     pub(super) unfed: Option<usize>,
@@ -34,6 +35,17 @@ pub(super) struct Candidate<S, X = ()> {
     pub(super) own: X,
 }
 
+/// What a candidate's decoder state tells the shared helpers: the last label.
+pub(super) trait DecoderState: Clone {
+    fn set_last(&mut self, label: usize);
+}
+
+impl DecoderState for Hypothesis {
+    fn set_last(&mut self, label: usize) {
+        self.last = Some(label);
+    }
+}
+
 impl<S: Score, X: Default> Candidate<S, X> {
     /// The empty hypothesis after the start symbol.
     pub(super) fn start(
@@ -43,21 +55,11 @@ impl<S: Score, X: Default> Candidate<S, X> {
     ) -> Result<Candidate<S, X>> {
         Ok(Candidate::with_state(nets.start(backend)?, boost))
     }
+}
 
-    /// The empty hypothesis of a search without a decoder state (CTC).
-    pub(super) fn stateless(boost: Option<&BoostingTree>) -> Candidate<S, X> {
-        let hyp = Hypothesis {
-            state: LstmState { layers: Vec::new() },
-            pred_out: Vec::new(),
-            last: None,
-            score: 0.0,
-            frame: 0,
-            tokens: Vec::new(),
-        };
-        Candidate::with_state(hyp, boost)
-    }
-
-    fn with_state(hyp: Hypothesis, boost: Option<&BoostingTree>) -> Candidate<S, X> {
+impl<S: Score, X: Default, D: DecoderState> Candidate<S, X, D> {
+    /// The empty hypothesis with the decoder state `hyp`.
+    pub(super) fn with_state(hyp: D, boost: Option<&BoostingTree>) -> Candidate<S, X, D> {
         Candidate {
             hyp,
             unfed: None,
@@ -70,9 +72,9 @@ impl<S: Score, X: Default> Candidate<S, X> {
     }
 }
 
-impl<S: Score, X> Candidate<S, X> {
+impl<S: Score, X, D: DecoderState> Candidate<S, X, D> {
     /// Whether both hold the same labels (NeMo compares hashes, lengths, then the labels).
-    pub(super) fn same_tokens(&self, other: &Candidate<S, X>) -> bool {
+    pub(super) fn same_tokens(&self, other: &Candidate<S, X, D>) -> bool {
         self.hash == other.hash
             && self.tokens.len() == other.tokens.len()
             && self.tokens.same_ids(&other.tokens)
@@ -82,13 +84,13 @@ impl<S: Score, X> Candidate<S, X> {
     pub(super) fn emit(&mut self, token: Token) {
         let label = token.id;
         self.hash = extend_hash(self.hash, label);
-        self.hyp.last = Some(label);
+        self.hyp.set_last(label);
         self.unfed = Some(label);
         self.tokens = self.tokens.push(token);
     }
 
     /// This candidate extended by `token` (to be fed) with `score`, keeping `own`.
-    pub(super) fn child_with(&self, token: Token, score: S, own: X) -> Candidate<S, X> {
+    pub(super) fn child_with(&self, token: Token, score: S, own: X) -> Candidate<S, X, D> {
         let mut child = Candidate {
             hyp: self.hyp.clone(),
             unfed: None,
@@ -101,7 +103,9 @@ impl<S: Score, X> Candidate<S, X> {
         child.emit(token);
         child
     }
+}
 
+impl<S: Score, X> Candidate<S, X> {
     /// Feeds the pending label, if any, and returns the joint's output at the frame
     /// projection `enc`: one graph either way.
     pub(super) fn feed_and_join(
@@ -136,9 +140,9 @@ impl<S: Score, X> Candidate<S, X> {
     }
 }
 
-impl<S: Score, X: Clone> Candidate<S, X> {
+impl<S: Score, X: Clone, D: DecoderState> Candidate<S, X, D> {
     /// This candidate extended by `token` (to be fed) with `score`.
-    pub(super) fn child(&self, token: Token, score: S) -> Candidate<S, X> {
+    pub(super) fn child(&self, token: Token, score: S) -> Candidate<S, X, D> {
         self.child_with(token, score, self.own.clone())
     }
 }
@@ -189,23 +193,23 @@ pub(super) fn recombine<S: Score, X>(candidates: Vec<Candidate<S, X>>) -> Vec<Ca
 /// keeps its place, with the log-sum of the group's probabilities when `sum` (the
 /// transducers', torch's `logsumexp`) or its own score (CTC's, which takes the maximum); the
 /// others leave.
-pub(super) fn recombine_groups<X>(
-    candidates: Vec<Candidate<f32, X>>,
-    equal: impl Fn(&Candidate<f32, X>, &Candidate<f32, X>) -> bool,
+pub(super) fn recombine_groups<X, D>(
+    candidates: Vec<Candidate<f32, X, D>>,
+    equal: impl Fn(&Candidate<f32, X, D>, &Candidate<f32, X, D>) -> bool,
     sum: bool,
-) -> Vec<Candidate<f32, X>> {
-    let scores: Vec<Option<f32>> = group_leaders(&candidates, equal, |c| c.score)
-        .into_iter()
-        .enumerate()
-        .map(|(i, group)| {
-            let group = group?;
-            Some(if sum {
-                log_sum_exp(group.iter().map(|&j| candidates[j].score))
-            } else {
-                candidates[i].score
-            })
-        })
-        .collect();
+) -> Vec<Candidate<f32, X, D>> {
+    let score = |c: &Candidate<f32, X, D>| c.score;
+    let scores: Vec<Option<f32>> = if sum {
+        group_leaders(&candidates, &equal, score)
+            .into_iter()
+            .map(|group| Some(log_sum_exp(group?.iter().map(|&j| candidates[j].score))))
+            .collect()
+    } else {
+        // No group is needed: a leader keeps its own score.
+        (0..candidates.len())
+            .map(|i| leads(&candidates, i, &equal, score).then_some(candidates[i].score))
+            .collect()
+    };
     candidates
         .into_iter()
         .zip(scores)
@@ -251,18 +255,45 @@ pub(super) fn extend_hash(hash: i64, label: usize) -> i64 {
 
 /// Indices of the `k` largest values, largest first; equal values keep index order (NeMo's
 /// ties are measure-zero events). One pass keeping the best `k` so far: a beam's `k` is a
-/// handful against a vocabulary (times durations) of thousands.
+/// handful against a vocabulary (times durations) of thousands, so once `k` are kept nearly
+/// every value falls at or below the worst of them, and whole blocks of values are passed
+/// over with one vectorised maximum.
 pub(super) fn top_k(values: &[f32], k: usize) -> Vec<usize> {
+    const BLOCK: usize = 16;
     let mut best: Vec<usize> = Vec::with_capacity(k + 1);
-    for (i, &v) in values.iter().enumerate() {
-        if best.len() == k && best.last().is_none_or(|&b| v.total_cmp(&values[b]).is_le()) {
+    // The worst kept value's order key once `k` are kept: what a value must beat to enter.
+    let mut floor: Option<i32> = None;
+    for (b, block) in values.chunks(BLOCK).enumerate() {
+        if let Some(f) = floor
+            && block
+                .iter()
+                .map(|&v| order_key(v))
+                .max()
+                .is_none_or(|m| m <= f)
+        {
             continue;
         }
-        let at = best.partition_point(|&b| values[b].total_cmp(&v).is_ge());
-        best.insert(at, i);
-        best.truncate(k);
+        for (j, &v) in block.iter().enumerate() {
+            let key = order_key(v);
+            if floor.is_some_and(|f| key <= f) || k == 0 {
+                continue;
+            }
+            let at = best.partition_point(|&i| order_key(values[i]) >= key);
+            best.insert(at, b * BLOCK + j);
+            best.truncate(k);
+            if best.len() == k {
+                floor = best.last().map(|&i| order_key(values[i]));
+            }
+        }
     }
     best
+}
+
+/// `v`'s place in IEEE 754's total order (the order of `f32::total_cmp`) as an integer, so a
+/// block's maximum vectorises.
+fn order_key(v: f32) -> i32 {
+    let bits = v.to_bits() as i32;
+    bits ^ (((bits >> 31) as u32) >> 1) as i32
 }
 
 /// Log-softmax of one row in f32 (as NeMo's `F.log_softmax(dtype=float32)`), accumulated in
@@ -371,6 +402,23 @@ pub(super) fn merge_into_first<T>(
     out
 }
 
+/// Whether item `i` leads its group of `equal` items: no equal item scores better, nor as
+/// well from an earlier place.
+pub(super) fn leads<T, S: Score>(
+    items: &[T],
+    i: usize,
+    equal: impl Fn(&T, &T) -> bool,
+    score: impl Fn(&T) -> S,
+) -> bool {
+    let si = score(&items[i]);
+    !items.iter().enumerate().any(|(j, item)| {
+        j != i && {
+            let sj = score(item);
+            (sj > si || (sj == si && j < i)) && equal(&items[i], item)
+        }
+    })
+}
+
 /// For each item, its group (the indices of the items `equal` to it, itself included) when it
 /// leads the group: the first of the group's best scores. None for the others. NeMo's
 /// recombination of equal hypotheses keeps the leaders.
@@ -381,17 +429,11 @@ pub(super) fn group_leaders<T, S: Score>(
 ) -> Vec<Option<Vec<usize>>> {
     (0..items.len())
         .map(|i| {
-            let group: Vec<usize> = (0..items.len())
-                .filter(|&j| equal(&items[i], &items[j]))
-                .collect();
-            let mut best = i;
-            for &j in &group {
-                let (sj, sb) = (score(&items[j]), score(&items[best]));
-                if sj > sb || (sj == sb && j < best) {
-                    best = j;
-                }
-            }
-            (best == i).then_some(group)
+            leads(items, i, &equal, &score).then(|| {
+                (0..items.len())
+                    .filter(|&j| equal(&items[i], &items[j]))
+                    .collect()
+            })
         })
         .collect()
 }
@@ -472,6 +514,25 @@ mod tests {
         let mut sorted: Vec<usize> = (0..values.len()).collect();
         sorted.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
         for k in 0..=values.len() + 1 {
+            assert_eq!(top_k(&values, k), sorted[..k.min(values.len())], "k = {k}");
+        }
+        // Many blocks, with ties, infinities and NaNs of both signs.
+        let mut x = 12345u32;
+        let values: Vec<f32> = (0..1000)
+            .map(|i| {
+                x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+                match i % 97 {
+                    0 => f32::NAN,
+                    1 => -f32::NAN,
+                    2 => f32::NEG_INFINITY,
+                    3 => f32::INFINITY,
+                    _ => ((x >> 20) % 64) as f32 * -0.25,
+                }
+            })
+            .collect();
+        let mut sorted: Vec<usize> = (0..values.len()).collect();
+        sorted.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
+        for k in [0, 1, 2, 4, 15, 16, 17, 64, 999, 1000, 1001] {
             assert_eq!(top_k(&values, k), sorted[..k.min(values.len())], "k = {k}");
         }
     }
