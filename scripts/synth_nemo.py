@@ -5,7 +5,9 @@ For exercising the converter and the loader at real model sizes (2.4 GB for tdt_
 the real checkpoints aren't at hand. The config is a tiny reference model's config with every
 size taken from the key list's shapes; the weights are N(0, 0.02) float32 (int64 for
 `num_batches_tracked`), pickled the way torch.save does (protocol 2, persistent storage ids),
-except the window and mel filterbank, the base model's own where its mel count is the same.
+except the window and mel filterbank, the base model's own where its mel count is the same, and
+the norms' scales and running variances, 1 as NeMo initialises them (a random variance is partly
+negative, which makes the activations NaN).
 
 usage: synth_nemo.py KEYS.txt BASE.nemo TOKENIZER.vocab OUT.nemo
   KEYS.txt        lines `name<TAB>[shape]<TAB>dtype` (../shared/reference/models/*.keys.txt)
@@ -126,6 +128,12 @@ def write_checkpoint(keys, path, fixed=None):
                 # Drawn anyway: every other tensor keeps the values it has without `fixed`.
                 data = fixed[name].astype("<f4")
                 assert data.size == numel, name
+            elif name.endswith("running_var") or is_norm_scale(name, shape):
+                # NeMo's initial value, 1. A batch norm divides by sqrt(running_var + eps): a
+                # random, partly negative variance makes every activation after the first conv
+                # module NaN (in NeMo as here); norm scales of 0.02 shrink every block's output
+                # until the heads see their biases alone and emit one token throughout.
+                data = np.ones(numel, "<f4")
             z.writestr(f"archive/data/{i}", data.tobytes())
             state[name] = Tensor(Storage(cls, str(i), numel), shape)
         buf = io.BytesIO()
@@ -134,18 +142,34 @@ def write_checkpoint(keys, path, fixed=None):
         z.writestr("archive/byteorder", "little")
 
 
+def is_norm_scale(name, shape):
+    """A layer or batch norm's scale (`...norm...weight`, one dimension)."""
+    parts = name.split(".")
+    return len(shape) == 1 and parts[-1] == "weight" and "norm" in parts[-2]
+
+
 FRONT_END = ("preprocessor.featurizer.window", "preprocessor.featurizer.fb")
 
 
 def front_end(keys, base_nemo):
-    """The base model's window and mel filterbank (NeMo's own) where `keys` has the same
-    mel count: a random filterbank has no zero weights and costs the features several times
-    a real one's."""
+    """NeMo's window and mel filterbank: the base model's own where `keys` has the same shapes,
+    else the filterbank NeMo computes (librosa's Slaney mel, 0 to 8 kHz). A random filterbank
+    has negative weights (log of a negative energy: NaN features) and no zero weights (the
+    features cost several times a real one's)."""
     shapes = {name: shape for name, shape, _ in keys}
     base = {name: shape for name, shape, _ in read_keys_of(base_nemo)}
-    if any(shapes.get(name) != base.get(name) for name in FRONT_END):
-        return {}
-    return read_tensors(base_nemo, FRONT_END)
+    same = [name for name in FRONT_END if name in shapes and shapes[name] == base.get(name)]
+    fixed = read_tensors(base_nemo, same)
+    fb = "preprocessor.featurizer.fb"
+    if fb in shapes and fb not in fixed:
+        import librosa
+
+        _, mels, bins = shapes[fb]
+        n_fft = 2 * (bins - 1)
+        fixed[fb] = librosa.filters.mel(
+            sr=16000, n_fft=n_fft, n_mels=mels, fmin=0.0, fmax=8000.0, norm="slaney"
+        ).astype(np.float32).ravel()
+    return fixed
 
 
 def read_keys_of(nemo):

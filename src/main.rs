@@ -895,7 +895,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         );
     }
     if args.profile {
-        print_profile(&profile, &session, wall);
+        print_profile(&profile, &session, wall, options.beam().is_some());
     }
     Ok(if tally.failed > 0 {
         EXIT_FAILED_INPUTS
@@ -1231,7 +1231,7 @@ fn open_microphone() -> Result<Box<dyn AudioSource>> {
     )
 }
 
-fn print_profile(p: &Profile, session: &Session, wall: Duration) {
+fn print_profile(p: &Profile, session: &Session, wall: Duration, beam: bool) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let stats = session.stats();
     let per_step = if p.stages.decoder_steps > 0 {
@@ -1245,6 +1245,8 @@ fn print_profile(p: &Profile, session: &Session, wall: Duration) {
     } else if p.stages.decoder_graphs > 0 {
         // A beam search (its steps serve several hypotheses: graphs are the comparable unit).
         format!("beam search, {} graphs", p.stages.decoder_graphs)
+    } else if beam {
+        String::from("CTC beam search")
     } else {
         String::from("CTC greedy")
     };

@@ -4,8 +4,8 @@
 //! - [`Layout::Panel16`] (f32): our panel GEMM ([`super::sgemm`]), the input packed once for
 //!   every linear reading it, the bias, a ReLU and a residual in its store.
 //! - [`Layout::Q8_0x8`] (q8_0) and [`Layout::Q4_0x8`] (q4_0): our int8 GEMM
-//!   ([`super::qgemm`]), the input quantized once for every linear reading it, the bias and a
-//!   residual in its store.
+//!   ([`super::qgemm`]), the input quantized once for every linear reading it, the bias, a
+//!   ReLU and a residual in its node.
 //! - [`Layout::Plain`]: [`matmul`], our run-time dispatched f32 matrix-vector kernel
 //!   ([`super::matvec`]) for a product of a few columns (the decoder's per-step products of an
 //!   f32 model), the `gemm` crate's packed kernels for a large plain f32 product (about twice ggml's f32 tinyBLAS throughput, `examples/gemm_throughput.rs`), ggml's
@@ -135,7 +135,7 @@ pub fn conv2d<'g>(
 pub(super) struct Fused<'g> {
     /// SiLU on the input, where it is packed or quantized.
     pub silu_input: bool,
-    /// ReLU in the store (f32 panel GEMM only).
+    /// ReLU on the product and bias, before the residual.
     pub relu: bool,
     /// `residual + scale * y` on the output.
     pub residual: Option<(Tensor<'g>, f32)>,
@@ -149,12 +149,15 @@ pub fn linear_relu<'g>(
     w: &Weight,
     b: Option<&Weight>,
 ) -> Tensor<'g> {
-    if w.layout() == Layout::Panel16 {
+    if matches!(
+        w.layout(),
+        Layout::Panel16 | Layout::Q8_0x8 | Layout::Q4_0x8
+    ) {
         let relu = Fused {
             relu: true,
             ..Fused::default()
         };
-        return linear_panel16(g, x, w, b, relu);
+        return linear(g, x, w, b, relu);
     }
     let y = linear(g, x, w, b, Fused::default());
     g.relu(y)
@@ -188,6 +191,7 @@ pub(super) fn linear<'g>(
             // Separate nodes around the packed product.
             let x = if fused.silu_input { g.silu(x) } else { x };
             let y = linear(g, x, w, b, Fused::default());
+            let y = if fused.relu { g.relu(y) } else { y };
             return add_scaled_residual(g, y, fused.residual);
         }
         Layout::Plain => {}
@@ -343,11 +347,8 @@ fn linear_int8<'g>(
             )
         }
     });
-    check(!fused.relu, || {
-        format!("linear {}: no fused ReLU on int8", w.name())
-    });
     let node = GemmNode {
-        relu: false,
+        relu: fused.relu,
         bias: b.is_some(),
         residual: fused.residual.map(|r| r.1),
         ..Default::default()

@@ -11,7 +11,8 @@ use std::ops::Range;
 #[derive(Default)]
 pub struct GemmNode {
     pub next: std::sync::atomic::AtomicUsize,
-    /// A ReLU in the store (f32 panel GEMM only).
+    /// A ReLU on the product (and bias), before the residual: in the f32 panel GEMM's store,
+    /// over each claimed range once it is computed in the int8 GEMM ([`Self::relu_panels`]).
     pub relu: bool,
     /// Whether the node has a bias source (the first after its two operands).
     pub bias: bool,
@@ -76,6 +77,33 @@ impl GemmNode {
         }
     }
 
+    /// `y = relu(y)` over the rows of `panels` (of `panel` rows each) of every column of `y`
+    /// (`n` columns of `m` values), where the node has a ReLU: for a kernel whose store has
+    /// none, before [`Self::finish_panels`].
+    ///
+    /// # Safety
+    /// `y` holds `n * m` values and this thread owns these rows.
+    pub(crate) unsafe fn relu_panels(
+        &self,
+        y: *mut f32,
+        (m, n): (usize, usize),
+        (panels, panel): (Range<usize>, usize),
+    ) {
+        if !self.relu {
+            return;
+        }
+        let rows = panels.start * panel..panels.end * panel;
+        assert!(rows.end <= m);
+        for j in 0..n {
+            // SAFETY: column j's rows `rows` are within y and this thread's.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(y.add(j * m + rows.start), rows.len()) };
+            for v in out {
+                *v = relu_f32(*v);
+            }
+        }
+    }
+
     /// What the node does after the product on the panels `panels` (of `panel` rows each) a
     /// thread has just computed: `y = residual + scale * y` over their rows of every column of
     /// `y` (`n` columns of `m` values), where the node has a residual.
@@ -96,6 +124,11 @@ impl GemmNode {
             unsafe { add_residual_rows(scale, y, residual, (m, n), rows) };
         }
     }
+}
+
+/// ggml's relu, `v > 0 ? v : 0` (-0 and NaN give +0).
+pub(crate) fn relu_f32(v: f32) -> f32 {
+    if v > 0.0 { v } else { 0.0 }
 }
 
 /// `y = residual + scale * y` over rows `rows` of every column of `y` (`n` columns of `m`

@@ -14,7 +14,7 @@
 //! vectorises for whatever target it builds (aarch64 included).
 
 use super::cpu::Isa;
-use super::panel::GemmNode;
+use super::panel::{GemmNode, relu_f32};
 use crate::backend::custom::{Body, CustomOp};
 use crate::layout::PANEL16_ROWS as PANEL;
 
@@ -184,11 +184,6 @@ pub(crate) unsafe fn gemm_panels(
             );
         }
     }
-}
-
-/// ggml's relu, `v > 0 ? v : 0` (-0 and NaN give +0).
-fn relu_f32(v: f32) -> f32 {
-    if v > 0.0 { v } else { 0.0 }
 }
 
 /// One (column block, inner block) of the product for `panels`: every pair (or single) panel

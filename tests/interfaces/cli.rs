@@ -401,6 +401,27 @@ fn profile_shows_where_the_time_went() {
     );
 }
 
+/// The decoder row names what decoded: the CTC head's greedy decoding or its beam search.
+#[test]
+fn profile_names_the_ctc_decoding() {
+    let cache = scratch("cache-profile-ctc");
+    let clip = reference("").join("speech_2s.wav");
+    for (flags, says) in [
+        (&["--decoder", "ctc"][..], "(CTC greedy)"),
+        (
+            &["--decoder", "ctc", "--beam", "4"][..],
+            "(CTC beam search)",
+        ),
+    ] {
+        let args = [&["--profile"][..], flags].concat();
+        let out = transcribe(&clip, &nemo("tiny_tdt_ctc"), &args, &cache);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let decoder = err.lines().find(|l| l.starts_with("decoder ")).unwrap();
+        assert!(decoder.ends_with(says), "{flags:?}: {decoder}");
+    }
+}
+
 /// A file named twice is transcribed once, and its later naming is reported on stderr as
 /// skipped, on one line with its path (given twice, or as itself after its directory).
 #[test]

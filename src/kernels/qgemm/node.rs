@@ -103,7 +103,8 @@ impl Body for Int8Gemm {
                     n,
                     bias,
                     op.dst_ptr(),
-                )
+                );
+                self.node.relu_panels(op.dst_ptr(), (m, n), (panels, PANEL));
             }
         });
     }
