@@ -85,18 +85,9 @@ impl Features {
 /// # Panics
 /// If `window` or `fb` do not have the sizes `cfg` implies, `win_length > n_fft` or the hop is 0.
 pub fn log_mel(samples: &[f32], window: &[f32], fb: &[f32], cfg: &MelConfig) -> Features {
-    assert!(cfg.hop_length > 0, "hop_length is 0");
-    assert!(cfg.win_length <= cfg.n_fft, "win_length > n_fft");
-    assert_eq!(window.len(), cfg.win_length, "window length");
-    assert_eq!(fb.len(), cfg.n_mels * cfg.n_bins(), "filterbank size");
-
+    let (mut stft, bands) = frame_parts(window, fb, cfg);
     let n_frames = cfg.n_frames(samples.len());
     let mut data = vec![0f32; cfg.n_mels * n_frames];
-    let bands: Vec<MelBand> = fb
-        .chunks_exact(cfg.n_bins())
-        .map(MelBand::from_row)
-        .collect();
-    let mut stft = PowerStft::new(window, cfg);
     for t in 0..n_frames {
         let power = stft.frame(samples, t);
         for (m, band) in bands.iter().enumerate() {
@@ -112,6 +103,127 @@ pub fn log_mel(samples: &[f32], window: &[f32], fb: &[f32], cfg: &MelConfig) -> 
         data,
         n_mels: cfg.n_mels,
         n_frames,
+    }
+}
+
+/// The STFT and the filterbank's bands for `cfg`.
+///
+/// # Panics
+/// If `window` or `fb` do not have the sizes `cfg` implies, `win_length > n_fft` or the hop is 0.
+fn frame_parts(window: &[f32], fb: &[f32], cfg: &MelConfig) -> (PowerStft, Vec<MelBand>) {
+    assert!(cfg.hop_length > 0, "hop_length is 0");
+    assert!(cfg.win_length <= cfg.n_fft, "win_length > n_fft");
+    assert_eq!(window.len(), cfg.win_length, "window length");
+    assert_eq!(fb.len(), cfg.n_mels * cfg.n_bins(), "filterbank size");
+    let bands = fb
+        .chunks_exact(cfg.n_bins())
+        .map(MelBand::from_row)
+        .collect();
+    (PowerStft::new(window, cfg), bands)
+}
+
+/// NeMo's log-mel frames, not normalised, of windows that slide along one signal (buffered
+/// streaming's buffers). A frame computed from samples that all lie inside the window (and,
+/// unless the window starts the signal, after its first sample, whose pre-emphasis has no
+/// predecessor) is the signal's own frame at that position: the same arithmetic on the same
+/// samples. Such a frame of the previous window is copied, bit for bit, when the new window
+/// has the same frame; only the frames near the window's edges and those of new audio are
+/// computed.
+pub struct SlidingMel {
+    stft: PowerStft,
+    bands: Vec<MelBand>,
+    guard: f32,
+    n_mels: usize,
+    /// The last window: its first sample's index in the signal, its frames and the frames
+    /// among them that are the signal's own (none after a reset).
+    start: usize,
+    frames: Features,
+    own: std::ops::Range<usize>,
+    /// Frames copied from the previous window, over the windows since the last reset.
+    reused: usize,
+}
+
+impl SlidingMel {
+    /// # Panics
+    /// As [`log_mel`], on a window or filterbank of the wrong size.
+    pub fn new(window: &[f32], fb: &[f32], cfg: &MelConfig) -> SlidingMel {
+        let (stft, bands) = frame_parts(window, fb, cfg);
+        SlidingMel {
+            stft,
+            bands,
+            guard: cfg.log_zero_guard,
+            n_mels: cfg.n_mels,
+            start: 0,
+            frames: Features {
+                data: Vec::new(),
+                n_mels: cfg.n_mels,
+                n_frames: 0,
+            },
+            own: 0..0,
+            reused: 0,
+        }
+    }
+
+    /// The log-mel frames of `samples`, the signal's samples from index `start` on: equal to
+    /// [`log_mel`] of `samples` without normalisation.
+    pub fn window(&mut self, samples: &[f32], start: usize) -> &Features {
+        let hop = self.stft.hop;
+        let n_frames = samples.len() / hop;
+        let span = self.stft.window.len() as isize;
+        // Frames whose samples, and the one before each for the pre-emphasis, are the
+        // window's own (before index 0 only when that is the signal's start, where the
+        // padding is the signal's too).
+        let own = |stft: &PowerStft, t: usize| {
+            let first = stft.first_sample(t);
+            (start == 0 || first >= 1) && first + span <= samples.len() as isize
+        };
+        let lo = (0..n_frames)
+            .find(|&t| own(&self.stft, t))
+            .unwrap_or(n_frames);
+        let hi = (lo..n_frames)
+            .find(|&t| !own(&self.stft, t))
+            .unwrap_or(n_frames);
+        let mut data = vec![0f32; self.n_mels * n_frames];
+        let p = &self.frames;
+        for t in 0..n_frames {
+            let earlier = (start + t * hop).checked_sub(self.start).and_then(|at| {
+                let t_p = at / hop;
+                (at % hop == 0 && (lo..hi).contains(&t) && self.own.contains(&t_p)).then_some(t_p)
+            });
+            match earlier {
+                Some(t_p) => {
+                    for m in 0..self.n_mels {
+                        data[m * n_frames + t] = p.data[m * p.n_frames + t_p];
+                    }
+                    self.reused += 1;
+                }
+                None => {
+                    let power = self.stft.frame(samples, t);
+                    for (m, band) in self.bands.iter().enumerate() {
+                        data[m * n_frames + t] = (band.apply(power) + self.guard).ln();
+                    }
+                }
+            }
+        }
+        self.frames = Features {
+            data,
+            n_mels: self.n_mels,
+            n_frames,
+        };
+        self.start = start;
+        self.own = lo..hi;
+        &self.frames
+    }
+
+    /// Frames copied from a previous window since the last [`Self::reset`].
+    pub fn reused_frames(&self) -> usize {
+        self.reused
+    }
+
+    /// A new signal: nothing is shared with the windows before.
+    pub fn reset(&mut self) {
+        self.own = 0..0;
+        self.reused = 0;
     }
 }
 
@@ -209,16 +321,10 @@ impl StreamingMel {
     /// # Panics
     /// As [`log_mel`], on a window or filterbank of the wrong size.
     pub fn new(window: &[f32], fb: &[f32], cfg: &MelConfig) -> StreamingMel {
-        assert!(cfg.hop_length > 0, "hop_length is 0");
-        assert!(cfg.win_length <= cfg.n_fft, "win_length > n_fft");
-        assert_eq!(window.len(), cfg.win_length, "window length");
-        assert_eq!(fb.len(), cfg.n_mels * cfg.n_bins(), "filterbank size");
+        let (stft, bands) = frame_parts(window, fb, cfg);
         StreamingMel {
-            stft: PowerStft::new(window, cfg),
-            bands: fb
-                .chunks_exact(cfg.n_bins())
-                .map(MelBand::from_row)
-                .collect(),
+            stft,
+            bands,
             guard: cfg.log_zero_guard,
             n_mels: cfg.n_mels,
             samples: Vec::new(),

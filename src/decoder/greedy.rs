@@ -143,6 +143,8 @@ impl<'m> GreedyTransducer<'m> {
         // predicted duration, RNN-T by one frame after a blank.
         while hyp.frame < frames {
             let mut symbols = 0;
+            // The last evaluation left the frame where it was (TDT: a duration of 0).
+            let mut stayed;
             loop {
                 let t = hyp.frame;
                 let logits = match ready.take() {
@@ -193,6 +195,7 @@ impl<'m> GreedyTransducer<'m> {
                     duration: d,
                 };
                 symbols += 1;
+                stayed = d == 0;
                 if k == blank && d == 0 && tdt {
                     // Nothing changes until this frame's budget runs out: NeMo repeats the same
                     // evaluation; record the repeats without recomputing them.
@@ -218,7 +221,7 @@ impl<'m> GreedyTransducer<'m> {
                     // The frame the next step evaluates (as the loop below moves).
                     let stay = symbols < max_symbols;
                     let next = if tdt && d > 0 {
-                        t + d + usize::from(!stay)
+                        t + d
                     } else if stay {
                         t
                     } else {
@@ -248,7 +251,9 @@ impl<'m> GreedyTransducer<'m> {
                     break;
                 }
             }
-            if !tdt || symbols >= max_symbols {
+            // After max_symbols labels on a frame NeMo's label loop moves on by one frame,
+            // unless the last label's duration already did.
+            if !tdt || (symbols >= max_symbols && stayed) {
                 hyp.frame += 1;
             }
         }

@@ -16,12 +16,13 @@
 //!   valid length that its masked encoder computed from zeroed features; their argmax adds
 //!   spurious tokens to the last final (`khl` on the tiny hybrid). Those frames are not
 //!   computed here, so the last final lacks them; every other token is NeMo's.
-//! - Punctuation (models whose vocabulary has it, e.g. parakeet-tdt-0.6b-v2 and v3): segment
-//!   and word times around punctuation pieces, and a lone `.`, `,` or `?` joined to the word
-//!   before, follow NeMo's code (`buffered/words.rs`, tested piece by piece against it) but no
-//!   NeMo run: the references' tiny models have no punctuation. NeMo's `ParakeetBPETokenizer`
-//!   (vocabularies with event tags) leaves `[` and `]` out of the punctuation; here a `[` or
-//!   `]` piece counts as punctuation.
+//! - Punctuation (models whose vocabulary has it, e.g. parakeet-tdt-0.6b-v2 and v3): a mark's
+//!   time moved onto the piece before it, texts without a space before a mark (finals with a
+//!   run of marks cut to its last), segment and word times around marks, a lone `.`, `,` or
+//!   `?` joined to the word before: as NeMo 3.0.0's pipeline, tested against its run of a tiny
+//!   model with a punctuated vocabulary. The marks are NeMo 3.0.0's set (punctuation characters
+//!   of pieces other than tags such as `[laughter]` or `<en>`), so a lone `[` or `]` piece
+//!   counts; later NeMo tokenizers for vocabularies with event tags leave them out.
 //! - Boosting and confidence follow NeMo's per-stream design (the tree state rides with the
 //!   decoder state), checked against the offline decode of the same frames: NeMo 3.0.0's
 //!   pipeline, which made the references, fuses no per-stream phrases.
@@ -29,7 +30,7 @@
 mod words;
 
 use super::{LiveTranscriber, StreamEvent, Utterance};
-use crate::audio::mel::log_mel;
+use crate::audio::mel::{SlidingMel, log_mel};
 use crate::bail;
 use crate::decoder::boosting::BoostingTree;
 use crate::decoder::confidence::ConfidenceConfig;
@@ -198,6 +199,29 @@ impl BufferSizes {
 /// The longest chunk or context accepted (the sizes stay far from overflowing a count).
 const MAX_SIZE_SECS: f64 = 3600.0;
 
+/// Where a step's buffer lies: the samples it holds are the stream's `start..start + len`, and
+/// the ring's first `left_padding` samples stand for the time before the stream.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct BufferWindow {
+    left_padding: usize,
+    start: usize,
+    len: usize,
+}
+
+impl BufferWindow {
+    /// The buffer of step `k` whose chunk holds `valid` samples of audio (the last step's
+    /// fewer, the rest padding that the buffer leaves out).
+    fn of_step(s: &BufferSizes, k: usize, valid: usize) -> BufferWindow {
+        let end = (k + 1) * s.chunk_samples;
+        let left_padding = s.buffer_samples.saturating_sub(end);
+        BufferWindow {
+            left_padding,
+            start: end.saturating_sub(s.buffer_samples),
+            len: s.buffer_samples - left_padding - (s.chunk_samples - valid),
+        }
+    }
+}
+
 fn round9(x: f64) -> f64 {
     (x * 1e9).round() / 1e9
 }
@@ -231,8 +255,10 @@ pub struct StepRecord {
     /// The head's rows of the buffer after the roll, `[encoded_len][width]` (transducer:
     /// `joint.enc` of the encoder output; CTC: the logits).
     pub rows: Vec<f32>,
-    /// The finished utterance's text, when the step ended one.
+    /// The finished utterance's text, when the step ended one, and the partial text, when
+    /// the step reported one.
     pub final_text: Option<String>,
+    pub partial_text: Option<String>,
     /// Tokens the stream keeps after the step (the utterance's unreported ones and the few
     /// the duplicate-token check compares).
     pub kept_tokens: usize,
@@ -297,6 +323,8 @@ pub struct BufferedStream {
     zero_rows: Arc<Vec<f32>>,
     /// Which pieces start a word or are punctuation, for words and times.
     grouping: Grouping,
+    /// The buffers' log-mel frames, the overlap's taken from the previous buffer.
+    mel: SlidingMel,
     /// The audio buffer (`S_b` samples, the newest last).
     ring: Vec<f32>,
     /// Samples received and not yet a whole chunk.
@@ -384,6 +412,7 @@ impl BufferedStream {
             _ => Head::Transducer,
         };
         let grouping = Grouping::new(model.tokenizer(), sizes.frame_seconds);
+        let mel = SlidingMel::new(model.window(), model.filterbank(), session.mel_config());
         let mut stream = BufferedStream {
             n_mels: hp.encoder.feat_in,
             blank: hp.blank_id(),
@@ -395,6 +424,7 @@ impl BufferedStream {
             width: 0,
             zero_rows: Arc::new(Vec::new()),
             grouping,
+            mel,
             ring: Vec::new(),
             pending: Vec::new(),
             steps: 0,
@@ -418,7 +448,8 @@ impl BufferedStream {
         let zero_rows = match known {
             Some(rows) => rows,
             None => {
-                let rows = Arc::new(stream.encode_buffer(&vec![0.0; sizes.buffer_samples])?);
+                let zeros = vec![0.0; sizes.buffer_samples];
+                let rows = Arc::new(stream.encode_buffer(&zeros, None)?);
                 if let Ok(mut cache) = ZERO_ROWS.lock() {
                     cache.insert(key, rows.clone());
                 }
@@ -456,17 +487,25 @@ impl BufferedStream {
     }
 
     /// The head's rows `[frames][width]` of the audio `samples` (a buffer's audio, from its
-    /// first sample): NeMo's mel of the buffer, normalised per feature over its valid frames
-    /// in float32 as torch sums, then the encoder over those frames. Frames after the valid
-    /// ones are masked in NeMo's encoder and never reach a frame before them, so they are not
-    /// computed.
-    fn encode_buffer(&mut self, samples: &[f32]) -> Result<Vec<f32>> {
+    /// first sample, which is the stream's sample `start`; `None`: not the stream's):
+    /// NeMo's mel of the buffer, normalised per feature over its valid frames in float32 as
+    /// torch sums, then the encoder over those frames. Frames after the valid ones are masked
+    /// in NeMo's encoder and never reach a frame before them, so they are not computed.
+    fn encode_buffer(&mut self, samples: &[f32], start: Option<usize>) -> Result<Vec<f32>> {
         let s = self.sizes;
         let t0 = Instant::now();
-        let mut mel = self.session.mel_config().clone();
-        mel.normalize_per_feature = false;
-        let model = self.session.model().clone();
-        let features = log_mel(samples, model.window(), model.filterbank(), &mel);
+        let whole;
+        let features = match start {
+            // The stream's buffers overlap: the previous buffer's frames are reused.
+            Some(start) => self.mel.window(samples, start),
+            None => {
+                let mut mel = self.session.mel_config().clone();
+                mel.normalize_per_feature = false;
+                let model = self.session.model();
+                whole = log_mel(samples, model.window(), model.filterbank(), &mel);
+                &whole
+            }
+        };
         let valid = features.n_frames.min(s.feature_frames);
         if valid == 0 {
             return Ok(Vec::new());
@@ -514,10 +553,10 @@ impl BufferedStream {
         self.ring.extend_from_slice(chunk);
         let keep = self.ring.len() - s.buffer_samples;
         self.ring.drain(..keep);
-        let left_padding = s.buffer_samples.saturating_sub((k + 1) * s.chunk_samples);
-        let audio = s.buffer_samples - left_padding - (s.chunk_samples - valid);
+        let window = BufferWindow::of_step(&s, k, valid);
+        let (left_padding, audio) = (window.left_padding, window.len);
         let buffer: Vec<f32> = self.ring[left_padding..left_padding + audio].to_vec();
-        let own = self.encode_buffer(&buffer)?;
+        let own = self.encode_buffer(&buffer, Some(window.start))?;
         // NeMo's roll: the zero buffer's frames for the time before the stream, then the
         // audio's own encoding.
         let lpad = (left_padding / s.hop) / s.subsampling;
@@ -545,7 +584,7 @@ impl BufferedStream {
         self.times.decoder = t.elapsed();
         let mut events = Vec::new();
         if eou {
-            if let Some(u) = self.utterance() {
+            if let Some(u) = self.utterance(true) {
                 record.final_text = Some(u.text.clone());
                 events.push(StreamEvent::Final(u));
             }
@@ -558,7 +597,8 @@ impl BufferedStream {
                 events.push(StreamEvent::Final(done));
                 self.forget_reported();
             }
-            if let Some(u) = self.utterance() {
+            if let Some(u) = self.utterance(false) {
+                record.partial_text = Some(u.text.clone());
                 events.push(StreamEvent::Partial(u));
             }
         }
@@ -631,6 +671,16 @@ impl BufferedStream {
         }
         self.decoding.hyp = Some(hyp);
         self.decoding.boost_state = boost_state;
+        // Punctuation and language tags take the time of the word before them; one that
+        // opens the step takes the stream's frame 0, before any window but the first step's.
+        let ids: Vec<usize> = local.iter().map(|l| l.0).collect();
+        let mut times: Vec<i64> = local.iter().map(|l| l.1).collect();
+        let stream_start = -(self.decoding.timestamp_offset.ceil() as i64);
+        self.grouping
+            .move_mark_times(&ids, &mut times, stream_start);
+        for (l, t) in local.iter_mut().zip(times) {
+            l.1 = t;
+        }
         let c = s.chunk_frames as i64;
         let alignment = (s.right_frames + s.chunk_frames) as i64;
         let d = &mut self.decoding;
@@ -830,7 +880,7 @@ impl BufferedStream {
             _ if span > 2.0 * limit => d.tokens.len(),
             _ => return None,
         };
-        let done = self.utterance_of(self.reported, cut);
+        let done = self.utterance_of(self.reported, cut, true);
         self.reported = cut;
         done
     }
@@ -853,12 +903,13 @@ impl BufferedStream {
     }
 
     /// The utterance since the last end of utterance (less what a cut reported), with NeMo's
-    /// segment times, or `None` when it has no token.
-    fn utterance(&self) -> Option<Utterance> {
-        self.utterance_of(self.reported, self.decoding.tokens.len())
+    /// segment times and its text as NeMo prints a finished segment (`is_final`) or a partial
+    /// transcript, or `None` when it has no token.
+    fn utterance(&self, is_final: bool) -> Option<Utterance> {
+        self.utterance_of(self.reported, self.decoding.tokens.len(), is_final)
     }
 
-    fn utterance_of(&self, from: usize, to: usize) -> Option<Utterance> {
+    fn utterance_of(&self, from: usize, to: usize, is_final: bool) -> Option<Utterance> {
         let d = &self.decoding;
         if from >= to {
             return None;
@@ -868,6 +919,11 @@ impl BufferedStream {
         let fs = self.sizes.frame_seconds;
         let tokenizer = model.tokenizer();
         let text = ids_to_text(tokenizer, ids);
+        let text = if is_final {
+            self.grouping.tidy_final(&text)
+        } else {
+            self.grouping.tidy_partial(&text)
+        };
         let (start, end) = self.grouping.refine(ids, times, None, None);
         let confidences = self
             .confidence
@@ -896,6 +952,7 @@ impl BufferedStream {
         self.ring.clear();
         self.ring.resize(self.sizes.buffer_samples, 0.0);
         self.pending.clear();
+        self.mel.reset();
         self.steps = 0;
         self.reported = 0;
         self.decoding = Decoding {
@@ -1208,7 +1265,7 @@ impl LiveTranscriber for BufferedStream {
             let mut chunk = std::mem::take(&mut self.pending);
             chunk.resize(self.sizes.chunk_samples, 0.0);
             events.extend(self.step(&chunk, valid, true)?);
-        } else if let Some(u) = self.utterance() {
+        } else if let Some(u) = self.utterance(true) {
             // No audio since the last request was decoded as the last one.
             events.push(StreamEvent::Final(u));
         }
@@ -1308,6 +1365,78 @@ mod tests {
         for huge in [1e300, 3600.08] {
             let e = sizes(huge, 1.6, 1.6).unwrap_err().to_string();
             assert!(e.contains("at most 3600 s"), "{e}");
+        }
+    }
+
+    /// The buffers' features with the overlap's frames reused equal the features of every
+    /// buffer computed whole, bit for bit, over the stream's first steps (the buffer growing
+    /// from the stream's start), the steady ones and a short last one, for sizes whose buffer
+    /// is and is not a whole number of hops; and only the new audio's frames and a few at the
+    /// buffer's edges are computed.
+    #[test]
+    fn reused_overlap_features_equal_whole_buffers() {
+        use crate::audio::mel::MelConfig;
+        let mut cfg = MelConfig::parakeet(16);
+        cfg.normalize_per_feature = false;
+        let window: Vec<f32> = (0..cfg.win_length)
+            .map(|i| 0.5 - 0.5 * (2.0 * std::f32::consts::PI * i as f32 / 400.0).cos())
+            .collect();
+        let mut fb = vec![0f32; cfg.n_mels * cfg.n_bins()];
+        for m in 0..cfg.n_mels {
+            for b in 0..24 {
+                fb[m * cfg.n_bins() + m * 15 + b] = 0.01 * (b + 1) as f32;
+            }
+        }
+        let signal: Vec<f32> = (0..500_000u64)
+            .map(|i| ((i * 7919 % 10007) as f32 / 5003.5 - 1.0) * 0.3 + (i as f32 * 0.01).sin())
+            .collect();
+        for (chunk, left, right) in [
+            (4.8, 1.6, 1.6),
+            (1.2, 1.6, 0.8),
+            (1.2, 0.16, 0.0),
+            (0.72, 0.0, 0.08),
+            (0.64, 0.24, 0.08),
+            (0.08, 0.08, 0.0),
+            (0.08, 0.0, 0.0),
+        ] {
+            let s = sizes(chunk, left, right).unwrap();
+            let mut sliding = SlidingMel::new(&window, &fb, &cfg);
+            let total = 3 * s.buffer_samples + s.chunk_samples / 3 + 17;
+            let steps = total.div_ceil(s.chunk_samples);
+            for k in 0..steps {
+                let valid = (total - k * s.chunk_samples).min(s.chunk_samples);
+                let w = BufferWindow::of_step(&s, k, valid);
+                let samples = &signal[w.start..w.start + w.len];
+                let before = sliding.reused_frames();
+                let got = sliding.window(samples, w.start).clone();
+                let whole = log_mel(samples, &window, &fb, &cfg);
+                assert_eq!(got.n_frames, whole.n_frames);
+                let same = got
+                    .data
+                    .iter()
+                    .zip(&whole.data)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{chunk},{left},{right} step {k}: frames differ");
+                let computed = got.n_frames - (sliding.reused_frames() - before);
+                let shift =
+                    w.start - BufferWindow::of_step(&s, k.saturating_sub(1), s.chunk_samples).start;
+                if k > 0 && shift.is_multiple_of(s.hop) {
+                    // New audio's frames, the last frame's edge, two at a buffer's start.
+                    let at_most = s.chunk_samples.min(w.len) / s.hop + 4;
+                    assert!(
+                        computed <= at_most,
+                        "{chunk},{left},{right} step {k}: {computed} frames computed, \
+                         more than {at_most}"
+                    );
+                }
+            }
+            // Without context the buffers do not overlap.
+            let overlap = left + right > 0.0;
+            assert_eq!(
+                sliding.reused_frames() > 0,
+                overlap,
+                "{chunk},{left},{right}"
+            );
         }
     }
 

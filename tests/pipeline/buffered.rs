@@ -273,7 +273,68 @@ fn buffered_cases_cover_every_reference() {
             }
         }
     }
-    assert_eq!(covered, std::fs::read_dir(&dir).unwrap().count());
+    for setting in PUNCTUATION_SETTINGS {
+        let name = format!("tiny_tdt_punct_buffered_rnnt_{setting}.json");
+        assert!(dir.join(&name).exists(), "{name}");
+        covered += 1;
+    }
+    let references = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "json")
+        })
+        .count();
+    assert_eq!(covered, references);
+}
+
+/// NeMo's runs of a model whose vocabulary has punctuation (`tiny_tdt_punct`, made as
+/// `tests/fixtures/buffered/README.md` says).
+const PUNCTUATION_SETTINGS: [&str; 2] = ["c4.8_l1.6_r1.6", "c0.8_l1.6_r0.8"];
+
+/// With punctuation in the vocabulary, NeMo's transducer pipeline moves a mark's time onto
+/// the piece before it (which changes what a step commits and where an utterance ends), and
+/// its texts lose the space before a mark (finals also cut a run of marks to its last): every
+/// step, final, word and time as NeMo's, and each partial text the step's.
+#[test]
+fn buffered_punctuation_matches_nemo_step_by_step() {
+    let samples = clip_samples(CLIPS[0].1);
+    let path = gguf("tiny_tdt_punct", OutType::F32);
+    for setting in PUNCTUATION_SETTINGS {
+        let name = format!("tiny_tdt_punct_buffered_rnnt_{setting}");
+        let (nemo, config) = reference(&name, DecoderChoice::Auto);
+        // The reference is one with punctuation: words with each mark.
+        let words: Vec<&str> = nemo["words"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["text"].as_str().unwrap())
+            .collect();
+        for mark in [".", ",", "?"] {
+            assert!(words.iter().any(|w| w.contains(mark)), "{name}: no {mark}");
+        }
+        let session = Session::load(&path, threads(2)).unwrap();
+        let pieces = session.model().tokenizer().pieces().to_vec();
+        let (records, events) = run(session, config, &samples, 3331);
+        compare(&name, &nemo, &records, &events, &pieces);
+        let steps = nemo["steps"].as_array().unwrap();
+        let mut before = "";
+        let mut partials = 0;
+        for (i, (ours, theirs)) in records.iter().zip(steps).enumerate() {
+            let partial = theirs["partial"].as_str().unwrap();
+            if let Some(text) = &ours.partial_text {
+                assert_eq!(text, partial.trim(), "{name} step {i}: partial");
+                partials += 1;
+            } else if !partial.is_empty() {
+                assert_eq!(partial, before, "{name} step {i}: a partial NeMo changed");
+            }
+            before = partial;
+        }
+        assert!(partials > 0, "{name}: no partial");
+    }
 }
 
 /// The chunk passes of one stream's steps, in order, as one encoder projection.

@@ -22,6 +22,14 @@ pub(super) struct Grouping {
     /// the tokenizer's punctuation less the apostrophe); and it is one or the lone word mark.
     punctuation: Vec<bool>,
     punctuation_or_mark: Vec<bool>,
+    /// Pieces whose times the transducer pipeline moves onto the piece before them (NeMo's
+    /// `tokens_to_move`: the supported punctuation's ids and language tags such as `<en>`),
+    /// and the lone word mark's id, moved along inside a run of them.
+    movable: Vec<bool>,
+    separator: Option<usize>,
+    /// NeMo's `asr_supported_puncts`: the punctuation characters of the vocabulary's pieces
+    /// (special pieces and those with a word mark left out) but the apostrophe.
+    marks: Vec<char>,
     /// Seconds per encoder frame.
     frame_seconds: f64,
 }
@@ -31,7 +39,35 @@ impl Grouping {
         let pieces = tokenizer.pieces();
         let punctuation: Vec<bool> = pieces.iter().map(|p| is_mark(p)).collect();
         let mark = WORD_MARK.to_string();
+        let mut marks: Vec<char> = pieces
+            .iter()
+            .filter(|p| !is_special(p))
+            .flat_map(|p| p.chars())
+            .filter(|&c| c != '\'' && is_punctuation(c))
+            .collect();
+        marks.sort_unstable();
+        marks.dedup();
+        // A mark's id is its piece's; SentencePiece gives a character that is no piece the
+        // unknown piece's id, and so does NeMo's set.
+        let id_of = |text: &str| {
+            pieces
+                .iter()
+                .position(|p| p == text)
+                .or_else(|| pieces.iter().position(|p| p == "<unk>"))
+        };
+        let mut movable: Vec<bool> = pieces
+            .iter()
+            .map(|p| p.starts_with('<') && p.ends_with('>') && p != "<unk>")
+            .collect();
+        for c in &marks {
+            if let Some(id) = id_of(&c.to_string()) {
+                movable[id] = true;
+            }
+        }
         Grouping {
+            movable,
+            separator: id_of(&mark),
+            marks,
             word_start: pieces.iter().map(|p| p.starts_with(WORD_MARK)).collect(),
             punctuation_or_mark: pieces
                 .iter()
@@ -41,6 +77,80 @@ impl Grouping {
             punctuation,
             frame_seconds,
         }
+    }
+
+    /// NeMo's `update_punctuation_and_language_tokens_timestamps` on a step's transducer
+    /// tokens: a run of movable pieces (word marks inside it going along) takes the time of the
+    /// piece before it, or `before_first` (the stream's frame 0 in the step's frames) at the
+    /// start; a run of word marks alone keeps its times, and so do tokens that are all movable.
+    pub fn move_mark_times(&self, ids: &[usize], times: &mut [i64], before_first: i64) {
+        let movable = |id: usize| self.movable.get(id).copied().unwrap_or(false);
+        let separator = |id: usize| Some(id) == self.separator;
+        let either = |id: usize| movable(id) || separator(id);
+        if ids.iter().all(|&id| either(id)) {
+            return;
+        }
+        let mut i = 0;
+        while i < ids.len() {
+            if !either(ids[i]) {
+                i += 1;
+                continue;
+            }
+            let (first, mut last) = (i, i);
+            i += 1;
+            while i < ids.len() && either(ids[i]) {
+                if !separator(ids[i]) {
+                    last = i;
+                }
+                i += 1;
+            }
+            if last > first || movable(ids[first]) {
+                let to = if first > 0 {
+                    times[first - 1]
+                } else {
+                    before_first
+                };
+                times[first..=last].fill(to);
+            }
+        }
+    }
+
+    /// A finished segment's text as NeMo's text processor leaves it for a vocabulary with
+    /// punctuation: no space before a mark, and a run of marks cut to its last.
+    pub fn tidy_final(&self, text: &str) -> String {
+        let joined = self.tidy_partial(text);
+        let mut out = String::with_capacity(joined.len());
+        let mut run: Option<char> = None;
+        for c in joined.chars() {
+            if self.marks.contains(&c) {
+                run = Some(c);
+                continue;
+            }
+            out.extend(run.take());
+            out.push(c);
+        }
+        out.extend(run);
+        out
+    }
+
+    /// A partial text as NeMo's pipeline prints it for a vocabulary with punctuation: no space
+    /// before a mark.
+    pub fn tidy_partial(&self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut space = String::new();
+        for c in text.chars() {
+            if c.is_whitespace() {
+                space.push(c);
+                continue;
+            }
+            if !self.marks.contains(&c) {
+                out.push_str(&space);
+            }
+            space.clear();
+            out.push(c);
+        }
+        out.push_str(&space);
+        out
     }
 
     pub fn starts_word(&self, id: usize) -> bool {
@@ -138,6 +248,20 @@ impl Grouping {
 /// Whether a piece is one of NeMo's `asr_supported_puncts`: a single punctuation character
 /// (Unicode category P, as the tokenizer's supported punctuation is derived) other than the
 /// apostrophe, which NeMo's pipelines leave out of the set.
+/// Pieces whose characters NeMo's punctuation set leaves out (`extract_punctuation_from_vocab`):
+/// tags in brackets or angle brackets, word pieces after a `##`, pieces with a word mark, blank
+/// pieces.
+fn is_special(piece: &str) -> bool {
+    let enclosed = |open: char, close: char| {
+        piece.len() >= 2 && piece.starts_with(open) && piece.ends_with(close)
+    };
+    enclosed('[', ']')
+        || enclosed('<', '>')
+        || piece.starts_with("##")
+        || piece.starts_with(WORD_MARK)
+        || piece.chars().all(char::is_whitespace)
+}
+
 fn is_mark(piece: &str) -> bool {
     let mut chars = piece.chars();
     matches!((chars.next(), chars.next()), (Some(c), None) if c != '\'' && is_punctuation(c))
