@@ -771,7 +771,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
     }
     // Stopped mid-batch: the outputs written so far stay, the one being written goes.
     signals::on_signal(|code| {
-        output::remove_unfinished_temps_then(|| std::process::exit(code.into()))
+        output::remove_unfinished_temps_then(|| parakeet::backend::exit_now(code.into()))
     })?;
     if args.skip_existing {
         let dirs: std::collections::BTreeSet<&Path> = plan

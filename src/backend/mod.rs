@@ -15,11 +15,13 @@ pub(crate) mod custom;
 mod dtype;
 pub(crate) mod graph;
 pub mod openmp;
+mod process;
 mod state;
 pub(crate) mod weight;
 
 pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
+pub use process::exit_now;
 pub use state::StateTensors;
 pub use weight::{HostWeights, PaddedLinear, Realised, Slot, Weight};
 

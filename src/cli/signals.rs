@@ -35,7 +35,7 @@ pub fn on_signal(on_signal: impl FnOnce(u8) + Send + 'static) -> Result<()> {
             STOP.store(true, Ordering::SeqCst);
             let again = std::thread::spawn(move || {
                 let code = runtime.block_on(signals.next());
-                std::process::exit(code.into());
+                crate::backend::exit_now(code.into());
             });
             on_signal(code);
             let _ = again.join();
