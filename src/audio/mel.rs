@@ -141,6 +141,8 @@ pub struct SlidingMel {
     own: std::ops::Range<usize>,
     /// Frames copied from the previous window, over the windows since the last reset.
     reused: usize,
+    /// The frames' storage before the last window, reused for the next one.
+    spare: Vec<f32>,
 }
 
 impl SlidingMel {
@@ -161,6 +163,7 @@ impl SlidingMel {
             },
             own: 0..0,
             reused: 0,
+            spare: Vec::new(),
         }
     }
 
@@ -183,7 +186,9 @@ impl SlidingMel {
         let hi = (lo..n_frames)
             .find(|&t| !own(&self.stft, t))
             .unwrap_or(n_frames);
-        let mut data = vec![0f32; self.n_mels * n_frames];
+        let mut data = std::mem::take(&mut self.spare);
+        data.clear();
+        data.resize(self.n_mels * n_frames, 0.0);
         let p = &self.frames;
         for t in 0..n_frames {
             let earlier = (start + t * hop).checked_sub(self.start).and_then(|at| {
@@ -205,11 +210,15 @@ impl SlidingMel {
                 }
             }
         }
-        self.frames = Features {
-            data,
-            n_mels: self.n_mels,
-            n_frames,
-        };
+        let previous = std::mem::replace(
+            &mut self.frames,
+            Features {
+                data,
+                n_mels: self.n_mels,
+                n_frames,
+            },
+        );
+        self.spare = previous.data;
         self.start = start;
         self.own = lo..hi;
         &self.frames

@@ -504,8 +504,10 @@ fn attend_block(
     let v = &st.vr[(j0 - st.j0) * dv..];
     #[cfg(target_arch = "x86_64")]
     if avx512() && dk.is_multiple_of(LANES) {
+        // Query rows straight into the result (`dv` is `dk` here), `h` heads apart.
+        let (at, stride) = ((i0 * o.h + head) * dk, o.h * dk);
         // SAFETY: AVX-512F present; the extents are the ones the portable loop below indexes.
-        unsafe { probs_times_v_avx512(o, head, v, (nk, nk_pad), ac, (i0, nq), out) };
+        unsafe { probs_times_v_avx512(v, dv, (nk, nk_pad), ac, nq, (&mut out[at..], stride)) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -514,7 +516,7 @@ fn attend_block(
         let rows = grow(q_v, nq * dv);
         // SAFETY: AVX-512F present; `v` holds nk rows of dv (a multiple of LANES), `ac` nq
         // rows of nk_pad probabilities, `rows` nq rows of dv.
-        unsafe { probs_times_v_rows_avx512(v, dv, (nk, nk_pad), ac, nq, rows) };
+        unsafe { probs_times_v_avx512(v, dv, (nk, nk_pad), ac, nq, (rows, dv)) };
         for (b, row) in rows.chunks_exact(dv).enumerate() {
             let at = ((i0 + b) * o.h + head) * dk;
             out[at..at + dk].copy_from_slice(&row[..dk]);
@@ -759,60 +761,26 @@ macro_rules! by_tile_shape {
     };
 }
 
-/// The probabilities-times-values loop of [`attend_block`] in 512-bit registers: the same
-/// fused multiply-adds in the same order, so the same bits.
-///
-/// # Safety
-/// AVX-512F; `dk` a multiple of [`LANES`]; `probs` holds `nq` rows of `nk_pad` (`nk <= nk_pad`);
-/// `v` holds `nk` rows of `dk`; queries `i0 .. i0 + nq` exist in `out`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn probs_times_v_avx512(
-    o: &Operands<'_>,
-    head: usize,
-    v: &[f32],
-    (nk, nk_pad): (usize, usize),
-    probs: &[f32],
-    (i0, nq): (usize, usize),
-    out: &mut [f32],
-) {
-    let dk = o.dk;
-    assert!(nk <= nk_pad && probs.len() >= nq * nk_pad && dk.is_multiple_of(LANES));
-    assert!((i0 + nq) * o.h * dk <= out.len() && v.len() >= nk * dk);
-    // Query row b's output, as an offset.
-    let out_at = |b: usize| ((i0 + b) * o.h + head) * dk;
-    for (b, nb, c0, nv) in tiles(nq, dk) {
-        let t = PvTile {
-            probs: &probs[b * nk_pad..],
-            nk_pad,
-            nk,
-            v: &v[c0..],
-            v_stride: dk,
-            out: &mut out[out_at(b) + c0..],
-            out_stride: o.h * dk,
-        };
-        // SAFETY: AVX-512F (this function's contract); extents asserted above.
-        unsafe { by_tile_shape!(pv_tile, nb, nv, t) };
-    }
-}
-
-/// [`probs_times_v_avx512`] into `rows` (`nq` rows of `dv`) from values of `dv` floats a row.
+/// The probabilities-times-values loop of [`attend_block`] in 512-bit registers (the same
+/// fused multiply-adds in the same order, so the same bits): `nq` output rows of `dv` floats,
+/// `out_stride` apart in `out`, from values of `dv` floats a row.
 ///
 /// # Safety
 /// AVX-512F; `dv` a multiple of [`LANES`]; `probs` holds `nq` rows of `nk_pad` (`nk <= nk_pad`);
-/// `v` holds `nk` rows of `dv`; `rows` `nq` rows of `dv`.
+/// `v` holds `nk` rows of `dv`; `out` holds `nq` rows of `dv`, `out_stride` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn probs_times_v_rows_avx512(
+unsafe fn probs_times_v_avx512(
     v: &[f32],
     dv: usize,
     (nk, nk_pad): (usize, usize),
     probs: &[f32],
     nq: usize,
-    rows: &mut [f32],
+    (out, out_stride): (&mut [f32], usize),
 ) {
     assert!(nk <= nk_pad && probs.len() >= nq * nk_pad && dv.is_multiple_of(LANES));
-    assert!(rows.len() >= nq * dv && v.len() >= nk * dv);
+    assert!(nq == 0 || out.len() >= (nq - 1) * out_stride + dv);
+    assert!(v.len() >= nk * dv);
     for (b, nb, c0, nv) in tiles(nq, dv) {
         let t = PvTile {
             probs: &probs[b * nk_pad..],
@@ -820,8 +788,8 @@ unsafe fn probs_times_v_rows_avx512(
             nk,
             v: &v[c0..],
             v_stride: dv,
-            out: &mut rows[b * dv + c0..],
-            out_stride: dv,
+            out: &mut out[b * out_stride + c0..],
+            out_stride,
         };
         // SAFETY: AVX-512F (this function's contract); extents asserted above.
         unsafe { by_tile_shape!(pv_tile, nb, nv, t) };
