@@ -1,6 +1,8 @@
 //! Linear-layer throughput per weight type at encoder shapes, through the production path
 //! (`Graph::linear` in a ggml graph on the CPU backend):
-//! `cargo run --release --example qgemm_throughput [threads...]` (default: 1 and 2).
+//! `cargo run --release --example qgemm_throughput [threads...] [KxM...] [n=STEPS...]`
+//! (default: 1 and 2 threads; the 0.6b encoder's 1024 x 4096, 4096 x 1024 and 1024 x 1024;
+//! 1, 138 and 276 steps, the kernels alone at the largest).
 //!
 //! Types: f32 (the f32 GEMM), q8_0 in ggml's layout (ggml's quantized matmul), q8_0x8 (our int8
 //! kernel), q4_0 (ggml), q4_0x8 (our int8 kernel on 4-bit weights). The types' runs are
@@ -30,20 +32,34 @@ const TYPES: [(&str, DType, Layout); 5] = [
 ];
 
 fn main() {
-    let threads: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let or = |v: Vec<usize>, default: &[usize]| if v.is_empty() { default.to_vec() } else { v };
+    let threads = or(
+        args.iter().filter_map(|a| a.parse().ok()).collect(),
+        &[1, 2],
+    );
+    let steps = or(
+        args.iter()
+            .filter_map(|a| a.strip_prefix("n=")?.parse().ok())
+            .collect(),
+        &[1, 138, 276],
+    );
+    let shapes: Vec<(usize, usize)> = args
+        .iter()
+        .filter_map(|a| {
+            let (k, m) = a.split_once('x')?;
+            Some((k.parse().ok()?, m.parse().ok()?))
+        })
         .collect();
-    let threads = if threads.is_empty() {
-        vec![1, 2]
+    let shapes = if shapes.is_empty() {
+        vec![(1024usize, 4096usize), (4096, 1024), (1024, 1024)]
     } else {
-        threads
+        shapes
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("w.gguf");
-    let shapes = [(1024usize, 4096usize), (4096, 1024), (1024, 1024)];
     let mut w = GgufWriter::new();
-    for (k, m) in shapes {
+    for &(k, m) in &shapes {
         for (ty, dtype, layout) in TYPES {
             let name = format!("{ty}.{k}x{m}");
             w.add_tensor_with_layout(&name, &[k, m], dtype, layout)
@@ -61,8 +77,8 @@ fn main() {
 
     for &nth in &threads {
         let mut be = Backend::cpu(nth).unwrap();
-        for (k, m) in shapes {
-            for n in [1usize, 138, 276] {
+        for &(k, m) in &shapes {
+            for &n in &steps {
                 let x: Vec<f32> = (0..k * n)
                     .map(|i| ((i % 89) as f32 - 44.0) * 1e-2)
                     .collect();
@@ -96,7 +112,7 @@ fn main() {
             }
         }
     }
-    kernels(&threads, &shapes);
+    kernels(&threads, &shapes, *steps.iter().max().unwrap());
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -106,7 +122,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Each int8 kernel on its own (std threads, split as in the graph), both formats interleaved
 /// rep by rep: GMAC/s by wall and by process CPU time, and q4_0x8's time over q8_0x8's.
-fn kernels(threads: &[usize], shapes: &[(usize, usize)]) {
+fn kernels(threads: &[usize], shapes: &[(usize, usize)], n: usize) {
     let formats = [
         (qgemm::Format::Q8_0x8, DType::Q8_0),
         (qgemm::Format::Q4_0x8, DType::Q4_0),
@@ -126,7 +142,6 @@ fn kernels(threads: &[usize], shapes: &[(usize, usize)]) {
                     }
                 })
                 .collect();
-            let n = 138;
             let x: Vec<f32> = (0..k * n)
                 .map(|i| ((i % 89) as f32 - 44.0) * 1e-2)
                 .collect();

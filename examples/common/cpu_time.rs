@@ -11,3 +11,14 @@ pub fn cpu_seconds() -> f64 {
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
+
+/// Minor page faults of the whole process so far (fresh memory touched for the first time).
+#[allow(dead_code)]
+pub fn minor_faults() -> i64 {
+    // SAFETY: getrusage writes the rusage it is given.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru.ru_minflt
+    }
+}

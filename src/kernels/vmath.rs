@@ -32,6 +32,11 @@ const LN2_HI: f32 = 0.693_145_75;
 const LN2_LO: f32 = 1.428_606_8e-6;
 const ROUND: f32 = 12_582_912.0;
 const MIN_ARG: f32 = -87.3;
+/// The constants for other kernels' exponentials (the attention's softmax).
+pub(crate) const EXP_LN2_HI: f32 = LN2_HI;
+pub(crate) const EXP_LN2_LO: f32 = LN2_LO;
+pub(crate) const EXP_MIN_ARG: f32 = MIN_ARG;
+pub(crate) const EXP_TAYLOR: [f32; 8] = TAYLOR;
 /// 1/7!, 1/6!, ..., 1/1!, 1/0! (Horner order): the degree-7 remainder is below f32's
 /// rounding on `|r| <= ln2/2` (degree 6 left ~2 ulps).
 const TAYLOR: [f32; 8] = [
