@@ -9,7 +9,7 @@
 set -euo pipefail
 model=${1:?MODEL.gguf}; dir=${2:?DIR}; long=${3:-60}; t=${4:-2}
 bin=${BIN:-target/release/parakeet}; rounds=${ROUNDS:-1}
-rt=(); chrt -f 10 true 2>/dev/null && rt=(chrt -f 10)
+rt=(); nice -n -20 true 2>/dev/null && rt=(nice -n -20)
 rows=$(mktemp); trap 'rm -f "$rows"' EXIT
 runs=(); for _ in $(seq "$rounds"); do runs+=(1 1 "$long"); done
 for m in "${runs[@]}" 1; do
