@@ -9,10 +9,10 @@ and config, written by synth_nemo.py's checkpoint writer.
       Transformer, streaming_mode with NeMo's inference sizes (spkcache 188, fifo 188,
       update 144, chunk 6, context 1 / 7)
 
-The reference set's build_sortformer.py makes these with NeMo, which needs torch; where no
-NeMo environment exists, this makes the same shapes with random weights (their values do not
-change the time a forward takes), and the tiny model's own window and mel filterbank (a
-filterbank's zeros do).
+nemo_full_sortformer.py builds these shapes with NeMo itself (the reference set's configs at
+the published sizes), which needs torch; where no NeMo environment exists, this makes the same
+shapes with random weights (their values do not change the time a forward takes), and the tiny
+model's own window and mel filterbank (a filterbank's zeros do).
 
 usage: synth_sortformer.py v1|v2 TINY.keys.txt TINY.nemo OUT.nemo
   TINY  tiny_sortformer (v1) or tiny_sortformer_stream (v2) of ../shared/reference/models
