@@ -27,7 +27,8 @@ const K_BLOCKS: usize = 32;
 const GROUP: usize = 16;
 
 /// Panels `p0..p1` of the whole `q8_0x8` (with `Q4`, `q4_0x8`) matrix `w`, every step: per
-/// group of panels, column tile by column tile.
+/// group of panels, column tile by column tile. Whole-line results are stored non-temporally
+/// (visible to other threads once this returns).
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI and F16C available; the activations were quantized for this kernel;
@@ -79,6 +80,8 @@ pub(super) unsafe fn panels<const Q4: bool>(
         }
         g0 = group.1;
     }
+    // The non-temporal stores are weakly ordered: done before the node's threads meet.
+    _mm_sfence();
 }
 
 /// A panel block's quants (`blk` at its scales) as four registers of signed bytes, register
@@ -212,6 +215,10 @@ unsafe fn pair_tile<const N: usize, const Q4: bool>(
                 *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, *a);
             }
         }
+        // The last pass writes whole 64-byte lines that are not in cache (a node's output is
+        // megabytes): non-temporal stores skip reading each line in first. 7-8 % off the q8_0
+        // encoders (0.6b, 110m, Sortformer) from 3 s to 66 s on AMD Zen 5; `panels` fences.
+        let stream = b1 == nb && m.is_multiple_of(16) && (out as usize).is_multiple_of(64);
         for (j, a) in acc.iter().enumerate() {
             // The first pass over the blocks adds the bias, later ones what is there.
             let v = match bias {
@@ -219,7 +226,11 @@ unsafe fn pair_tile<const N: usize, const Q4: bool>(
                 Some(bp) => _mm512_add_ps(*a, _mm512_loadu_ps(bp)),
                 None => *a,
             };
-            _mm512_storeu_ps(out.add(j * m), v);
+            if stream {
+                _mm512_stream_ps(out.add(j * m), v);
+            } else {
+                _mm512_storeu_ps(out.add(j * m), v);
+            }
         }
     }
 }
