@@ -56,7 +56,14 @@ pub(super) unsafe fn panels<const Q4: bool>(
             let mut c = 0;
             // SAFETY: sizes asserted above; out per the contract.
             unsafe {
-                let span = Span { group, blocks };
+                // Non-temporal stores in the last pass, for a node of a tile of steps or more
+                // (a decoder's single step reads its result at once).
+                let stream = blocks.1 == nb && n >= NC;
+                let span = Span {
+                    group,
+                    blocks,
+                    stream,
+                };
                 while c + NC <= n {
                     tiles::<NC, Q4>(w, k, m, span, x, c, bias, out);
                     c += NC;
@@ -116,11 +123,13 @@ unsafe fn quant_loads<const Q4: bool>(blk: *const u8) -> [__m512i; 4] {
     }
 }
 
-/// The panels and the blocks of 32 inputs one pass covers.
+/// The panels and the blocks of 32 inputs one pass covers, and whether it stores its results
+/// non-temporally (see [`pair_tile`]).
 #[derive(Clone, Copy)]
 struct Span {
     group: (usize, usize),
     blocks: (usize, usize),
+    stream: bool,
 }
 
 /// Steps `c..c + N` of every panel of the span, over its blocks.
@@ -146,7 +155,8 @@ unsafe fn tiles<const N: usize, const Q4: bool>(
             let out = out.add(c * m + p * PANEL);
             if p + 1 < span.group.1 {
                 let pair = &w[p * size..][..2 * size];
-                pair_tile::<N, Q4>(pair, k, x, c, span.blocks, bias, out, m);
+                let blocks = (span.blocks, span.stream);
+                pair_tile::<N, Q4>(pair, k, x, c, blocks, bias, out, m);
                 p += 2;
             } else {
                 let panel = &w[p * size..][..size];
@@ -169,7 +179,7 @@ unsafe fn pair_tile<const N: usize, const Q4: bool>(
     k: usize,
     x: Cols,
     c0: usize,
-    (b0, b1): (usize, usize),
+    ((b0, b1), stream): ((usize, usize), bool),
     bias: Option<*const f32>,
     out: *mut f32,
     m: usize,
@@ -215,10 +225,11 @@ unsafe fn pair_tile<const N: usize, const Q4: bool>(
                 *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, *a);
             }
         }
-        // The last pass writes whole 64-byte lines that are not in cache (a node's output is
-        // megabytes): non-temporal stores skip reading each line in first. 7-8 % off the q8_0
-        // encoders (0.6b, 110m, Sortformer) from 3 s to 66 s on AMD Zen 5; `panels` fences.
-        let stream = b1 == nb && m.is_multiple_of(16) && (out as usize).is_multiple_of(64);
+        // With `stream` (the last pass of a node of many steps) the stores write whole 64-byte
+        // lines that are not in cache (a node's output is megabytes): non-temporal stores skip
+        // reading each line in first. 7-11 % off the q8_0 encoders (0.6b, 110m, Sortformer)
+        // from 3 s to 66 s on AMD Zen 5; `panels` fences.
+        let stream = stream && m.is_multiple_of(16) && (out as usize).is_multiple_of(64);
         for (j, a) in acc.iter().enumerate() {
             // The first pass over the blocks adds the bias, later ones what is there.
             let v = match bias {
