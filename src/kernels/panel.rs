@@ -33,7 +33,7 @@ impl GemmNode {
     }
 
     /// The node's residual source (the output's shape), null without one.
-    fn residual_source(&self, op: &CustomOp<'_>) -> *const f32 {
+    pub(crate) fn residual_source(&self, op: &CustomOp<'_>) -> *const f32 {
         if self.residual.is_some() {
             op.src_f32(2 + self.bias as usize).as_ptr()
         } else {
@@ -44,13 +44,14 @@ impl GemmNode {
     /// This thread's part of a GEMM node over `m / panel` panels of `panel` rows and `n`
     /// columns: claims ranges of panels from the node's queue, runs `compute(panels, next)` on
     /// each (`next` is the range this thread computes after it, claimed first when
-    /// `claim_ahead`, else empty), then finishes the range's rows ([`Self::finish_panels`]).
+    /// `claim_ahead`, else empty), then finishes the range's rows ([`Self::finish_panels`])
+    /// unless `residual_done` (the kernel added the residual in its stores).
     pub(crate) fn drive(
         &self,
         op: &CustomOp<'_>,
         (m, n): (usize, usize),
         panel: usize,
-        claim_ahead: bool,
+        (claim_ahead, residual_done): (bool, bool),
         mut compute: impl FnMut(Range<usize>, Range<usize>),
     ) {
         let queue = PanelQueue {
@@ -68,9 +69,11 @@ impl GemmNode {
                 0..0
             };
             compute(panels.clone(), next);
-            // SAFETY: y holds n columns of m rows and this thread claimed these panels' rows;
-            // the residual source, where the node has one, has y's shape.
-            unsafe { self.finish_panels(y, residual, (m, n), (panels, panel)) };
+            if !residual_done {
+                // SAFETY: y holds n columns of m rows and this thread claimed these panels'
+                // rows; the residual source, where the node has one, has y's shape.
+                unsafe { self.finish_panels(y, residual, (m, n), (panels, panel)) };
+            }
             if !claim_ahead {
                 claimed = queue.claim();
             }

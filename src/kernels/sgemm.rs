@@ -666,7 +666,7 @@ impl Body for Panel16Gemm {
         // The next range is claimed before this one is computed, so that its first panels'
         // weights are fetched while this range's last ones compute.
         self.node
-            .drive(op, (m, dims.n), PANEL, true, |panels, next| {
+            .drive(op, (m, dims.n), PANEL, (true, false), |panels, next| {
                 // SAFETY: the sources are as the builder checked; this thread owns the claimed
                 // panels' rows.
                 unsafe {

@@ -130,8 +130,15 @@ pub(super) struct Cols<'a> {
     pub(super) d: &'a [f32],
 }
 
+/// A GEMM node's residual, where the kernel adds it in its stores: the residual tensor (the
+/// output's layout, `[n][m]`) and its scale. The store gives `residual + scale * v` (`v +
+/// residual` at scale 1), the sums `GemmNode::residual` asks for in the same order, so the same
+/// bits as the pass after the product that it replaces.
+pub(super) type Residual = Option<(*const f32, f32)>;
+
 /// `out[c * m + r] = sum_i w[r, i] x[c, i] (+ bias[r])` for the rows of panels `p0..p1`, all
-/// `n` steps. `w` is the whole matrix ([k, m]) in `format`.
+/// `n` steps. `w` is the whole matrix ([k, m]) in `format`. With `residual` (the VNNI kernel
+/// only), the residual sum too.
 ///
 /// # Safety
 /// `out` points to `n * m` writable f32s; no other thread writes the rows of these panels.
@@ -145,7 +152,7 @@ pub(super) unsafe fn gemm_panels(
     (p0, p1): (usize, usize),
     x: Cols,
     n: usize,
-    bias: Option<&[f32]>,
+    (bias, residual): (Option<&[f32]>, Residual),
     out: *mut f32,
 ) {
     let nb = k / QK;
@@ -159,6 +166,10 @@ pub(super) unsafe fn gemm_panels(
     #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Amx {
         assert!(!q4, "q4_0x8 has no AMX kernel (Format::kernel)");
+        assert!(
+            residual.is_none(),
+            "only the VNNI kernel adds the residual in its stores"
+        );
         // SAFETY: chosen only where the CPU runs it (`cpu::Kernel::available`); the
         // activations are signed and padded.
         return unsafe { amx::panels(w, k, m, (p0, p1), x, n, bias, out) };
@@ -167,12 +178,17 @@ pub(super) unsafe fn gemm_panels(
     if kernel == Kernel::Avx512Vnni {
         // SAFETY: chosen only on CPUs with AVX-512 F/BW/VNNI; out per the contract.
         return unsafe {
+            let ops = (bias, residual);
             match q4 {
-                true => vnni::panels::<true>(w, k, m, (p0, p1), x, n, bias, out),
-                false => vnni::panels::<false>(w, k, m, (p0, p1), x, n, bias, out),
+                true => vnni::panels::<true>(w, k, m, (p0, p1), x, n, ops, out),
+                false => vnni::panels::<false>(w, k, m, (p0, p1), x, n, ops, out),
             }
         };
     }
+    assert!(
+        residual.is_none(),
+        "only the VNNI kernel adds the residual in its stores"
+    );
     for p in p0..p1 {
         let panel = &w[p * size..][..size];
         let bias = bias.map(|b| &b[p * PANEL..][..PANEL]);
@@ -300,7 +316,7 @@ pub fn gemm_int8(
                     (mine.start, mine.end),
                     cols,
                     n,
-                    bias,
+                    (bias, None),
                     dst.0,
                 )
             });

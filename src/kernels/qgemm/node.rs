@@ -89,23 +89,41 @@ impl Body for Int8Gemm {
         let bias = self.node.bias(op);
         // SAFETY: a bias source holds m values.
         let bias = (!bias.is_null()).then(|| unsafe { std::slice::from_raw_parts(bias, m) });
-        self.node.drive(op, (m, n), PANEL, false, |panels, _| {
-            // SAFETY: the result holds n steps of m rows; this thread owns the claimed panels.
-            unsafe {
-                gemm_panels(
-                    self.format.kernel(n),
-                    self.format,
-                    w,
-                    k,
-                    m,
-                    (panels.start, panels.end),
-                    cols,
-                    n,
-                    bias,
-                    op.dst_ptr(),
-                );
-                self.node.relu_panels(op.dst_ptr(), (m, n), (panels, PANEL));
-            }
-        });
+        // The VNNI kernel adds the residual in its stores (the output is not read again); a
+        // ReLU comes before it, so a node with both keeps the passes.
+        let kernel = self.format.kernel(n);
+        #[cfg(target_arch = "x86_64")]
+        let fused = kernel == crate::kernels::cpu::Kernel::Avx512Vnni && !self.node.relu;
+        #[cfg(not(target_arch = "x86_64"))]
+        let fused = false;
+        let residual = match self.node.residual {
+            Some(scale) if fused => Some((self.node.residual_source(op), scale)),
+            _ => None,
+        };
+        self.node.drive(
+            op,
+            (m, n),
+            PANEL,
+            (false, residual.is_some()),
+            |panels, _| {
+                // SAFETY: the result holds n steps of m rows; this thread owns the claimed panels;
+                // a residual source has the result's shape.
+                unsafe {
+                    gemm_panels(
+                        kernel,
+                        self.format,
+                        w,
+                        k,
+                        m,
+                        (panels.start, panels.end),
+                        cols,
+                        n,
+                        (bias, residual),
+                        op.dst_ptr(),
+                    );
+                    self.node.relu_panels(op.dst_ptr(), (m, n), (panels, PANEL));
+                }
+            },
+        );
     }
 }

@@ -12,7 +12,7 @@
 //! With `Q4` the weights are `q4_0x8`: [`quant_loads`] unpacks two 64-byte registers from
 //! each 64-byte load of nibbles, the rest is the same.
 
-use super::{Cols, PANEL, QK, panel_block};
+use super::{Cols, PANEL, QK, Residual, panel_block};
 use std::arch::x86_64::*;
 
 /// Columns per register tile: one accumulator each, plus about 10 shared registers.
@@ -43,7 +43,7 @@ pub(super) unsafe fn panels<const Q4: bool>(
     (p0, p1): (usize, usize),
     x: Cols,
     n: usize,
-    bias: Option<&[f32]>,
+    (bias, residual): (Option<&[f32]>, Residual),
     out: *mut f32,
 ) {
     let nb = k / QK;
@@ -65,21 +65,21 @@ pub(super) unsafe fn panels<const Q4: bool>(
                     stream,
                 };
                 while c + NC <= n {
-                    tiles::<NC, Q4>(w, k, m, span, x, c, bias, out);
+                    tiles::<NC, Q4>(w, k, m, span, x, c, (bias, residual), out);
                     c += NC;
                 }
                 if n - c >= 8 {
-                    tiles::<8, Q4>(w, k, m, span, x, c, bias, out);
+                    tiles::<8, Q4>(w, k, m, span, x, c, (bias, residual), out);
                     c += 8;
                 }
                 match n - c {
-                    7 => tiles::<7, Q4>(w, k, m, span, x, c, bias, out),
-                    6 => tiles::<6, Q4>(w, k, m, span, x, c, bias, out),
-                    5 => tiles::<5, Q4>(w, k, m, span, x, c, bias, out),
-                    4 => tiles::<4, Q4>(w, k, m, span, x, c, bias, out),
-                    3 => tiles::<3, Q4>(w, k, m, span, x, c, bias, out),
-                    2 => tiles::<2, Q4>(w, k, m, span, x, c, bias, out),
-                    1 => tiles::<1, Q4>(w, k, m, span, x, c, bias, out),
+                    7 => tiles::<7, Q4>(w, k, m, span, x, c, (bias, residual), out),
+                    6 => tiles::<6, Q4>(w, k, m, span, x, c, (bias, residual), out),
+                    5 => tiles::<5, Q4>(w, k, m, span, x, c, (bias, residual), out),
+                    4 => tiles::<4, Q4>(w, k, m, span, x, c, (bias, residual), out),
+                    3 => tiles::<3, Q4>(w, k, m, span, x, c, (bias, residual), out),
+                    2 => tiles::<2, Q4>(w, k, m, span, x, c, (bias, residual), out),
+                    1 => tiles::<1, Q4>(w, k, m, span, x, c, (bias, residual), out),
                     _ => {}
                 }
             }
@@ -132,6 +132,17 @@ struct Span {
     stream: bool,
 }
 
+/// [`Residual`]'s sum on sixteen rows.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn add_residual(v: __m512, r: __m512, scale: f32) -> __m512 {
+    if scale == 1.0 {
+        _mm512_add_ps(v, r)
+    } else {
+        _mm512_add_ps(r, _mm512_mul_ps(v, _mm512_set1_ps(scale)))
+    }
+}
+
 /// Steps `c..c + N` of every panel of the span, over its blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -142,7 +153,7 @@ unsafe fn tiles<const N: usize, const Q4: bool>(
     span: Span,
     x: Cols,
     c: usize,
-    bias: Option<&[f32]>,
+    (bias, residual): (Option<&[f32]>, Residual),
     out: *mut f32,
 ) {
     let size = k / QK * panel_block::<Q4>();
@@ -153,6 +164,8 @@ unsafe fn tiles<const N: usize, const Q4: bool>(
         // SAFETY: per panels' contract.
         unsafe {
             let out = out.add(c * m + p * PANEL);
+            let residual = residual.map(|(r, scale)| (r.add(c * m + p * PANEL), scale));
+            let bias = (bias, residual);
             if p + 1 < span.group.1 {
                 let pair = &w[p * size..][..2 * size];
                 let blocks = (span.blocks, span.stream);
@@ -180,7 +193,7 @@ unsafe fn pair_tile<const N: usize, const Q4: bool>(
     x: Cols,
     c0: usize,
     ((b0, b1), stream): ((usize, usize), bool),
-    bias: Option<*const f32>,
+    (bias, residual): (Option<*const f32>, Residual),
     out: *mut f32,
     m: usize,
 ) {
@@ -237,6 +250,12 @@ unsafe fn pair_tile<const N: usize, const Q4: bool>(
                 Some(bp) => _mm512_add_ps(*a, _mm512_loadu_ps(bp)),
                 None => *a,
             };
+            let v = match residual {
+                Some((r, scale)) if b1 == nb => {
+                    add_residual(v, _mm512_loadu_ps(r.add(j * m)), scale)
+                }
+                _ => v,
+            };
             if stream {
                 _mm512_stream_ps(out.add(j * m), v);
             } else {
@@ -256,7 +275,7 @@ unsafe fn tile<const N: usize, const Q4: bool>(
     x: Cols,
     c0: usize,
     (b0, b1): (usize, usize),
-    bias: Option<*const f32>,
+    (bias, residual): (Option<*const f32>, Residual),
     out: *mut f32,
     m: usize,
 ) {
@@ -310,6 +329,14 @@ unsafe fn tile<const N: usize, const Q4: bool>(
                 _ if b0 > 0 => _mm256_add_ps(rows, _mm256_loadu_ps(out.add(j * m))),
                 Some(bp) => _mm256_add_ps(rows, _mm256_loadu_ps(bp)),
                 None => rows,
+            };
+            let v = match residual {
+                Some((r, 1.0)) if b1 == nb => _mm256_add_ps(v, _mm256_loadu_ps(r.add(j * m))),
+                Some((r, scale)) if b1 == nb => _mm256_add_ps(
+                    _mm256_loadu_ps(r.add(j * m)),
+                    _mm256_mul_ps(v, _mm256_set1_ps(scale)),
+                ),
+                _ => v,
             };
             _mm256_storeu_ps(out.add(j * m), v);
         }
