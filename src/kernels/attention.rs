@@ -18,6 +18,8 @@
 use super::cpu::avx512;
 use super::cpu::multiversioned;
 use super::vmath::exp_in_place;
+#[cfg(target_arch = "x86_64")]
+use super::vmath::exp_nonpositive_fma;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::{DType, Graph, Tensor};
 
@@ -572,9 +574,8 @@ fn softmax_row(x: &mut [f32], shift: Option<&[f32]>, scale: f32) -> f32 {
 }
 
 /// [`softmax_row`] in two passes of 512-bit registers: the scaled scores and their maximum,
-/// then the exponentials and their sum (the same partial sums as [`sum_of`]). The exponential
-/// is the one of `vmath` with fused multiply-adds and `vscalefps` for the power of two: about
-/// half the instructions, within the same 2e-7; exactly 0 below -87.3 as there.
+/// then the exponentials ([`exp_nonpositive_fma`]) and their sum (the same partial sums as
+/// [`sum_of`]).
 ///
 /// # Safety
 /// AVX-512F; `shift`, where given, is at least as long as `x`.
@@ -625,31 +626,6 @@ unsafe fn softmax_row_avx512(x: &mut [f32], shift: Option<&[f32]>, scale: f32) -
         let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
         1.0 / _mm_cvtss_f32(s1)
     }
-}
-
-/// `e^x` for `x <= 0` on sixteen lanes: `vmath`'s Cody-Waite split and degree-7 Taylor
-/// polynomial, in fused multiply-adds, scaled by `2^n` with `vscalefps`; 0 below -87.3.
-///
-/// # Safety
-/// AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn exp_nonpositive_fma(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
-    use super::vmath::{EXP_LN2_HI, EXP_LN2_LO, EXP_MIN_ARG, EXP_TAYLOR};
-    use std::arch::x86_64::*;
-    let a = _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN_ARG));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(a, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-    );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), a);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
-    let mut p = _mm512_set1_ps(EXP_TAYLOR[0]);
-    for &c in &EXP_TAYLOR[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    }
-    // Lanes at or above the cut (NaN included) keep their value, the rest are 0.
-    let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(EXP_MIN_ARG));
-    _mm512_maskz_scalef_ps(keep, p, n)
 }
 
 /// The largest value (exact in any order).
