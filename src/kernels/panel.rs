@@ -11,8 +11,9 @@ use std::ops::Range;
 #[derive(Default)]
 pub struct GemmNode {
     pub next: std::sync::atomic::AtomicUsize,
-    /// A ReLU on the product (and bias), before the residual: in the f32 panel GEMM's store,
-    /// over each claimed range once it is computed in the int8 GEMM ([`Self::relu_panels`]).
+    /// A ReLU on the product (and bias), before the residual: in the stores of the f32 panel
+    /// GEMM and of the VNNI int8 kernel, a pass over each claimed range for the other int8
+    /// kernels ([`Self::relu_panels`]).
     pub relu: bool,
     /// Whether the node has a bias source (the first after its two operands).
     pub bias: bool,
@@ -45,13 +46,13 @@ impl GemmNode {
     /// columns: claims ranges of panels from the node's queue, runs `compute(panels, next)` on
     /// each (`next` is the range this thread computes after it, claimed first when
     /// `claim_ahead`, else empty), then finishes the range's rows ([`Self::finish_panels`])
-    /// unless `residual_done` (the kernel added the residual in its stores).
+    /// unless `finished_in_store` (the kernel added the residual in its stores).
     pub(crate) fn drive(
         &self,
         op: &CustomOp<'_>,
         (m, n): (usize, usize),
         panel: usize,
-        (claim_ahead, residual_done): (bool, bool),
+        (claim_ahead, finished_in_store): (bool, bool),
         mut compute: impl FnMut(Range<usize>, Range<usize>),
     ) {
         let queue = PanelQueue {
@@ -69,7 +70,7 @@ impl GemmNode {
                 0..0
             };
             compute(panels.clone(), next);
-            if !residual_done {
+            if !finished_in_store {
                 // SAFETY: y holds n columns of m rows and this thread claimed these panels'
                 // rows; the residual source, where the node has one, has y's shape.
                 unsafe { self.finish_panels(y, residual, (m, n), (panels, panel)) };

@@ -130,15 +130,20 @@ pub(super) struct Cols<'a> {
     pub(super) d: &'a [f32],
 }
 
-/// A GEMM node's residual, where the kernel adds it in its stores: the residual tensor (the
-/// output's layout, `[n][m]`) and its scale. The store gives `residual + scale * v` (`v +
-/// residual` at scale 1), the sums `GemmNode::residual` asks for in the same order, so the same
-/// bits as the pass after the product that it replaces.
-pub(super) type Residual = Option<(*const f32, f32)>;
+/// What a GEMM node does after the product and bias, where the kernel does it in its last
+/// pass's stores (the VNNI kernel; the others leave it to passes over the output): a ReLU
+/// (ggml's `v > 0 ? v : 0`), then the residual `residual + scale * v` (`v + residual` at
+/// scale 1) from the residual tensor (the output's layout, `[n][m]`). The same operations in
+/// the same order as the passes, so the same bits.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Epilogue {
+    pub(super) relu: bool,
+    pub(super) residual: Option<(*const f32, f32)>,
+}
 
 /// `out[c * m + r] = sum_i w[r, i] x[c, i] (+ bias[r])` for the rows of panels `p0..p1`, all
-/// `n` steps. `w` is the whole matrix ([k, m]) in `format`. With `residual` (the VNNI kernel
-/// only), the residual sum too.
+/// `n` steps. `w` is the whole matrix ([k, m]) in `format`. A non-empty `epilogue` only for the
+/// VNNI kernel.
 ///
 /// # Safety
 /// `out` points to `n * m` writable f32s; no other thread writes the rows of these panels.
@@ -152,11 +157,12 @@ pub(super) unsafe fn gemm_panels(
     (p0, p1): (usize, usize),
     x: Cols,
     n: usize,
-    (bias, residual): (Option<&[f32]>, Residual),
+    (bias, epilogue): (Option<&[f32]>, Epilogue),
     out: *mut f32,
 ) {
     let nb = k / QK;
     let size = nb * format.panel_block_bytes();
+    let plain = !epilogue.relu && epilogue.residual.is_none();
     let q4 = format == Format::Q4_0x8;
     // The extents every kernel relies on (the SIMD ones read the activations' padding too).
     let padded = n.next_multiple_of(STEP_PAD);
@@ -167,8 +173,8 @@ pub(super) unsafe fn gemm_panels(
     if kernel == Kernel::Amx {
         assert!(!q4, "q4_0x8 has no AMX kernel (Format::kernel)");
         assert!(
-            residual.is_none(),
-            "only the VNNI kernel adds the residual in its stores"
+            plain,
+            "only the VNNI kernel finishes its output in its stores"
         );
         // SAFETY: chosen only where the CPU runs it (`cpu::Kernel::available`); the
         // activations are signed and padded.
@@ -178,7 +184,7 @@ pub(super) unsafe fn gemm_panels(
     if kernel == Kernel::Avx512Vnni {
         // SAFETY: chosen only on CPUs with AVX-512 F/BW/VNNI; out per the contract.
         return unsafe {
-            let ops = (bias, residual);
+            let ops = (bias, epilogue);
             match q4 {
                 true => vnni::panels::<true>(w, k, m, (p0, p1), x, n, ops, out),
                 false => vnni::panels::<false>(w, k, m, (p0, p1), x, n, ops, out),
@@ -186,8 +192,8 @@ pub(super) unsafe fn gemm_panels(
         };
     }
     assert!(
-        residual.is_none(),
-        "only the VNNI kernel adds the residual in its stores"
+        plain,
+        "only the VNNI kernel finishes its output in its stores"
     );
     for p in p0..p1 {
         let panel = &w[p * size..][..size];
@@ -316,7 +322,7 @@ pub fn gemm_int8(
                     (mine.start, mine.end),
                     cols,
                     n,
-                    (bias, None),
+                    (bias, Epilogue::default()),
                     dst.0,
                 )
             });

@@ -2,7 +2,7 @@
 //! reads it), one multiplying a `q8_0x8` or `q4_0x8` weight by it.
 
 use super::quantize::{quantize_cols, quants_at, reads_tiles};
-use super::{Cols, Format, PANEL, QK, STEP_PAD, gemm_panels};
+use super::{Cols, Epilogue, Format, PANEL, QK, STEP_PAD, gemm_panels};
 use crate::backend::custom::{Body, CustomOp};
 use crate::kernels::panel::GemmNode;
 
@@ -89,23 +89,25 @@ impl Body for Int8Gemm {
         let bias = self.node.bias(op);
         // SAFETY: a bias source holds m values.
         let bias = (!bias.is_null()).then(|| unsafe { std::slice::from_raw_parts(bias, m) });
-        // The VNNI kernel adds the residual in its stores (the output is not read again); a
-        // ReLU comes before it, so a node with both keeps the passes.
+        // The VNNI kernel finishes its output in its stores (ReLU, residual): not read again.
+        // The others leave it to passes over the claimed rows.
         let kernel = self.format.kernel(n);
         #[cfg(target_arch = "x86_64")]
-        let fused = kernel == crate::kernels::cpu::Kernel::Avx512Vnni && !self.node.relu;
+        let in_store = kernel == crate::kernels::cpu::Kernel::Avx512Vnni;
         #[cfg(not(target_arch = "x86_64"))]
-        let fused = false;
-        let residual = match self.node.residual {
-            Some(scale) if fused => Some((self.node.residual_source(op), scale)),
-            _ => None,
+        let in_store = false;
+        let epilogue = match in_store {
+            true => Epilogue {
+                relu: self.node.relu,
+                residual: self
+                    .node
+                    .residual
+                    .map(|s| (self.node.residual_source(op), s)),
+            },
+            false => Epilogue::default(),
         };
-        self.node.drive(
-            op,
-            (m, n),
-            PANEL,
-            (false, residual.is_some()),
-            |panels, _| {
+        self.node
+            .drive(op, (m, n), PANEL, (false, in_store), |panels, _| {
                 // SAFETY: the result holds n steps of m rows; this thread owns the claimed panels;
                 // a residual source has the result's shape.
                 unsafe {
@@ -118,12 +120,13 @@ impl Body for Int8Gemm {
                         (panels.start, panels.end),
                         cols,
                         n,
-                        (bias, residual),
+                        (bias, epilogue),
                         op.dst_ptr(),
                     );
-                    self.node.relu_panels(op.dst_ptr(), (m, n), (panels, PANEL));
+                    if !in_store {
+                        self.node.relu_panels(op.dst_ptr(), (m, n), (panels, PANEL));
+                    }
                 }
-            },
-        );
+            });
     }
 }

@@ -12,7 +12,7 @@
 //! With `Q4` the weights are `q4_0x8`: [`quant_loads`] unpacks two 64-byte registers from
 //! each 64-byte load of nibbles, the rest is the same.
 
-use super::{Cols, PANEL, QK, Residual, panel_block};
+use super::{Cols, Epilogue, PANEL, QK, panel_block};
 use std::arch::x86_64::*;
 
 /// Columns per register tile: one accumulator each, plus about 10 shared registers.
@@ -43,7 +43,7 @@ pub(super) unsafe fn panels<const Q4: bool>(
     (p0, p1): (usize, usize),
     x: Cols,
     n: usize,
-    (bias, residual): (Option<&[f32]>, Residual),
+    (bias, epilogue): (Option<&[f32]>, Epilogue),
     out: *mut f32,
 ) {
     let nb = k / QK;
@@ -65,21 +65,21 @@ pub(super) unsafe fn panels<const Q4: bool>(
                     stream,
                 };
                 while c + NC <= n {
-                    tiles::<NC, Q4>(w, k, m, span, x, c, (bias, residual), out);
+                    tiles::<NC, Q4>(w, k, m, span, x, c, (bias, epilogue), out);
                     c += NC;
                 }
                 if n - c >= 8 {
-                    tiles::<8, Q4>(w, k, m, span, x, c, (bias, residual), out);
+                    tiles::<8, Q4>(w, k, m, span, x, c, (bias, epilogue), out);
                     c += 8;
                 }
                 match n - c {
-                    7 => tiles::<7, Q4>(w, k, m, span, x, c, (bias, residual), out),
-                    6 => tiles::<6, Q4>(w, k, m, span, x, c, (bias, residual), out),
-                    5 => tiles::<5, Q4>(w, k, m, span, x, c, (bias, residual), out),
-                    4 => tiles::<4, Q4>(w, k, m, span, x, c, (bias, residual), out),
-                    3 => tiles::<3, Q4>(w, k, m, span, x, c, (bias, residual), out),
-                    2 => tiles::<2, Q4>(w, k, m, span, x, c, (bias, residual), out),
-                    1 => tiles::<1, Q4>(w, k, m, span, x, c, (bias, residual), out),
+                    7 => tiles::<7, Q4>(w, k, m, span, x, c, (bias, epilogue), out),
+                    6 => tiles::<6, Q4>(w, k, m, span, x, c, (bias, epilogue), out),
+                    5 => tiles::<5, Q4>(w, k, m, span, x, c, (bias, epilogue), out),
+                    4 => tiles::<4, Q4>(w, k, m, span, x, c, (bias, epilogue), out),
+                    3 => tiles::<3, Q4>(w, k, m, span, x, c, (bias, epilogue), out),
+                    2 => tiles::<2, Q4>(w, k, m, span, x, c, (bias, epilogue), out),
+                    1 => tiles::<1, Q4>(w, k, m, span, x, c, (bias, epilogue), out),
                     _ => {}
                 }
             }
@@ -132,14 +132,49 @@ struct Span {
     stream: bool,
 }
 
-/// [`Residual`]'s sum on sixteen rows.
+/// [`Epilogue`] on sixteen rows, `at` floats from the tile's first output (and residual).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn add_residual(v: __m512, r: __m512, scale: f32) -> __m512 {
-    if scale == 1.0 {
-        _mm512_add_ps(v, r)
+fn finish16(v: __m512, e: Epilogue, at: usize) -> __m512 {
+    let v = if e.relu {
+        _mm512_max_ps(v, _mm512_setzero_ps())
     } else {
-        _mm512_add_ps(r, _mm512_mul_ps(v, _mm512_set1_ps(scale)))
+        v
+    };
+    match e.residual {
+        // SAFETY: the residual has the output's layout (the caller's contract).
+        Some((r, scale)) => unsafe {
+            let r = _mm512_loadu_ps(r.add(at));
+            if scale == 1.0 {
+                _mm512_add_ps(v, r)
+            } else {
+                _mm512_add_ps(r, _mm512_mul_ps(v, _mm512_set1_ps(scale)))
+            }
+        },
+        None => v,
+    }
+}
+
+/// [`finish16`] on eight rows.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn finish8(v: __m256, e: Epilogue, at: usize) -> __m256 {
+    let v = if e.relu {
+        _mm256_max_ps(v, _mm256_setzero_ps())
+    } else {
+        v
+    };
+    match e.residual {
+        // SAFETY: the residual has the output's layout (the caller's contract).
+        Some((r, scale)) => unsafe {
+            let r = _mm256_loadu_ps(r.add(at));
+            if scale == 1.0 {
+                _mm256_add_ps(v, r)
+            } else {
+                _mm256_add_ps(r, _mm256_mul_ps(v, _mm256_set1_ps(scale)))
+            }
+        },
+        None => v,
     }
 }
 
@@ -153,7 +188,7 @@ unsafe fn tiles<const N: usize, const Q4: bool>(
     span: Span,
     x: Cols,
     c: usize,
-    (bias, residual): (Option<&[f32]>, Residual),
+    (bias, epilogue): (Option<&[f32]>, Epilogue),
     out: *mut f32,
 ) {
     let size = k / QK * panel_block::<Q4>();
@@ -164,8 +199,16 @@ unsafe fn tiles<const N: usize, const Q4: bool>(
         // SAFETY: per panels' contract.
         unsafe {
             let out = out.add(c * m + p * PANEL);
-            let residual = residual.map(|(r, scale)| (r.add(c * m + p * PANEL), scale));
-            let bias = (bias, residual);
+            let residual = epilogue
+                .residual
+                .map(|(r, s)| (r.add(c * m + p * PANEL), s));
+            let bias = (
+                bias,
+                Epilogue {
+                    residual,
+                    ..epilogue
+                },
+            );
             if p + 1 < span.group.1 {
                 let pair = &w[p * size..][..2 * size];
                 let blocks = (span.blocks, span.stream);
@@ -193,7 +236,7 @@ unsafe fn pair_tile<const N: usize, const Q4: bool>(
     x: Cols,
     c0: usize,
     ((b0, b1), stream): ((usize, usize), bool),
-    (bias, residual): (Option<*const f32>, Residual),
+    (bias, epilogue): (Option<*const f32>, Epilogue),
     out: *mut f32,
     m: usize,
 ) {
@@ -250,11 +293,11 @@ unsafe fn pair_tile<const N: usize, const Q4: bool>(
                 Some(bp) => _mm512_add_ps(*a, _mm512_loadu_ps(bp)),
                 None => *a,
             };
-            let v = match residual {
-                Some((r, scale)) if b1 == nb => {
-                    add_residual(v, _mm512_loadu_ps(r.add(j * m)), scale)
-                }
-                _ => v,
+            // The last pass finishes the output.
+            let v = if b1 == nb {
+                finish16(v, epilogue, j * m)
+            } else {
+                v
             };
             if stream {
                 _mm512_stream_ps(out.add(j * m), v);
@@ -275,7 +318,7 @@ unsafe fn tile<const N: usize, const Q4: bool>(
     x: Cols,
     c0: usize,
     (b0, b1): (usize, usize),
-    (bias, residual): (Option<*const f32>, Residual),
+    (bias, epilogue): (Option<*const f32>, Epilogue),
     out: *mut f32,
     m: usize,
 ) {
@@ -330,13 +373,11 @@ unsafe fn tile<const N: usize, const Q4: bool>(
                 Some(bp) => _mm256_add_ps(rows, _mm256_loadu_ps(bp)),
                 None => rows,
             };
-            let v = match residual {
-                Some((r, 1.0)) if b1 == nb => _mm256_add_ps(v, _mm256_loadu_ps(r.add(j * m))),
-                Some((r, scale)) if b1 == nb => _mm256_add_ps(
-                    _mm256_loadu_ps(r.add(j * m)),
-                    _mm256_mul_ps(v, _mm256_set1_ps(scale)),
-                ),
-                _ => v,
+            // The last pass finishes the output.
+            let v = if b1 == nb {
+                finish8(v, epilogue, j * m)
+            } else {
+                v
             };
             _mm256_storeu_ps(out.add(j * m), v);
         }
