@@ -24,7 +24,8 @@
 //! `cargo run --release --example diar_bench -- --offline MODEL.gguf WAV [REPEAT] [RUNS]`: only
 //! the offline diarization, RUNS times (default 9) after a warm-up: every run's time, the
 //! median and the best (for A/B runs of two builds).
-//! The full-size Sortformer shapes: `scripts/synth_sortformer.py`.
+//! The full-size Sortformer shapes: `scripts/nemo_full_sortformer.py` (built by NeMo), or
+//! `scripts/synth_sortformer.py` where no NeMo environment exists.
 
 use parakeet::diar::Diarizer;
 use parakeet::session::{DecodeOptions, DecodeRequest, Session, Threads};
