@@ -14,7 +14,7 @@ use parakeet::layout::Layout;
 use parakeet::model::Model;
 use parakeet::output::{self, Format, OutputMeta};
 use parakeet::session::pipeline::{self, Input, Limits};
-use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, Session, Threads};
+use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, DeviceArg, Session, Threads};
 use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
 use parakeet::stream::open::{LiveKind, LiveOptions, open_live};
 use parakeet::stream::pump::{PumpOptions, pump};
@@ -71,7 +71,8 @@ enum Command {
     /// get_speech_timestamps gives them, as text, JSON, RTTM or SRT.
     Vad(parakeet::cli::vad::VadArgs),
     /// Describe a model: architecture, hyperparameters, tensors by type; or, with `--system`,
-    /// this machine: CPU features found and the kernels chosen (ours and ggml's).
+    /// this machine: CPU features found, the kernels chosen (ours and ggml's), and the devices
+    /// ggml's registry has (with their memory) and the GPU backends this build has.
     Info {
         /// A .gguf, a .nemo (converted once into the cache) or a hub id (owner/name).
         #[arg(required_unless_present = "system")]
@@ -150,6 +151,8 @@ struct TranscribeArgs {
     #[command(flatten)]
     boost: BoostArgs,
     #[command(flatten)]
+    device: DeviceArg,
+    #[command(flatten)]
     beam: BeamArgs,
     /// Transcribe only speech: Silero VAD (built in) finds it, as the silero-vad package's
     /// get_speech_timestamps does with the speech-detection flags below, and each speech
@@ -222,6 +225,8 @@ struct StreamArgs {
     /// next one goes on from there; 0: never cut.
     #[arg(long, value_name = "S", default_value_t = parakeet::stream::DEFAULT_MAX_UTTERANCE_SECONDS)]
     max_utterance_seconds: f64,
+    #[command(flatten)]
+    device: DeviceArg,
     #[command(flatten)]
     boost: BoostArgs,
     /// Word confidence in jsonl events (offline models): as `transcribe --confidence`.
@@ -429,6 +434,36 @@ fn system_info() -> Result<()> {
         .collect();
     outln!("ggml cpu:     {}", ggml.join(" "))?;
     outln!("{}", cpu::report().trim_end())?;
+    print_devices()
+}
+
+/// The GPU backends this binary was built with, every device of ggml's registry with its
+/// memory, and what `--device auto` takes.
+fn print_devices() -> Result<()> {
+    use parakeet::backend::device;
+    let built: Vec<&str> = device::built_apis().iter().map(|a| a.name()).collect();
+    outln!(
+        "gpu backends: {} (cargo features vulkan, cuda, metal)",
+        if built.is_empty() {
+            "none".to_string()
+        } else {
+            built.join(" ")
+        }
+    )?;
+    outln!("devices:")?;
+    for d in device::registry() {
+        let (free, total) = d.memory();
+        outln!(
+            "  {:<10} {:<5} {}, {} free of {}",
+            d.name(),
+            d.kind(),
+            d.description(),
+            device::mib(free),
+            device::mib(total)
+        )?;
+    }
+    let auto = parakeet::session::DeviceRequest::Auto.resolve()?;
+    outln!("--device auto: {}", auto.describe())?;
     Ok(())
 }
 

@@ -30,8 +30,8 @@ pub mod pipeline;
 mod speech;
 
 pub use options::{
-    BeamPlan, BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, Head, MAX_BEAM_SIZE,
-    MAX_MAES_BEAM_SIZE, SpeechPlan, SpeechRequest, Threads,
+    BeamPlan, BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, Device, DeviceArg,
+    DeviceRequest, Head, MAX_BEAM_SIZE, MAX_MAES_BEAM_SIZE, SpeechPlan, SpeechRequest, Threads,
 };
 
 /// What decoding an encoder pass gives.

@@ -12,6 +12,7 @@
 //!   mapping, made by the `gguf` room, or [`HostWeights`] computed at load).
 
 pub(crate) mod custom;
+pub mod device;
 mod dtype;
 pub(crate) mod graph;
 pub mod openmp;
@@ -19,11 +20,12 @@ mod process;
 mod state;
 pub(crate) mod weight;
 
+pub use device::{Device, DeviceRequest, GpuApi};
 pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
 pub use process::exit_now;
 pub use state::StateTensors;
-pub use weight::{HostWeights, PaddedLinear, Realised, Slot, Weight};
+pub use weight::{HostWeights, PaddedLinear, Realised, Slot, Weight, device_bytes, weights_on};
 
 use crate::bail;
 use crate::error::Result;
@@ -34,6 +36,14 @@ use std::time::{Duration, Instant};
 /// Counters behind `--profile`.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
+    /// The device that computes, `name (description)`.
+    pub device: String,
+    /// Whether it is a device other than the CPU (a scheduler with the CPU as fallback).
+    pub on_device: bool,
+    /// On a device: bytes of its memory the backend's compute buffer holds now.
+    pub device_compute_bytes: usize,
+    /// On a device: `(free, total)` bytes of its memory after the last compute.
+    pub device_memory: (usize, usize),
     pub graphs_computed: u64,
     pub compute_time: Duration,
     /// Size of the gallocr's compute buffer now.
@@ -44,6 +54,13 @@ pub struct Stats {
     /// nodes). A node's time runs from the end of the previous node to its own end on ggml's
     /// first thread, so it includes the wait for the slowest thread of the previous node.
     pub op_times: std::collections::BTreeMap<String, (Duration, u64)>,
+    /// A device backend: nodes its scheduler put on the CPU fallback instead, by op.
+    pub fallback_ops: std::collections::BTreeMap<String, u64>,
+    /// A device backend: graph splits (runs on one backend) over all computes.
+    pub splits: u64,
+    /// A device backend: bytes copied between the device and the CPU for split inputs,
+    /// approximated as each tensor read on a backend other than its own, once per graph.
+    pub crossed_bytes: u64,
 }
 
 /// Results of one [`Backend::compute`].
@@ -104,8 +121,13 @@ impl Computed {
 
 /// One persistent ggml backend and its graph allocator.
 pub struct Backend {
+    /// The device's backend (the CPU's for the CPU).
     backend: sys::ggml_backend_t,
+    /// The CPU path's persistent allocator (unused under a scheduler).
     galloc: sys::ggml_gallocr_t,
+    device: Device,
+    /// A non-CPU device: ggml's scheduler over it and the CPU as fallback.
+    sched: Option<Sched>,
     n_threads: usize,
     stats: Stats,
     /// Run after every node (boxed: ggml holds its address).
@@ -238,23 +260,71 @@ fn advise_huge_pages(base: usize, len: usize) {
 // The raw handles are only touched through &mut self.
 unsafe impl Send for Backend {}
 
+/// ggml's scheduler over a device backend and the CPU backend (last: ggml's fallback for an op
+/// the device lacks), sized for graphs of up to `capacity` nodes and leafs.
+struct Sched {
+    sched: sys::ggml_backend_sched_t,
+    cpu: sys::ggml_backend_t,
+    capacity: usize,
+}
+
+impl Sched {
+    /// # Safety
+    /// `device` and `cpu` are live backends, the CPU one a CPU backend.
+    unsafe fn new(device: sys::ggml_backend_t, cpu: sys::ggml_backend_t, capacity: usize) -> Sched {
+        let mut backends = [device, cpu];
+        // Weights live in the device's buffer; no op is offloaded with copies of host weights
+        // (a copy per compute), so op_offload is off.
+        // SAFETY: per the contract; ggml copies the array.
+        let sched = unsafe {
+            sys::ggml_backend_sched_new(
+                backends.as_mut_ptr(),
+                std::ptr::null_mut(),
+                2,
+                capacity,
+                false,
+                false,
+            )
+        };
+        Sched {
+            sched,
+            cpu,
+            capacity,
+        }
+    }
+}
+
 /// Nodes a single graph may hold; the encoder of a 42-layer model needs a few thousand.
 const GRAPH_NODES: usize = 16 * 1024;
+
+/// The scheduler's hash set holds a graph's nodes and leafs together.
+fn sched_capacity(max_nodes: usize) -> usize {
+    2 * max_nodes + WEIGHT_LEAFS
+}
 /// Room kept in every graph for leafs that are model weights (a 42-layer model has ~1200).
 const WEIGHT_LEAFS: usize = 4096;
 
 impl Backend {
     /// A CPU backend running `n_threads` threads (0 -> 1), from ggml's device registry.
     pub fn cpu(n_threads: usize) -> Result<Backend> {
-        // SAFETY: registry lookups and plain constructors; null results are checked.
+        Backend::new(Device::cpu()?, n_threads)
+    }
+
+    /// A backend on `device`: the CPU's with its persistent graph allocator, or for any other
+    /// device ggml's scheduler with the device first and the CPU (`n_threads` threads) as
+    /// fallback for the ops the device lacks.
+    pub fn new(device: Device, n_threads: usize) -> Result<Backend> {
+        let cpu_device = Device::cpu()?;
+        // SAFETY: plain constructors over a registry device; null results are checked and
+        // what was made is freed on every failing path.
         unsafe {
-            let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
-            if dev.is_null() {
-                bail!(Internal, "ggml: no CPU device in the backend registry");
-            }
-            let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
+            let backend = sys::ggml_backend_dev_init(device.raw(), std::ptr::null());
             if backend.is_null() {
-                bail!(Internal, "ggml: could not initialise the CPU backend");
+                bail!(
+                    Internal,
+                    "ggml: could not initialise the device {}",
+                    device.describe()
+                );
             }
             let buft = sys::ggml_backend_get_default_buffer_type(backend);
             let galloc = sys::ggml_gallocr_new(buft);
@@ -262,33 +332,73 @@ impl Backend {
                 sys::ggml_backend_free(backend);
                 bail!(Internal, "ggml: could not create the graph allocator");
             }
+            let sched = if device.is_cpu() {
+                None
+            } else {
+                let cpu = sys::ggml_backend_dev_init(cpu_device.raw(), std::ptr::null());
+                if cpu.is_null() {
+                    sys::ggml_gallocr_free(galloc);
+                    sys::ggml_backend_free(backend);
+                    bail!(Internal, "ggml: could not initialise the CPU backend");
+                }
+                Some(Sched::new(backend, cpu, sched_capacity(GRAPH_NODES)))
+            };
             let mut b = Backend {
                 backend,
                 galloc,
+                device,
+                sched,
                 n_threads: 1,
                 stats: Stats::default(),
                 hook: Box::default(),
                 advised_base: 0,
                 dry_run: false,
             };
+            b.stats.device = device.describe();
+            b.stats.on_device = !device.is_cpu();
             b.set_threads(n_threads);
             Ok(b)
         }
     }
 
     /// Zero-filled f32 tensors of the given `[width, rows]` shapes that keep their values
-    /// across this backend's computes (a stream's caches).
+    /// across this backend's computes (a stream's caches). They live in the device's buffer type, so a graph on the device reads them in place.
     pub fn state_tensors(&self, shapes: &[[usize; 2]]) -> Result<StateTensors> {
         // SAFETY: `backend` is live; its default buffer type is static.
         let buft = unsafe { sys::ggml_backend_get_default_buffer_type(self.backend) };
-        StateTensors::new(buft, shapes)
+        StateTensors::new(buft, shapes).map_err(|e| self.device_error(e))
+    }
+
+    /// The device this backend computes on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The CPU backend: this one, or a device's fallback.
+    fn cpu_backend(&self) -> sys::ggml_backend_t {
+        self.sched.as_ref().map_or(self.backend, |s| s.cpu)
+    }
+
+    /// A failure to allocate on a device, said with the device's name and its free memory.
+    fn device_error(&self, e: crate::error::Error) -> crate::error::Error {
+        if self.device.is_cpu() {
+            return e;
+        }
+        let (free, total) = self.device.memory();
+        crate::err!(
+            Internal,
+            "{e} on {} ({} free of {})",
+            self.device.describe(),
+            device::mib(free),
+            device::mib(total)
+        )
     }
 
     /// Threads used by every following compute (values below 1 mean 1).
     pub fn set_threads(&mut self, n: usize) {
         self.n_threads = n.max(1);
-        // SAFETY: `backend` is a live CPU backend.
-        unsafe { sys::ggml_backend_cpu_set_n_threads(self.backend, self.n_threads as i32) };
+        // SAFETY: the CPU backend is live.
+        unsafe { sys::ggml_backend_cpu_set_n_threads(self.cpu_backend(), self.n_threads as i32) };
     }
 
     pub fn threads(&self) -> usize {
@@ -298,6 +408,21 @@ impl Backend {
     pub fn device_name(&self) -> String {
         // SAFETY: returns a static C string owned by ggml.
         unsafe { cstr(sys::ggml_backend_name(self.backend)) }
+    }
+
+    /// Bytes of compute buffers as allocated now, on the device and (under a scheduler) on the
+    /// CPU fallback: `(device, cpu)`.
+    pub fn compute_buffers(&self) -> (usize, usize) {
+        match &self.sched {
+            None => (self.compute_buffer_bytes(), 0),
+            // SAFETY: the scheduler and both backends are live.
+            Some(s) => unsafe {
+                (
+                    sys::ggml_backend_sched_get_buffer_size(s.sched, self.backend),
+                    sys::ggml_backend_sched_get_buffer_size(s.sched, s.cpu),
+                )
+            },
+        }
     }
 
     /// Report each following compute's progress to `report` (the fraction of its nodes
@@ -313,6 +438,10 @@ impl Backend {
 
     /// Bytes of the compute buffer as allocated now (0 before the first graph).
     pub fn compute_buffer_bytes(&self) -> usize {
+        if self.sched.is_some() {
+            let (device, cpu) = self.compute_buffers();
+            return device + cpu;
+        }
         // SAFETY: galloc is live.
         unsafe { sys::ggml_gallocr_get_buffer_size(self.galloc, 0) }
     }
@@ -370,6 +499,17 @@ impl Backend {
             );
         }
         let start = Instant::now();
+        if self.sched.is_some() {
+            let result = self.compute_scheduled(&mut graph, out, max_nodes)?;
+            self.stats.device_compute_bytes = self.compute_buffers().0;
+            self.stats.device_memory = self.device.memory();
+            self.stats.graphs_computed += 1;
+            self.stats.compute_time += start.elapsed();
+            let bytes = self.compute_buffer_bytes();
+            self.stats.compute_buffer_bytes = bytes;
+            self.stats.peak_compute_buffer_bytes = self.stats.peak_compute_buffer_bytes.max(bytes);
+            return Ok(result);
+        }
         // SAFETY: the graph and all its tensors live in `graph`'s context (or in weight buffers
         // that outlive this call); tensors are only written after allocation.
         let result = unsafe {
@@ -453,10 +593,105 @@ impl Backend {
 }
 
 impl Backend {
+    /// [`Backend::compute_sized`] under the scheduler: it splits the graph between the device
+    /// and the CPU, allocates both parts, and copies what crosses between them.
+    fn compute_scheduled<'g>(
+        &mut self,
+        graph: &mut Graph<'g>,
+        out: Tensor<'g>,
+        max_nodes: usize,
+    ) -> Result<Computed> {
+        let need = sched_capacity(max_nodes);
+        let Some(s) = self.sched.as_mut() else {
+            bail!(Internal, "internal: no scheduler on this backend");
+        };
+        if s.capacity < need {
+            // SAFETY: nothing is allocated from the old scheduler between computes; the
+            // backends it ran on outlive it.
+            unsafe {
+                sys::ggml_backend_sched_free(s.sched);
+                *s = Sched::new(self.backend, s.cpu, need);
+            }
+        }
+        let sched = s.sched;
+        // SAFETY: the graph's tensors live in its context or in buffers that outlive this call;
+        // inputs are written after allocation, outputs read (ggml_backend_tensor_get: they may
+        // live on the device) after the compute.
+        unsafe {
+            let gf = graph.finish(out);
+            sys::ggml_backend_sched_reset(sched);
+            if !sys::ggml_backend_sched_alloc_graph(sched, gf) {
+                sys::ggml_backend_sched_reset(sched);
+                return Err(self.device_error(crate::err!(
+                    Internal,
+                    "ggml: could not allocate the compute graph (out of memory?)"
+                )));
+            }
+            self.count_placement(gf);
+            if !self.dry_run {
+                graph.upload_inputs();
+                let status = sys::ggml_backend_sched_graph_compute(sched, gf);
+                if status != sys::GGML_STATUS_SUCCESS {
+                    sys::ggml_backend_sched_reset(sched);
+                    return Err(self.device_error(crate::err!(
+                        Internal,
+                        "ggml: graph compute failed (status {status})"
+                    )));
+                }
+            }
+            let captures = graph.read_captures();
+            let (output, shape) = graph::read_f32(out.raw());
+            Ok(Computed {
+                output,
+                shape,
+                captures,
+            })
+        }
+    }
+
+    /// Adds an allocated graph's placement to the stats: the nodes that run on the CPU
+    /// fallback, by op, its split count, and the bytes of tensors read on a backend other than
+    /// their own (each once: the scheduler copies a split input once per backend).
+    ///
+    /// # Safety
+    /// `gf` was just allocated by this backend's scheduler.
+    unsafe fn count_placement(&mut self, gf: *mut sys::ggml_cgraph) {
+        let Some(s) = &self.sched else { return };
+        let mut crossed = std::collections::HashSet::new();
+        // SAFETY: per the contract; node pointers of an allocated graph are valid.
+        unsafe {
+            for i in 0..sys::ggml_graph_n_nodes(gf) {
+                let node = sys::ggml_graph_node(gf, i);
+                if !computes((*node).op) {
+                    continue;
+                }
+                let on = sys::ggml_backend_sched_get_tensor_backend(s.sched, node);
+                if on == s.cpu {
+                    *self
+                        .stats
+                        .fallback_ops
+                        .entry(cstr(sys::ggml_op_desc(node)))
+                        .or_default() += 1;
+                }
+                for &src in (*node).src.iter().filter(|p| !p.is_null()) {
+                    let from = sys::ggml_backend_sched_get_tensor_backend(s.sched, src);
+                    if !from.is_null() && from != on && crossed.insert((src, on)) {
+                        self.stats.crossed_bytes += sys::ggml_nbytes(src) as u64;
+                    }
+                }
+            }
+            self.stats.splits += sys::ggml_backend_sched_get_n_splits(s.sched).max(0) as u64;
+        }
+    }
+
     /// Hand the compute buffer back to the system when a long utterance grew it past
     /// `keep_bytes` (the gallocr's buffer otherwise only ever grows); the next compute
     /// allocates what it needs. Returns whether it was released.
     pub fn release_compute_buffer(&mut self, keep_bytes: usize) -> Result<bool> {
+        if self.sched.is_some() {
+            // The scheduler's buffers are sized by its last graph and kept.
+            return Ok(false);
+        }
         // SAFETY: galloc is live; no graph is in flight (we hold &mut self).
         let bytes = unsafe { sys::ggml_gallocr_get_buffer_size(self.galloc, 0) };
         if bytes <= keep_bytes {
@@ -480,8 +715,13 @@ impl Backend {
 
 impl Drop for Backend {
     fn drop(&mut self) {
-        // SAFETY: both handles were created in `cpu` and are freed once.
+        // SAFETY: the handles were created in `new` and are freed once, the scheduler before
+        // the backends it runs on.
         unsafe {
+            if let Some(s) = self.sched.take() {
+                sys::ggml_backend_sched_free(s.sched);
+                sys::ggml_backend_free(s.cpu);
+            }
             sys::ggml_gallocr_free(self.galloc);
             sys::ggml_backend_free(self.backend);
         }

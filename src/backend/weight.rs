@@ -1,7 +1,7 @@
 //! Weights living in backend buffers: the zero-copy mapping of a GGUF's tensor data (made by
 //! the file reader, the `gguf` room) and weights computed on the host at load, realised once.
 
-use super::{DType, MAX_NAME};
+use super::{DType, Device, MAX_NAME};
 use crate::error::Result;
 use crate::layout::{self, Layout};
 use crate::{bail, err};
@@ -204,6 +204,8 @@ impl Weight {
 pub struct HostWeights {
     pending: Vec<(String, Vec<usize>, Data)>,
     panel16: std::collections::HashSet<String>,
+    /// The device whose memory they are realised in (none: the CPU's).
+    device: Option<Device>,
 }
 
 /// A queued tensor's contents.
@@ -241,6 +243,28 @@ pub struct PaddedLinear {
 impl HostWeights {
     pub fn new() -> HostWeights {
         HostWeights::default()
+    }
+
+    /// Weights to realise in `device`'s memory (the CPU's for the CPU device).
+    pub fn on(device: Device) -> HostWeights {
+        HostWeights {
+            device: (!device.is_cpu()).then_some(device),
+            ..HostWeights::default()
+        }
+    }
+
+    /// Queue `w` as it is stored (type, layout and bytes), under its name: a copy for another
+    /// device.
+    fn push_copy(&mut self, w: &Weight) -> Slot {
+        let mut bytes = vec![0u8; w.bytes()];
+        // SAFETY: the tensor is allocated; `bytes` has exactly its size.
+        unsafe { sys::ggml_backend_tensor_get(w.raw(), bytes.as_mut_ptr().cast(), 0, bytes.len()) };
+        self.pending.push((
+            w.name().to_string(),
+            w.shape().to_vec(),
+            Data::Packed(w.dtype(), w.layout(), bytes),
+        ));
+        Slot(self.pending.len() - 1)
     }
 
     /// Queue an f32 tensor (`shape` in ggml order).
@@ -320,7 +344,8 @@ impl HostWeights {
         Ok(names.into_iter().zip(weights).collect())
     }
 
-    /// Allocate one CPU buffer for everything queued and upload it.
+    /// Allocate one buffer (the CPU's, or the device's of [`HostWeights::on`]) for everything
+    /// queued and upload it.
     pub fn realize_slots(self) -> Result<Realised> {
         if self.pending.is_empty() {
             return Ok(Realised(Vec::new()));
@@ -357,9 +382,26 @@ impl HostWeights {
                 sys::ggml_set_name(t.as_ptr(), c.as_ptr());
                 tensors.push(t);
             }
-            let buft = sys::ggml_backend_cpu_buffer_type();
+            let buft = match self.device {
+                None => sys::ggml_backend_cpu_buffer_type(),
+                Some(d) => sys::ggml_backend_dev_buffer_type(d.raw()),
+            };
             let buffer = sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), buft);
             if buffer.is_null() {
+                if let Some(d) = self.device {
+                    let bytes: usize = tensors.iter().map(|t| sys::ggml_nbytes(t.as_ptr())).sum();
+                    let (free, total) = d.memory();
+                    bail!(
+                        Options,
+                        "--device {}: the model's {n} weights need {} of its memory, and it has \
+                         {} free of {}; try a smaller type (`parakeet convert --type f16` or \
+                         q8_0) or --device cpu",
+                        d.describe(),
+                        super::device::mib(bytes),
+                        super::device::mib(free),
+                        super::device::mib(total)
+                    );
+                }
                 bail!(Internal, "ggml: cannot allocate {n} derived weights");
             }
             owner.buffer = buffer;
@@ -394,4 +436,37 @@ impl HostWeights {
             ))
         }
     }
+}
+
+/// Copies of `weights` in `device`'s memory, in one buffer, realised once (a model's weights
+/// for a GPU: one pass at load, nothing copied per compute). Each keeps its name, type and
+/// layout; the CPU device gets the same weights back.
+pub fn weights_on(device: Device, weights: &[Weight]) -> Result<Vec<Weight>> {
+    if device.is_cpu() {
+        return Ok(weights.to_vec());
+    }
+    let mut host = HostWeights::on(device);
+    let slots: Vec<Slot> = weights.iter().map(|w| host.push_copy(w)).collect();
+    let realised = host.realize_slots()?;
+    Ok(slots.into_iter().map(|s| realised.get(s)).collect())
+}
+
+/// Bytes of the buffers under `weights` that live in `device`'s memory (each buffer once).
+pub fn device_bytes<'a>(device: Device, weights: impl IntoIterator<Item = &'a Weight>) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    weights
+        .into_iter()
+        .filter(|w| {
+            let buffer = w._owner.buffer;
+            // SAFETY: a live buffer of a live weight; its type is static.
+            !buffer.is_null()
+                && unsafe {
+                    sys::ggml_backend_buft_get_device(sys::ggml_backend_buffer_get_type(buffer))
+                        == device.raw()
+                }
+                && seen.insert(buffer as usize)
+        })
+        // SAFETY: as above.
+        .map(|w| unsafe { sys::ggml_backend_buffer_get_size(w._owner.buffer) })
+        .sum()
 }

@@ -52,6 +52,8 @@ pub struct DiarizeArgs {
     /// Threads for the compute backend (default: available cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub device: crate::session::DeviceArg,
     /// Output formats (comma-separated or repeated): txt, rttm, json.
     #[arg(
         short = 'f',

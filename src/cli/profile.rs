@@ -24,7 +24,39 @@ pub fn print_backend(stats: &Stats) {
             b as f64 / (1 << 20) as f64
         ))
     );
+    print_device(stats);
     print_op_times(&stats.op_times);
+}
+
+/// Which device ran; on a device, its memory, what fell back to the CPU and what crossed.
+fn print_device(stats: &Stats) {
+    eprintln!("device {}", stats.device);
+    if !stats.on_device {
+        return;
+    }
+    let mib = crate::backend::device::mib;
+    let (free, total) = stats.device_memory;
+    eprintln!(
+        "device memory: compute buffer {}, {} free of {}",
+        mib(stats.device_compute_bytes),
+        mib(free),
+        mib(total)
+    );
+    eprintln!(
+        "{} graph splits, {} crossed between the device and the CPU",
+        stats.splits,
+        mib(stats.crossed_bytes as usize)
+    );
+    if stats.fallback_ops.is_empty() {
+        eprintln!("no op fell back to the CPU");
+    } else {
+        let ops: Vec<String> = stats
+            .fallback_ops
+            .iter()
+            .map(|(op, n)| format!("{op} x{n}"))
+            .collect();
+        eprintln!("ran on the CPU (the device lacks them): {}", ops.join(", "));
+    }
 }
 
 /// The graph nodes' time by kind (every graph of the run together), largest first.

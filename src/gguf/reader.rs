@@ -243,6 +243,26 @@ impl GgufFile {
         &self.path
     }
 
+    /// Every weight copied once into `device`'s memory, in one buffer
+    /// ([`crate::backend::weights_on`]); the mapping stays, unread from here on. A model too
+    /// large for the device is an error naming it and the sizes.
+    pub fn place_on(&mut self, device: crate::backend::Device) -> Result<()> {
+        if device.is_cpu() {
+            return Ok(());
+        }
+        let mut names: Vec<String> = self.weights.keys().cloned().collect();
+        names.sort();
+        let here: Vec<Weight> = names.iter().map(|n| self.weights[n].clone()).collect();
+        let there = crate::backend::weights_on(device, &here)?;
+        self.weights.extend(names.into_iter().zip(there));
+        Ok(())
+    }
+
+    /// Bytes of this file's weights held in `device`'s memory.
+    pub fn device_bytes(&self, device: crate::backend::Device) -> usize {
+        crate::backend::device_bytes(device, self.weights.values())
+    }
+
     /// How errors name the file: what the user gave (a `.nemo` for a cached conversion).
     pub fn shown(&self) -> &str {
         &self.shown

@@ -101,6 +101,9 @@ pub struct ServeArgs {
     /// Phrases every request boosts; a request adds its own with `boost` form fields.
     #[command(flatten)]
     pub boost: BoostArgs,
+    /// The device every worker computes on (the server's, not a request's).
+    #[command(flatten)]
+    pub device: crate::session::DeviceArg,
     /// A Sortformer diarization model (.gguf, .nemo or hub id): answers
     /// `response_format=diarized_json` and gives verbose_json's words their speakers.
     #[arg(long, value_name = "MODEL")]

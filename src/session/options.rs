@@ -17,6 +17,25 @@ use std::num::NonZeroUsize;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
+pub use crate::backend::{Device, DeviceRequest};
+
+/// `--device`, as every command that runs a model takes it.
+#[derive(Clone, Copy, Debug, Default, clap::Args)]
+pub struct DeviceArg {
+    /// Device that computes: auto (the first GPU this build can use, else the CPU), cpu,
+    /// vulkan[:N], cuda[:N] or metal (each GPU backend is a cargo feature of that name;
+    /// `parakeet info --system` lists the devices this build sees).
+    #[arg(long, value_name = "DEVICE", default_value = "auto")]
+    pub device: DeviceRequest,
+}
+
+impl DeviceArg {
+    /// The registry device asked for, or the user error saying why there is none.
+    pub fn resolve(self) -> Result<Device> {
+        self.device.resolve()
+    }
+}
+
 /// Which head decodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum DecoderChoice {

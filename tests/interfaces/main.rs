@@ -5,6 +5,7 @@ mod common;
 
 mod cli;
 mod commands;
+mod device;
 mod diarize;
 mod hub;
 mod live_double;

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The device backend proven without a GPU: ggml's Vulkan backend on Mesa's lavapipe (the CPU
+# Vulkan driver of the distribution), the NeMo parity tests run on `--device vulkan`.
+#   - installs glslc, spirv-headers, libvulkan-dev and mesa-vulkan-drivers when missing (Debian);
+#   - the vendored ggml-vulkan needs Vulkan headers newer than Debian 12's 1.3.239 (it uses
+#     vk::LayerSettingEXT): Debian 13's libvulkan-dev package is fetched once and unpacked under
+#     target/ (nothing installed system-wide), and handed to the build as VULKAN_SDK;
+#   - builds with `--features vulkan` in cargo's target dir (the feature changes only ggml's and
+#     our crate's hashes, so the CPU build's artifacts stay; the uplifted binaries become the
+#     Vulkan ones, which is why this runs last);
+#   - runs the tests gated on PARAKEET_TEST_DEVICE (without it they print a skip line).
+# ggml skips CPU-type Vulkan devices unless GGML_VK_VISIBLE_DEVICES names them; lavapipe is one.
+# Each shader pipeline compiles on first use (seconds each), then runs in milliseconds.
+# Usage (repo root): scripts/ci_vulkan.sh [extra cargo test args]   Env: CARGO_TARGET_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS=0
+target_dir=${CARGO_TARGET_DIR:-target}
+
+missing=()
+command -v glslc >/dev/null 2>&1 || missing+=(glslc)
+[ -f /usr/include/spirv/unified1/spirv.hpp ] || missing+=(spirv-headers)
+ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so ' || missing+=(libvulkan-dev)
+ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Newer Vulkan headers, unpacked once (cached under the target dir).
+deb=libvulkan-dev_1.4.309.0-1_amd64.deb
+sha=8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a
+sdk_root=$target_dir/vulkan-sdk
+if [ ! -f "$sdk_root/usr/include/vulkan/vulkan.hpp" ]; then
+  mkdir -p "$sdk_root"
+  curl -fsSL -o "$sdk_root/$deb" "http://deb.debian.org/debian/pool/main/v/vulkan-loader/$deb"
+  echo "$sha  $sdk_root/$deb" | sha256sum -c --quiet
+  dpkg -x "$sdk_root/$deb" "$sdk_root"
+  rm "$sdk_root/$deb"
+fi
+sdk=$(cd "$sdk_root/usr" && pwd)
+# FindVulkan looks for include/ and lib/ under VULKAN_SDK; the loader is the system's.
+mkdir -p "$sdk/lib"
+ln -sf "$(ldconfig -p | awk '/libvulkan\.so\.1 /{print $NF; exit}')" "$sdk/lib/libvulkan.so"
+export VULKAN_SDK=$sdk
+echo "vulkan headers: $(grep -m1 -o 'VK_HEADER_VERSION [0-9]*' "$sdk/include/vulkan/vulkan_core.h")"
+
+export GGML_NO_BACKTRACE=1 CARGO_INCREMENTAL=0
+export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}
+start=$SECONDS
+cargo build --quiet --features vulkan --bin parakeet --tests
+echo "vulkan build: $((SECONDS - start)) s"
+"$target_dir/debug/parakeet" info --system
+
+start=$SECONDS
+PARAKEET_TEST_DEVICE=vulkan cargo test --quiet --features vulkan --test device "$@"
+echo "vulkan parity tests: $((SECONDS - start)) s"
+echo "ci_vulkan: ${SECONDS} s in all"
