@@ -3,7 +3,7 @@
 //! stage can be diffed against the checkpoint by name. Shapes below are ggml order (the reverse
 //! of PyTorch's).
 
-use crate::backend::{DType, HostWeights, Weight};
+use crate::backend::{DType, HostWeights, Lowering, Weight};
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::gguf::GgufFile;
@@ -168,6 +168,25 @@ impl Heads {
     }
 }
 
+/// How a model is loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// The lowering its graphs will run: [`Lowering::Builtin`] realizes every weight the file
+    /// stores in our packed layouts in ggml's own types at load (`GgufFile::unpack_layouts`)
+    /// and packs nothing for our kernels; one GGUF file serves both.
+    pub lowering: Lowering,
+}
+
+impl LoadOptions {
+    /// The default options, with the lowering `PARAKEET_KERNELS` asks for
+    /// ([`Lowering::from_env`]).
+    pub fn from_env() -> LoadOptions {
+        LoadOptions {
+            lowering: Lowering::from_env(),
+        }
+    }
+}
+
 /// A loaded model, read-only once loaded (what decoding keeps per stream lives in the
 /// session). Weights live in backend buffers (zero-copy over the file mapping).
 pub struct Model {
@@ -180,6 +199,8 @@ pub struct Model {
     encoder: EncoderWeights,
     heads: Heads,
     file: GgufFile,
+    /// The lowering its weights were realized for.
+    lowering: Lowering,
 }
 
 /// BatchNorm epsilon used by NeMo's conformer conv module.
@@ -248,6 +269,11 @@ impl Model {
         &self.file
     }
 
+    /// The lowering the model's weights were realized for: the one its sessions run.
+    pub fn lowering(&self) -> Lowering {
+        self.lowering
+    }
+
     pub fn load(path: &Path) -> Result<Model> {
         Model::load_as(path, &path.display().to_string())
     }
@@ -255,7 +281,16 @@ impl Model {
     /// [`Model::load`], naming the model `shown` in every error (what the user gave, e.g. the
     /// `.nemo` a cached GGUF was converted from).
     pub fn load_as(path: &Path, shown: &str) -> Result<Model> {
-        let file = GgufFile::open_as(path, shown)?;
+        Model::load_with(path, shown, &LoadOptions::from_env())
+    }
+
+    /// [`Model::load_as`] with `options`.
+    pub fn load_with(path: &Path, shown: &str, options: &LoadOptions) -> Result<Model> {
+        let mut file = GgufFile::open_as(path, shown)?;
+        let lowering = options.lowering;
+        if lowering == Lowering::Builtin {
+            file.unpack_layouts()?;
+        }
         let shown = shown.to_string();
         let hparams = Hparams::read(&file)?;
         // A diarization model has no vocabulary.
@@ -292,7 +327,10 @@ impl Model {
             )?
             .to_host_f32();
 
-        let loader = Loader { file: &file };
+        let loader = Loader {
+            file: &file,
+            lowering,
+        };
         check_layer_count(&file, hparams.encoder.n_layers)?;
         // Weights computed on the host come first, in one buffer, so that every layer below is
         // built once and complete.
@@ -337,6 +375,7 @@ impl Model {
             encoder: EncoderWeights { pre_encode, layers },
             heads,
             file,
+            lowering,
         })
     }
 }
@@ -401,6 +440,9 @@ fn check_layer_count(file: &GgufFile, n_layers: usize) -> Result<()> {
 /// Typed weight lookups with NeMo's names.
 struct Loader<'a> {
     file: &'a GgufFile,
+    /// What the weights are realized for: nothing is packed for our kernels under
+    /// [`Lowering::Builtin`].
+    lowering: Lowering,
 }
 
 impl Loader<'_> {
@@ -516,7 +558,9 @@ impl Loader<'_> {
             let name = format!("encoder.pre_encode.conv.{conv}.weight");
             let w = self.file.weight(&name, &[side, side, cin, c], F32)?;
             let k = side * side * cin;
-            if layout::choose(Role::Gemm, Elem::F32, &[k, c], Layout::ALL) == Layout::Panel16 {
+            if self.lowering == Lowering::Kernels
+                && layout::choose(Role::Gemm, Elem::F32, &[k, c], Layout::ALL) == Layout::Panel16
+            {
                 pointwise[slot] =
                     Some(host.push_panel16(&format!("{name}.panel16"), c, k, &w.to_host_f32()));
             }
@@ -651,10 +695,13 @@ impl Loader<'_> {
         Ok(Joint {
             enc: self.linear("joint.enc", hp.encoder.d_model, j)?,
             pred: self.linear("joint.pred", t.pred_hidden, j)?,
-            joint_net: on_int8_gemm(
-                "joint.joint_net.2",
-                self.linear("joint.joint_net.2", j, out)?,
-            )?,
+            joint_net: match self.lowering {
+                Lowering::Kernels => on_int8_gemm(
+                    "joint.joint_net.2",
+                    self.linear("joint.joint_net.2", j, out)?,
+                )?,
+                Lowering::Builtin => self.linear("joint.joint_net.2", j, out)?,
+            },
             n_logits: out,
         })
     }

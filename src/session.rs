@@ -123,7 +123,8 @@ impl Session {
                 model.shown()
             )));
         }
-        let backend = Backend::cpu(threads.get())?;
+        let mut backend = Backend::cpu(threads.get())?;
+        backend.set_lowering(model.lowering());
         let mel = model.hparams().preprocessor.mel_config();
         Ok(Session {
             input_gates: InputGates::for_model(&model),
@@ -243,6 +244,11 @@ impl Session {
     /// The backend's device, as ggml names it.
     pub fn device_name(&self) -> String {
         self.backend.device_name()
+    }
+
+    /// How this session's graphs are lowered (its model's choice).
+    pub fn lowering(&self) -> crate::backend::Lowering {
+        self.backend.lowering()
     }
 
     /// The self-attention an utterance of `feature_frames` feature frames gets by `choice`.

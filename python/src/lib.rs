@@ -146,24 +146,35 @@ const QUEUE: usize = usize::MAX / 4;
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (model, threads=None, workers=None))]
+    #[pyo3(signature = (model, threads=None, workers=None, kernels="auto"))]
     fn new(
         py: Python<'_>,
         model: PathBuf,
         threads: Option<usize>,
         workers: Option<usize>,
+        kernels: &str,
     ) -> PyResult<Model> {
         if workers == Some(0) {
             return Err(PyValueError::new_err("workers must be at least 1"));
         }
+        // As the command line's `--kernels`: `auto` (our CPU kernels) or `ggml` (ggml's
+        // built-in ops only).
+        let kernels: parakeet::backend::KernelChoice = kernels
+            .parse()
+            .map_err(|e: String| PyValueError::new_err(format!("kernels: {e}")))?;
+        let load = parakeet::model::LoadOptions {
+            lowering: kernels.resolve(),
+        };
         let threads = threads
             .map(|n| resolve_threads(py, n))
             .transpose()?
             .map(Threads::get);
         py.detach(|| -> Result<Model, Error> {
-            let loaded = Arc::new(parakeet::model_source::load(&model, &mut |line| {
-                eprintln!("{line}")
-            })?);
+            let loaded = Arc::new(parakeet::model_source::load_with(
+                &model,
+                &mut |line| eprintln!("{line}"),
+                &load,
+            )?);
             loaded.file().populate();
             let path = loaded.path().to_path_buf();
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

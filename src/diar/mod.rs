@@ -116,10 +116,12 @@ impl Diarizer {
         };
         debug_assert_eq!(model.hparams().model_type, ModelType::Sortformer);
         let mel = model.hparams().preprocessor.mel_config();
+        let mut backend = Backend::cpu(threads)?;
+        backend.set_lowering(model.lowering());
         Ok(Diarizer {
             model,
             params,
-            backend: Backend::cpu(threads)?,
+            backend,
             mel,
             times: DiarTimes::default(),
         })
