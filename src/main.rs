@@ -3,6 +3,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
+use parakeet::backend::KernelChoice;
 use parakeet::cli::signals;
 use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
@@ -11,7 +12,7 @@ use parakeet::encoder::AttentionChoice;
 use parakeet::hparams::Attention;
 use parakeet::kernels::cpu::Isa;
 use parakeet::layout::Layout;
-use parakeet::model::Model;
+use parakeet::model::{LoadOptions, Model};
 use parakeet::output::{self, Format, OutputMeta};
 use parakeet::session::pipeline::{self, Input, Limits};
 use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, DeviceArg, Session, Threads};
@@ -127,6 +128,11 @@ struct TranscribeArgs {
     /// Print where the time went (stage table) on stderr.
     #[arg(long)]
     profile: bool,
+    /// Which ops compute the graphs: `auto` (our CPU kernels) or `ggml` (ggml's built-in ops
+    /// only, over weights unpacked at load: what every ggml backend runs; a diagnostic, slower
+    /// on a CPU).
+    #[arg(long, value_name = "auto|ggml", default_value = "auto")]
+    kernels: KernelChoice,
     /// Encoder self-attention: `auto` (the model's own; for full-attention models full
     /// attention up to 2 min, NeMo's local [128,128] above), `full`, or a local window `L,R`
     /// in encoder frames of 80 ms (NeMo's rel_pos_local_attn, e.g. 128,128). The whole file is
@@ -216,6 +222,11 @@ struct StreamArgs {
     /// Threads for the compute backend (default: available cores).
     #[arg(short, long)]
     threads: Option<usize>,
+    /// Which ops compute the graphs: `auto` (our CPU kernels) or `ggml` (ggml's built-in ops
+    /// only, over weights unpacked at load: what every ggml backend runs; a diagnostic, slower
+    /// on a CPU).
+    #[arg(long, value_name = "auto|ggml", default_value = "auto")]
+    kernels: KernelChoice,
     /// Stop after this many seconds of audio: the utterance under way ends with a final, then
     /// the command fails (exit 1) saying the stream was cut.
     #[arg(long, value_name = "S")]
@@ -727,6 +738,8 @@ struct TranscribePlan {
     to_files: bool,
     skipped_non_audio: usize,
     threads: Threads,
+    /// The device `--device` named.
+    device: parakeet::session::Device,
     /// The decoding options as given; checked against the model once it is loaded.
     request: DecodeRequest,
 }
@@ -744,6 +757,7 @@ impl TranscribePlan {
             .resolve(shows_confidence && beam.is_none())?;
         let boost = args.boost.config(args.boost.phrases()?);
         let (threads, warning) = Threads::resolve(args.threads)?;
+        let device = args.device.resolve()?;
         let speech =
             parakeet::cli::vad::speech_request(args.vad, &args.speech, args.vad_model.as_deref())?;
         let (mut jobs, skipped_non_audio) = audio_inputs(&args.inputs)?;
@@ -779,6 +793,7 @@ impl TranscribePlan {
             to_files,
             skipped_non_audio,
             threads,
+            device,
             request: DecodeRequest {
                 decoder: args.decoder,
                 attention: args.att_context,
@@ -827,7 +842,12 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         }
     }
     let start = Instant::now();
-    let model = parakeet::model_source::load(&args.model, &mut |line| eprintln!("{line}"))?;
+    let load = LoadOptions {
+        lowering: args.kernels.resolve(),
+        device: Some(plan.device),
+    };
+    let model =
+        parakeet::model_source::load_with(&args.model, &mut |line| eprintln!("{line}"), &load)?;
     // The first file's length, from its header: its compute buffer is readied during the load.
     let expect_seconds = plan
         .jobs
@@ -836,7 +856,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .and_then(|j| audio::declared_seconds(&j.path));
     let mut session = Session::ready(model, plan.threads, expect_seconds)?;
     let options = DecodeOptions::new(session.model(), &plan.request)?;
-    let mut diarizer = load_diarizer(args.diarize, &args.diar_model, plan.threads)?;
+    let mut diarizer = load_diarizer(args.diarize, &args.diar_model, plan.threads, &load)?;
     session.set_op_timing(args.profile);
     let mut profile = Profile {
         load: start.elapsed(),
@@ -1081,6 +1101,7 @@ fn load_diarizer(
     diarize: bool,
     model: &Option<PathBuf>,
     threads: Threads,
+    load: &LoadOptions,
 ) -> Result<Option<Diarizer>> {
     if !diarize && model.is_none() {
         return Ok(None);
@@ -1088,7 +1109,7 @@ fn load_diarizer(
     let spec = model
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DIAR_MODEL));
-    let diarizer = parakeet::model_source::load(&spec, &mut |line| eprintln!("{line}"))
+    let diarizer = parakeet::model_source::load_with(&spec, &mut |line| eprintln!("{line}"), load)
         .and_then(|m| Diarizer::new(Arc::new(m), threads.get()));
     Ok(Some(diarizer.with_context(|| {
         format!("--diar-model {}", spec.display())
@@ -1131,9 +1152,15 @@ fn stream(args: StreamArgs) -> Result<u8> {
     if let Some(w) = warning {
         eprintln!("warning: {w}");
     }
-    let model = Arc::new(parakeet::model_source::load(&args.model, &mut |line| {
-        eprintln!("{line}")
-    })?);
+    let load = LoadOptions {
+        lowering: args.kernels.resolve(),
+        device: Some(args.device.resolve()?),
+    };
+    let model = Arc::new(parakeet::model_source::load_with(
+        &args.model,
+        &mut |line| eprintln!("{line}"),
+        &load,
+    )?);
     // Boosting and confidence checked and built as `transcribe` checks them (the ranges).
     let decoding = DecodeOptions::new(
         &model,
@@ -1160,7 +1187,7 @@ fn stream(args: StreamArgs) -> Result<u8> {
     if let Some((vad, params)) = turns {
         transcriber = Box::new(VadTurns::new(transcriber, vad, params)?);
     }
-    if let Some(diarizer) = load_diarizer(args.diarize, &args.diar_model, threads)? {
+    if let Some(diarizer) = load_diarizer(args.diarize, &args.diar_model, threads, &load)? {
         transcriber = speakers::diarized(transcriber, diarizer, args.diar_model.as_deref())?;
     }
     if args.verbose {
@@ -1305,12 +1332,13 @@ fn print_profile(p: &Profile, session: &Session, wall: Duration, beam: bool) {
     eprintln!("total               {:>12.1}", ms(wall));
     if p.audio_seconds > 0.0 {
         eprintln!(
-            "audio {:.2} s, real-time factor {:.4} ({:.1}x faster than real time), {} threads, {}",
+            "audio {:.2} s, real-time factor {:.4} ({:.1}x faster than real time), {} threads, {}, ops: {}",
             p.audio_seconds,
             wall.as_secs_f64() / p.audio_seconds,
             p.audio_seconds / wall.as_secs_f64(),
             session.threads(),
-            session.device_name()
+            session.device_name(),
+            session.lowering().name()
         );
     }
     parakeet::cli::profile::print_backend(stats);

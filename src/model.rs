@@ -3,7 +3,7 @@
 //! stage can be diffed against the checkpoint by name. Shapes below are ggml order (the reverse
 //! of PyTorch's).
 
-use crate::backend::{DType, HostWeights, Weight};
+use crate::backend::{DType, Device, HostWeights, Lowering, Weight};
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::gguf::GgufFile;
@@ -168,6 +168,49 @@ impl Heads {
     }
 }
 
+/// How a model is loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// The lowering its graphs will run: [`Lowering::Builtin`] realizes every weight the file
+    /// stores in our packed layouts in ggml's own types at load (`GgufFile::unpack_layouts`)
+    /// and packs nothing for our kernels; one GGUF file serves both.
+    pub lowering: Lowering,
+    /// The device whose memory holds the weights and whose backend its sessions compute on
+    /// (none: the CPU). Any device but the CPU runs the built-in lowering.
+    pub device: Option<Device>,
+}
+
+impl LoadOptions {
+    /// The default options, with the lowering `PARAKEET_KERNELS` asks for
+    /// ([`Lowering::from_env`]) and the device `PARAKEET_DEVICE` names (a diagnostic, as
+    /// `--device` takes it: the whole suite runs on a device so).
+    ///
+    /// # Panics
+    /// When `PARAKEET_DEVICE` names no device of this build and machine: a run meant for a
+    /// device must not pass on the CPU.
+    pub fn from_env() -> LoadOptions {
+        let device = std::env::var("PARAKEET_DEVICE").ok().map(|asked| {
+            asked
+                .parse::<crate::backend::DeviceRequest>()
+                .and_then(|r| r.resolve())
+                .unwrap_or_else(|e| panic!("PARAKEET_DEVICE={asked}: {e}"))
+        });
+        LoadOptions {
+            lowering: Lowering::from_env(),
+            device,
+        }
+    }
+
+    /// The lowering a model loaded with these options runs: the built-in one on any device but
+    /// the CPU (our kernels are CPU code).
+    pub fn effective_lowering(&self) -> Lowering {
+        match self.device {
+            Some(d) if !d.is_cpu() => Lowering::Builtin,
+            _ => self.lowering,
+        }
+    }
+}
+
 /// A loaded model, read-only once loaded (what decoding keeps per stream lives in the
 /// session). Weights live in backend buffers (zero-copy over the file mapping).
 pub struct Model {
@@ -180,6 +223,10 @@ pub struct Model {
     encoder: EncoderWeights,
     heads: Heads,
     file: GgufFile,
+    /// The lowering its weights were realized for.
+    lowering: Lowering,
+    /// The device whose memory holds its weights (its sessions compute there).
+    device: Device,
 }
 
 /// BatchNorm epsilon used by NeMo's conformer conv module.
@@ -248,6 +295,24 @@ impl Model {
         &self.file
     }
 
+    /// The lowering the model's weights were realized for: the one its sessions run.
+    pub fn lowering(&self) -> Lowering {
+        self.lowering
+    }
+
+    /// The device whose memory holds the weights: its sessions compute there.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Bytes of the file's weights in the device's memory (0 on the CPU: they are mapped).
+    pub fn device_weight_bytes(&self) -> usize {
+        if self.device.is_cpu() {
+            return 0;
+        }
+        self.file.device_bytes(self.device)
+    }
+
     pub fn load(path: &Path) -> Result<Model> {
         Model::load_as(path, &path.display().to_string())
     }
@@ -255,7 +320,22 @@ impl Model {
     /// [`Model::load`], naming the model `shown` in every error (what the user gave, e.g. the
     /// `.nemo` a cached GGUF was converted from).
     pub fn load_as(path: &Path, shown: &str) -> Result<Model> {
-        let file = GgufFile::open_as(path, shown)?;
+        Model::load_with(path, shown, &LoadOptions::from_env())
+    }
+
+    /// [`Model::load_as`] with `options`.
+    pub fn load_with(path: &Path, shown: &str, options: &LoadOptions) -> Result<Model> {
+        let mut file = GgufFile::open_as(path, shown)?;
+        let lowering = options.effective_lowering();
+        if lowering == Lowering::Builtin {
+            file.unpack_layouts()?;
+        }
+        let device = match options.device {
+            Some(d) => d,
+            None => Device::cpu()?,
+        };
+        // One pass: every file weight copied into the device's memory, before anything reads it.
+        file.place_on(device)?;
         let shown = shown.to_string();
         let hparams = Hparams::read(&file)?;
         // A diarization model has no vocabulary.
@@ -292,7 +372,11 @@ impl Model {
             )?
             .to_host_f32();
 
-        let loader = Loader { file: &file };
+        let loader = Loader {
+            file: &file,
+            lowering,
+            device,
+        };
         check_layer_count(&file, hparams.encoder.n_layers)?;
         // Weights computed on the host come first, in one buffer, so that every layer below is
         // built once and complete.
@@ -337,6 +421,8 @@ impl Model {
             encoder: EncoderWeights { pre_encode, layers },
             heads,
             file,
+            lowering,
+            device,
         })
     }
 }
@@ -401,6 +487,11 @@ fn check_layer_count(file: &GgufFile, n_layers: usize) -> Result<()> {
 /// Typed weight lookups with NeMo's names.
 struct Loader<'a> {
     file: &'a GgufFile,
+    /// What the weights are realized for: nothing is packed for our kernels under
+    /// [`Lowering::Builtin`].
+    lowering: Lowering,
+    /// Where the weights computed at load are realised.
+    device: Device,
 }
 
 impl Loader<'_> {
@@ -451,7 +542,7 @@ impl Loader<'_> {
     /// for the f32 GEMM (they are matrix products over every (frequency, time) position; the
     /// converter leaves conv weights in torch's layout).
     fn derived_weights(&self, hp: &Hparams) -> Result<Derived> {
-        let mut host = HostWeights::new();
+        let mut host = HostWeights::on(self.device);
         let (d, k) = (hp.encoder.d_model, hp.encoder.conv_kernel);
         let fold_name =
             |i: usize, what: &str| format!("encoder.layers.{i}.conv.depthwise_conv.folded_{what}");
@@ -516,7 +607,9 @@ impl Loader<'_> {
             let name = format!("encoder.pre_encode.conv.{conv}.weight");
             let w = self.file.weight(&name, &[side, side, cin, c], F32)?;
             let k = side * side * cin;
-            if layout::choose(Role::Gemm, Elem::F32, &[k, c], Layout::ALL) == Layout::Panel16 {
+            if self.lowering == Lowering::Kernels
+                && layout::choose(Role::Gemm, Elem::F32, &[k, c], Layout::ALL) == Layout::Panel16
+            {
                 pointwise[slot] =
                     Some(host.push_panel16(&format!("{name}.panel16"), c, k, &w.to_host_f32()));
             }
@@ -651,10 +744,13 @@ impl Loader<'_> {
         Ok(Joint {
             enc: self.linear("joint.enc", hp.encoder.d_model, j)?,
             pred: self.linear("joint.pred", t.pred_hidden, j)?,
-            joint_net: on_int8_gemm(
-                "joint.joint_net.2",
-                self.linear("joint.joint_net.2", j, out)?,
-            )?,
+            joint_net: match self.lowering {
+                Lowering::Kernels => on_int8_gemm(
+                    "joint.joint_net.2",
+                    self.linear("joint.joint_net.2", j, out)?,
+                )?,
+                Lowering::Builtin => self.linear("joint.joint_net.2", j, out)?,
+            },
             n_logits: out,
         })
     }

@@ -4,7 +4,7 @@
 
 use crate::convert::{OutType, convert_with_progress};
 use crate::error::{Context, Result};
-use crate::model::Model;
+use crate::model::{LoadOptions, Model};
 use crate::{bail, err};
 use std::path::{Path, PathBuf};
 
@@ -99,8 +99,13 @@ pub fn resolve(spec: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
 /// The model `spec` names ([`resolve`]), loaded. Errors name `spec` as the user gave it, never
 /// the cache's GGUF that a `.nemo` or a hub id was converted into.
 pub fn load(spec: &Path, log: &mut dyn FnMut(&str)) -> Result<Model> {
+    load_with(spec, log, &LoadOptions::from_env())
+}
+
+/// [`load`] with `options`.
+pub fn load_with(spec: &Path, log: &mut dyn FnMut(&str), options: &LoadOptions) -> Result<Model> {
     let path = resolve(spec, log)?;
-    Model::load_as(&path, &spec.display().to_string())
+    Model::load_with(&path, &spec.display().to_string(), options)
 }
 
 /// Cache entry of a `.nemo`: its stem plus a hash of its canonical path, size and mtime, so an

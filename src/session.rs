@@ -123,7 +123,9 @@ impl Session {
                 model.shown()
             )));
         }
-        let backend = Backend::cpu(threads.get())?;
+        let mut backend = Backend::new(model.device(), threads.get())?;
+        backend.set_lowering(model.lowering());
+        backend.set_device_weight_bytes(model.device_weight_bytes());
         let mel = model.hparams().preprocessor.mel_config();
         Ok(Session {
             input_gates: InputGates::for_model(&model),
@@ -243,6 +245,11 @@ impl Session {
     /// The backend's device, as ggml names it.
     pub fn device_name(&self) -> String {
         self.backend.device_name()
+    }
+
+    /// How this session's graphs are lowered (its model's choice).
+    pub fn lowering(&self) -> crate::backend::Lowering {
+        self.backend.lowering()
     }
 
     /// The self-attention an utterance of `feature_frames` feature frames gets by `choice`.

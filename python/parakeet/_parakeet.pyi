@@ -96,11 +96,24 @@ class Model:
     ``model``: a ``.gguf`` file, a ``.nemo`` checkpoint (converted once into the cache) or a
     Hugging Face hub id (``owner/name``), as the command line's ``--model``. Defaults: one
     worker per 4 cores, the cores divided among them. Safe to share between threads.
+    ``kernels``: ``"auto"`` (our CPU kernels) or ``"ggml"`` (ggml's built-in ops only, as the
+    command line's ``--kernels ggml``: a diagnostic, slower on a CPU).
+    ``device``: as the command line's ``--device``: ``"auto"`` (the first GPU this build can
+    use, else the CPU), ``"cpu"``, ``"vulkan[:N]"``, ``"cuda[:N]"`` or ``"metal"``; a device
+    this build or machine lacks is a ``ValueError`` naming it.
     """
 
     def __init__(
-        self, model: Path, threads: Optional[int] = None, workers: Optional[int] = None
+        self,
+        model: Path,
+        threads: Optional[int] = None,
+        workers: Optional[int] = None,
+        kernels: str = "auto",
+        device: str = "auto",
     ) -> None: ...
+    @property
+    def device(self) -> str:
+        """The device its workers compute on (ggml's name and description)."""
     @property
     def name(self) -> str: ...
     @property

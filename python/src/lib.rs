@@ -112,7 +112,7 @@ fn run_job(
 
 /// A speech recognition model, loaded once and shared by a pool of workers.
 ///
-/// ``Model(model, threads=None, workers=None)``
+/// ``Model(model, threads=None, workers=None, kernels="auto", device="auto")``
 ///
 /// ``model`` is a ``.gguf`` file, a ``.nemo`` checkpoint (converted once into the cache,
 /// ``$PARAKEET_CACHE`` or ``~/.cache/parakeet``) or a Hugging Face hub id such as
@@ -146,24 +146,42 @@ const QUEUE: usize = usize::MAX / 4;
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (model, threads=None, workers=None))]
+    #[pyo3(signature = (model, threads=None, workers=None, kernels="auto", device="auto"))]
     fn new(
         py: Python<'_>,
         model: PathBuf,
         threads: Option<usize>,
         workers: Option<usize>,
+        kernels: &str,
+        device: &str,
     ) -> PyResult<Model> {
         if workers == Some(0) {
             return Err(PyValueError::new_err("workers must be at least 1"));
         }
+        // As the command line's `--kernels`: `auto` (our CPU kernels) or `ggml` (ggml's
+        // built-in ops only).
+        let kernels: parakeet::backend::KernelChoice = kernels
+            .parse()
+            .map_err(|e: String| PyValueError::new_err(format!("kernels: {e}")))?;
+        // As the command line's `--device`: auto, cpu, vulkan[:N], cuda[:N], metal.
+        let device = device
+            .parse::<parakeet::session::DeviceRequest>()
+            .and_then(|r| r.resolve())
+            .map_err(py_error)?;
+        let load = parakeet::model::LoadOptions {
+            lowering: kernels.resolve(),
+            device: Some(device),
+        };
         let threads = threads
             .map(|n| resolve_threads(py, n))
             .transpose()?
             .map(Threads::get);
         py.detach(|| -> Result<Model, Error> {
-            let loaded = Arc::new(parakeet::model_source::load(&model, &mut |line| {
-                eprintln!("{line}")
-            })?);
+            let loaded = Arc::new(parakeet::model_source::load_with(
+                &model,
+                &mut |line| eprintln!("{line}"),
+                &load,
+            )?);
             loaded.file().populate();
             let path = loaded.path().to_path_buf();
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -192,6 +210,12 @@ impl Model {
             })
         })
         .map_err(py_error)
+    }
+
+    /// The device its workers compute on (ggml's name and description).
+    #[getter]
+    fn device(&self) -> String {
+        self.model.device().describe()
     }
 
     /// The model's name (from its GGUF metadata).

@@ -323,6 +323,16 @@ def test_a_missing_model_is_file_not_found(tmp_path):
         parakeet.Model(tmp_path / "nope.gguf")
 
 
+def test_devices_are_checked_as_the_command_line_checks_them():
+    model = FIXTURES / "tiny_tdt.nemo"
+    cpu = parakeet.Model(model, threads=1, workers=1, device="cpu")
+    assert cpu.device.startswith("CPU")
+    with pytest.raises(ValueError, match="is not a device"):
+        parakeet.Model(model, device="gpu")
+    with pytest.raises(ValueError, match="out of range|--features cuda|no cuda device"):
+        parakeet.Model(model, device="cuda:7")
+
+
 def test_a_broken_model_is_a_parakeet_error(tmp_path):
     gguf = tmp_path / "broken.gguf"
     gguf.write_bytes(b"GGUF" + b"\0" * 60)

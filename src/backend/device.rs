@@ -147,6 +147,8 @@ impl PartialEq for Device {
     }
 }
 
+impl Eq for Device {}
+
 impl Device {
     /// ggml's CPU device.
     pub fn cpu() -> Result<Device> {

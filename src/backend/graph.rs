@@ -9,7 +9,7 @@
 
 use super::custom::{self, Body, Out};
 use super::weight::Weight;
-use super::{Capture, DType, MAX_NAME};
+use super::{Capture, DType, Lowering, MAX_NAME};
 use crate::bail;
 use crate::error::Result;
 use crate::layout::Layout;
@@ -98,6 +98,8 @@ pub struct Graph<'g> {
     /// The [`Body`] of every custom node, alive until the graph has run (boxed: ggml holds
     /// their addresses, which a growing Vec would move).
     bodies: Vec<Box<dyn Any>>,
+    /// How the fused ops built on this graph become nodes.
+    lowering: Lowering,
     _graph: PhantomData<fn(&'g ()) -> &'g ()>,
 }
 
@@ -131,7 +133,7 @@ fn can_repeat(small: [usize; 4], big: [usize; 4]) -> bool {
 }
 
 impl<'g> Graph<'g> {
-    pub(super) fn new(max_nodes: usize) -> Result<Graph<'g>> {
+    pub(super) fn new(max_nodes: usize, lowering: Lowering) -> Result<Graph<'g>> {
         // SAFETY: size queries, then a metadata-only context (no tensor data is allocated here).
         let ctx = unsafe {
             let mem_size = sys::ggml_tensor_overhead() * max_nodes * 2
@@ -153,8 +155,14 @@ impl<'g> Graph<'g> {
             writes: Vec::new(),
             shared: HashMap::new(),
             bodies: Vec::new(),
+            lowering,
             _graph: PhantomData,
         })
+    }
+
+    /// How fused ops are lowered in this graph (the backend's choice).
+    pub fn lowering(&self) -> Lowering {
+        self.lowering
     }
 
     pub(super) fn ctx(&self) -> *mut sys::ggml_context {
@@ -267,6 +275,32 @@ impl<'g> Graph<'g> {
         let t = self.wrap(p, "state_write");
         self.writes.push(t.ptr);
         t
+    }
+
+    /// `new` ([n, t]) written into the `t` rows of the state tensor `ring` after its rows
+    /// `start..start + keep` (for the next compute), and those `keep + t` rows as this graph
+    /// reads them: with [`Lowering::Kernels`] a view of `ring` itself, whose readers must run
+    /// after the returned write (a custom op takes it as a source); with [`Lowering::Builtin`]
+    /// the cached rows and `new` concatenated, which reads no row being written (ggml's ops
+    /// have no way to order a read after a write they do not consume).
+    pub fn append_rows(
+        &mut self,
+        ring: Tensor<'g>,
+        (start, keep): (usize, usize),
+        new: Tensor<'g>,
+    ) -> (Tensor<'g>, Tensor<'g>) {
+        let t = new.ne(1);
+        let dst = self.rows(ring, start + keep, t);
+        let write = self.write(new, dst);
+        let rows = match (self.lowering, keep) {
+            (Lowering::Kernels, _) => self.rows(ring, start, keep + t),
+            (Lowering::Builtin, 0) => new,
+            (Lowering::Builtin, _) => {
+                let cached = self.rows(ring, start, keep);
+                self.concat(cached, new, 1)
+            }
+        };
+        (rows, write)
     }
 
     /// Read `t` back after the compute (several results from one graph); the handle reads it
@@ -406,6 +440,25 @@ impl<'g> Graph<'g> {
         let p = unsafe {
             sys::ggml_soft_max_ext(self.ctx(), a.raw(), std::ptr::null_mut(), scale, 0.0)
         };
+        self.wrap(p, "softmax")
+    }
+
+    /// `softmax(a * scale + mask)` over `ne0`: `mask` a contiguous f32 `[ne0, >= ne1]` (0 to
+    /// keep a value, `-inf` to give it zero weight), the same for every `ne2` and `ne3`.
+    pub fn softmax_masked(&mut self, a: Tensor<'g>, mask: Tensor<'g>, scale: f32) -> Tensor<'g> {
+        check(
+            mask.dtype() == Some(DType::F32)
+                && a.dtype() == Some(DType::F32)
+                && mask.is_contiguous()
+                && mask.ne(0) == a.ne(0)
+                && mask.ne(1) >= a.ne(1)
+                && mask.ne(2) == 1
+                && mask.ne(3) == 1,
+            || format!("softmax: mask {:?} for {:?}", mask.shape(), a.shape()),
+        );
+        let a = if a.is_contiguous() { a } else { self.cont(a) };
+        // SAFETY: contiguous f32 input, an f32 mask of its row length (checked).
+        let p = unsafe { sys::ggml_soft_max_ext(self.ctx(), a.raw(), mask.raw(), scale, 0.0) };
         self.wrap(p, "softmax")
     }
 
@@ -601,6 +654,17 @@ impl<'g> Graph<'g> {
     /// An f32 `[n, total]` node that computes nothing (the parts' writes fill every row),
     /// allocated after `after`.
     fn reserve(&mut self, n: usize, total: usize, after: Tensor<'g>) -> Tensor<'g> {
+        if self.lowering == Lowering::Builtin {
+            // ggml's own ops only: one value of `after` zero-padded to the shape, a node whose
+            // memory the allocator takes when it runs and frees after its last reader, as the
+            // custom node's (a leaf, the fallback, holds it for the whole graph); the parts'
+            // writes fill every row.
+            if after.dtype() != Some(DType::F32) {
+                return self.new_tensor(DType::F32, &[n, total]);
+            }
+            let one = self.view(after, &[1], &[], 0);
+            return self.pad(one, [(0, n - 1), (0, total - 1), (0, 0), (0, 0)]);
+        }
         // SAFETY: a result the body leaves to the parts' writes; the source is only ordered
         // before it.
         unsafe { self.custom(Out::F32, [n, total, 1, 1], &[after], Reserve, "stack_rows") }

@@ -25,13 +25,80 @@ pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
 pub use process::exit_now;
 pub use state::StateTensors;
-pub use weight::{HostWeights, PaddedLinear, Realised, Slot, Weight, device_bytes, weights_on};
+pub use weight::{
+    HostWeights, PaddedLinear, Realised, Slot, Weight, device_bytes, plain_weights, weights_on,
+};
 
 use crate::bail;
 use crate::error::Result;
 use llama_cpp_sys_2 as sys;
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
+
+/// How the fused ops of a graph become ggml nodes (read while building with
+/// [`Graph::lowering`]; each op of the `kernels` room has both lowerings beside each other).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Lowering {
+    /// Our CPU kernels as custom ops, over weights in our packed layouts (`layout`): the
+    /// default, and the fastest on a CPU.
+    #[default]
+    Kernels,
+    /// ggml's built-in ops only, over weights in ggml's own types (f32, f16, q8_0, q4_0): what
+    /// any ggml backend can run, and the reference the kernels are checked against.
+    Builtin,
+}
+
+impl Lowering {
+    /// The name `--kernels` and `--profile` use: `kernels` for ours, `ggml` for the built-in
+    /// ops.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lowering::Kernels => "kernels",
+            Lowering::Builtin => "ggml",
+        }
+    }
+
+    /// `PARAKEET_KERNELS=ggml` asks every model loaded with the default options for the
+    /// built-in lowering (a diagnostic: the whole test suite runs on it so); anything else, or
+    /// nothing, leaves our kernels.
+    pub fn from_env() -> Lowering {
+        match std::env::var("PARAKEET_KERNELS").as_deref() {
+            Ok("ggml") => Lowering::Builtin,
+            _ => Lowering::Kernels,
+        }
+    }
+}
+
+/// `--kernels`: `auto` (our kernels on the CPU, unless `PARAKEET_KERNELS` says otherwise) or
+/// `ggml` (ggml's built-in ops).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelChoice {
+    #[default]
+    Auto,
+    Ggml,
+}
+
+impl KernelChoice {
+    /// The lowering this choice runs.
+    pub fn resolve(self) -> Lowering {
+        match self {
+            KernelChoice::Auto => Lowering::from_env(),
+            KernelChoice::Ggml => Lowering::Builtin,
+        }
+    }
+}
+
+impl std::str::FromStr for KernelChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(KernelChoice::Auto),
+            "ggml" => Ok(KernelChoice::Ggml),
+            _ => Err(format!("'{s}': expected auto or ggml")),
+        }
+    }
+}
 
 /// Counters behind `--profile`.
 #[derive(Clone, Debug, Default)]
@@ -40,6 +107,8 @@ pub struct Stats {
     pub device: String,
     /// Whether it is a device other than the CPU (a scheduler with the CPU as fallback).
     pub on_device: bool,
+    /// On a device: bytes of its memory the model's weights hold.
+    pub device_weight_bytes: usize,
     /// On a device: bytes of its memory the backend's compute buffer holds now.
     pub device_compute_bytes: usize,
     /// On a device: `(free, total)` bytes of its memory after the last compute.
@@ -136,6 +205,8 @@ pub struct Backend {
     advised_base: usize,
     /// Graphs are allocated and their buffer written, not computed ([`Backend::prepare`]).
     dry_run: bool,
+    /// How fused ops become nodes in this backend's graphs.
+    lowering: Lowering,
 }
 
 /// Reports the fraction of a graph's nodes computed so far.
@@ -353,6 +424,12 @@ impl Backend {
                 hook: Box::default(),
                 advised_base: 0,
                 dry_run: false,
+                // Our kernels are CPU code: any other device runs ggml's own ops.
+                lowering: if device.is_cpu() {
+                    Lowering::Kernels
+                } else {
+                    Lowering::Builtin
+                },
             };
             b.stats.device = device.describe();
             b.stats.on_device = !device.is_cpu();
@@ -403,6 +480,25 @@ impl Backend {
 
     pub fn threads(&self) -> usize {
         self.n_threads
+    }
+
+    /// How the fused ops of every following graph are lowered (the weights they read must be
+    /// in the layouts it takes: packed or plain for [`Lowering::Kernels`], plain for
+    /// [`Lowering::Builtin`]).
+    /// A device other than the CPU keeps [`Lowering::Builtin`].
+    pub fn set_lowering(&mut self, lowering: Lowering) {
+        if self.sched.is_none() {
+            self.lowering = lowering;
+        }
+    }
+
+    /// Notes the bytes of model weights this backend's device holds (for `--profile`).
+    pub fn set_device_weight_bytes(&mut self, bytes: usize) {
+        self.stats.device_weight_bytes = bytes;
+    }
+
+    pub fn lowering(&self) -> Lowering {
+        self.lowering
     }
 
     pub fn device_name(&self) -> String {
@@ -486,7 +582,7 @@ impl Backend {
         F: for<'g> FnOnce(&mut Graph<'g>) -> Result<Tensor<'g>>,
     {
         let max_nodes = max_nodes.max(GRAPH_NODES);
-        let mut graph = Graph::new(max_nodes)?;
+        let mut graph = Graph::new(max_nodes, self.lowering)?;
         let out = build(&mut graph)?;
         let out = graph.mark_output(out);
         // Nodes and leafs are each at most the tensors made in the graph's context plus the

@@ -153,6 +153,14 @@ impl Weight {
         unsafe { sys::ggml_nbytes(self.raw()) }
     }
 
+    /// The weight's bytes as stored (its layout's order), on the host.
+    fn stored_bytes(&self) -> Vec<u8> {
+        let mut raw = vec![0u8; self.bytes()];
+        // SAFETY: the tensor is allocated; raw has exactly its size.
+        unsafe { sys::ggml_backend_tensor_get(self.raw(), raw.as_mut_ptr().cast(), 0, raw.len()) };
+        raw
+    }
+
     /// The weight's values as f32 on the host (dequantised), ggml order. For load-time
     /// precomputation (folding BatchNorm, say), never per graph.
     pub fn to_host_f32(&self) -> Vec<f32> {
@@ -165,9 +173,7 @@ impl Weight {
             };
             return layout::unpack_panels(&plain.to_host_f32(), m, k);
         }
-        let mut raw = vec![0u8; self.bytes()];
-        // SAFETY: the tensor is allocated; raw has exactly its size.
-        unsafe { sys::ggml_backend_tensor_get(self.raw(), raw.as_mut_ptr().cast(), 0, raw.len()) };
+        let mut raw = self.stored_bytes();
         let [k, m, ..] = self.shape();
         match self.layout {
             Layout::Q8_0x8 => raw = layout::unpack_q8_0x8(&raw, k, m),
@@ -197,6 +203,25 @@ impl Weight {
     }
 }
 
+/// Every weight of `weights` in its plain form ([`Layout::Plain`]: ggml's own type and element
+/// order), what ggml's built-in ops read: a `panel16` f32 matrix unpacked to f32, a `q8_0x8` /
+/// `q4_0x8` one to ggml's q8_0 / q4_0 blocks (the same bytes in ggml's order); plain weights as
+/// they are. The unpacked ones are realised once, into one backend buffer, under their own
+/// names. The one place a packed weight becomes a plain one.
+pub fn plain_weights(weights: &[Weight]) -> Result<Vec<Weight>> {
+    let mut host = HostWeights::new();
+    let slots: Vec<Option<Slot>> = weights
+        .iter()
+        .map(|w| (w.layout() != Layout::Plain).then(|| host.push_plain(w)))
+        .collect();
+    let realised = host.realize_slots()?;
+    Ok(weights
+        .iter()
+        .zip(slots)
+        .map(|(w, slot)| slot.map_or_else(|| w.clone(), |s| realised.get(s)))
+        .collect())
+}
+
 /// Weights computed on the host at load time (e.g. BatchNorm folded into a conv), realised once
 /// into their own backend buffer. Each queued tensor's [`Slot`] finds it among the realised
 /// ones ([`HostWeights::realize_slots`]): a typed handle, not a name looked up at run time.
@@ -211,7 +236,7 @@ pub struct HostWeights {
 /// A queued tensor's contents.
 enum Data {
     F32(Vec<f32>),
-    /// Quantized blocks of `DType` in the int8 GEMM's panel layout `Layout`.
+    /// Blocks of `DType` stored in `Layout` (an int8 GEMM's panels, or ggml's plain order).
     Packed(DType, Layout, Vec<u8>),
 }
 
@@ -284,6 +309,41 @@ impl HostWeights {
         Slot(self.pending.len() - 1)
     }
 
+    /// Queue a tensor of `dtype` blocks in ggml's own order (`shape` in ggml order), e.g. from
+    /// [`super::quantize_rows`].
+    pub fn push_blocks(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        bytes: Vec<u8>,
+    ) -> Slot {
+        self.pending.push((
+            name.to_string(),
+            shape.to_vec(),
+            Data::Packed(dtype, Layout::Plain, bytes),
+        ));
+        Slot(self.pending.len() - 1)
+    }
+
+    /// Queue `w`'s plain form (see [`plain_weights`]), under its name.
+    fn push_plain(&mut self, w: &Weight) -> Slot {
+        let shape = w.shape();
+        let [k, m, ..] = shape;
+        let bytes = match w.layout() {
+            Layout::Plain => w.stored_bytes(),
+            Layout::Panel16 => return self.push(w.name(), &shape, w.to_host_f32()),
+            Layout::Q8_0x8 => layout::unpack_q8_0x8(&w.stored_bytes(), k, m),
+            Layout::Q4_0x8 => layout::unpack_q4_0x8(&w.stored_bytes(), k, m),
+        };
+        self.pending.push((
+            w.name().to_string(),
+            shape.to_vec(),
+            Data::Packed(w.dtype(), Layout::Plain, bytes),
+        ));
+        Slot(self.pending.len() - 1)
+    }
+
     /// Queue a plain q8_0 or q4_0 Linear weight `w` (`[k, m]`) in the int8 GEMM's layout
     /// (`q8_0x8`, `q4_0x8`), with zero rows appended up to the panels' height of 8, and its
     /// f32 bias (if any) with zeros after it likewise: `[k, m']` and `[m']`. For matrices whose
@@ -306,9 +366,7 @@ impl HostWeights {
         if w.layout() != Layout::Plain || one * one2 != 1 || !layout::can_repack(&[k, rows]) {
             return None;
         }
-        let mut plain = vec![0u8; w.bytes()];
-        // SAFETY: the tensor is allocated; `plain` has exactly its size.
-        unsafe { sys::ggml_backend_tensor_get(w.raw(), plain.as_mut_ptr().cast(), 0, plain.len()) };
+        let mut plain = w.stored_bytes();
         // A zero block is a zero scale and zero quants: its row's products are 0.
         plain.resize(rows * (k / layout::Q8_0_BLOCK) * block_bytes, 0);
         let packed = match layout {

@@ -52,6 +52,11 @@ pub struct DiarizeArgs {
     /// Threads for the compute backend (default: available cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
+    /// Which ops compute the graphs: `auto` (our CPU kernels) or `ggml` (ggml's built-in ops
+    /// only, over weights unpacked at load: what every ggml backend runs; a diagnostic, slower
+    /// on a CPU).
+    #[arg(long, value_name = "auto|ggml", default_value = "auto")]
+    pub kernels: crate::backend::KernelChoice,
     #[command(flatten)]
     pub device: crate::session::DeviceArg,
     /// Output formats (comma-separated or repeated): txt, rttm, json.
@@ -153,6 +158,7 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
     if let Some(w) = warning {
         eprintln!("warning: {w}");
     }
+    let device = args.device.resolve()?;
     let mut formats: Vec<DiarFormat> = Vec::new();
     for f in &args.formats {
         if !formats.contains(f) {
@@ -173,7 +179,12 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
         false => vec![Vec::new(); jobs.len()],
     };
     let started = Instant::now();
-    let model = crate::model_source::load(&args.model, &mut |line| eprintln!("{line}"))?;
+    let load = crate::model::LoadOptions {
+        lowering: args.kernels.resolve(),
+        device: Some(device),
+    };
+    let model =
+        crate::model_source::load_with(&args.model, &mut |line| eprintln!("{line}"), &load)?;
     let mut diarizer = Diarizer::new(Arc::new(model), threads.get())?;
     let mut profile = Profile {
         load: started.elapsed(),
@@ -301,10 +312,11 @@ impl Profile {
         eprintln!("total               {:>12.1}", ms(wall));
         if self.audio_seconds > 0.0 {
             eprintln!(
-                "audio {:.2} s, diarization real-time factor {:.4}, {} threads",
+                "audio {:.2} s, diarization real-time factor {:.4}, {} threads, ops: {}",
                 self.audio_seconds,
                 self.diarize.as_secs_f64() / self.audio_seconds,
-                diarizer.threads()
+                diarizer.threads(),
+                diarizer.model().lowering().name()
             );
         }
         super::profile::print_backend(diarizer.stats());

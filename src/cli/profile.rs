@@ -37,7 +37,8 @@ fn print_device(stats: &Stats) {
     let mib = crate::backend::device::mib;
     let (free, total) = stats.device_memory;
     eprintln!(
-        "device memory: compute buffer {}, {} free of {}",
+        "device memory: weights {}, compute buffer {}, {} free of {}",
+        mib(stats.device_weight_bytes),
         mib(stats.device_compute_bytes),
         mib(free),
         mib(total)

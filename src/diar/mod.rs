@@ -116,10 +116,13 @@ impl Diarizer {
         };
         debug_assert_eq!(model.hparams().model_type, ModelType::Sortformer);
         let mel = model.hparams().preprocessor.mel_config();
+        let mut backend = Backend::new(model.device(), threads)?;
+        backend.set_lowering(model.lowering());
+        backend.set_device_weight_bytes(model.device_weight_bytes());
         Ok(Diarizer {
             model,
             params,
-            backend: Backend::cpu(threads)?,
+            backend,
             mel,
             times: DiarTimes::default(),
         })

@@ -559,10 +559,10 @@ fn pre_encode<'g>(g: &mut Graph<'g>, p: &PreEncode, x: Tensor<'g>, causal: bool)
     // Channels fastest ([C, F, T]) from here: the depthwise convs read that layout directly
     // and the pointwise convs are plain matmuls.
     let c = p.conv2.bias.shape()[0];
-    // The stem op pads 1 on each side; the loader packs conv.0 for it only then.
-    let x = if p.conv0.weight.layout() == Layout::Panel16 && !causal {
+    // The stem op pads 1 on each side.
+    let x = if !causal {
         // conv.0 (packed at load, `Model::derived_weights`) and the depthwise conv.2 as one
-        // node that never holds conv.0's whole output.
+        // node that never holds conv.0's whole output, where our kernels run.
         let y = g.conv_stem(
             x,
             (&p.conv0.weight, &p.conv0.bias),
@@ -618,16 +618,7 @@ fn dw_pw_block<'g>(
     causal: bool,
 ) -> Tensor<'g> {
     let (x, pad) = conv_padding(g, x, causal, [1, 2]);
-    if let Some(y) = g.conv_depthwise_stride2(x, (&dw.weight, &dw.bias), pad) {
-        return pointwise(g, y, pw);
-    }
-    let whcn = g.permute(x, [2, 0, 1, 3]); // logical [F, T, C], channels contiguous
-    let k = g.weight(&dw.weight); // [C, 1, KW, KH] in memory
-    let k = g.permute(k, [3, 2, 0, 1]); // logical [KW, KH, 1, C], channels contiguous
-    let y = g.conv2d_depthwise(k, whcn, 2, pad); // same channels-fastest layout
-    let y = g.permute(y, [1, 2, 0, 3]); // back to [C, F', T'] (contiguous)
-    let b = g.weight(&dw.bias);
-    let y = g.add(y, b);
+    let y = g.conv_depthwise_stride2(x, (&dw.weight, &dw.bias), pad);
     pointwise(g, y, pw)
 }
 
@@ -842,9 +833,9 @@ fn conformer_layer<'g>(
         Some(c) => {
             let (start, keep) = (c.kv.start, c.kv.keep);
             let mut append = |g: &mut Graph<'g>, ring: Tensor<'g>, new: Tensor<'g>| {
-                let dst = g.rows(ring, start + keep, t);
-                after.push(g.write(new, dst));
-                g.rows(ring, start, keep + t)
+                let (rows, write) = g.append_rows(ring, (start, keep), new);
+                after.push(write);
+                rows
             };
             (append(g, c.keys, k), append(g, c.values, v))
         }

@@ -234,7 +234,7 @@ impl GgufFile {
     /// can give them ([`super::pagecache`]: 2.5x the 1-thread 0.6b encoder on a VM). A hint
     /// only: errors are ignored, and the pages then come in on first use.
     pub fn populate(&self) {
-        if let Some((map, file)) = self.weights.values().next().and_then(|w| w.mapping()) {
+        if let Some((map, file)) = self.weights.values().find_map(|w| w.mapping()) {
             super::pagecache::populate(map, file);
         }
     }
@@ -373,6 +373,24 @@ impl GgufFile {
             );
         }
         Ok(w.clone())
+    }
+
+    /// Every weight stored in one of our packed layouts replaced by its plain form, realised
+    /// once ([`crate::backend::plain_weights`]): what ggml's built-in ops read. The file's
+    /// packed pages stay mapped but unread.
+    pub fn unpack_layouts(&mut self) -> Result<()> {
+        let mut names: Vec<&String> = self
+            .weights
+            .iter()
+            .filter(|(_, w)| w.layout() != Layout::Plain)
+            .map(|(n, _)| n)
+            .collect();
+        names.sort();
+        let names: Vec<String> = names.into_iter().cloned().collect();
+        let packed: Vec<Weight> = names.iter().map(|n| self.weights[n].clone()).collect();
+        let plain = crate::backend::plain_weights(&packed)?;
+        self.weights.extend(names.into_iter().zip(plain));
+        Ok(())
     }
 
     /// A weight of any shape/type (for `info`-style listings).

@@ -21,7 +21,7 @@ use super::vmath::exp_in_place;
 #[cfg(target_arch = "x86_64")]
 use super::vmath::exp_nonpositive_fma;
 use crate::backend::custom::{Body, CustomOp, Out};
-use crate::backend::{DType, Graph, Tensor};
+use crate::backend::{DType, Graph, Lowering, Tensor};
 
 /// The keys each query attends to.
 ///
@@ -123,6 +123,10 @@ pub fn rel_pos_attention_over<'g>(
         );
         x
     });
+    if g.lowering() == Lowering::Builtin {
+        // Reads no row `after` writes: a stream's keys come from `Graph::append_rows`.
+        return attention_builtin(g, q, k, v, Some((p, bias_u, bias_v)), window);
+    }
     // The body reads sources 0..6 only; the ones after are for ordering.
     let sources: Vec<Tensor<'g>> = sources.into_iter().chain(after.iter().copied()).collect();
     // SAFETY: a [d_k, h, T] f32 result over the six contiguous f32 operands checked above, as
@@ -157,6 +161,9 @@ pub fn dot_product_attention<'g>(
         k.shape(),
         v.shape()
     );
+    if g.lowering() == Lowering::Builtin {
+        return attention_builtin(g, q, k, v, None, KeyWindow::band(t - 1, t - 1));
+    }
     let sources = [q, k, v].map(|x| {
         let x = if x.is_contiguous() { x } else { g.cont(x) };
         assert!(
@@ -176,6 +183,131 @@ pub fn dot_product_attention<'g>(
             "dot_product_attention",
         )
     }
+}
+
+/// Queries per block of the built-in lowering: each block's scores span the keys its queries'
+/// windows reach, `[keys, block, heads]`, never `[keys, T, heads]` for a long input.
+const BUILTIN_QUERY_BLOCK: usize = 256;
+
+/// Attention in ggml's built-in ops, per block of queries and every head at once: the content
+/// scores `k^T (q + u)` and the positional scores `p^T (q + v)` as `mul_mat`s, the rel-shift as
+/// a strided view of the positional scores (row `j - i + left` of query `i`, one row less per
+/// query: NeMo's `rel_shift` without its copy), the window as a `-inf` mask in
+/// `soft_max_ext` (which also scales by `1 / sqrt(d_k)`), and `v^T` times the probabilities.
+/// All f32. `positions`: `p` (`[d_k, h, rows]`), `bias_u`, `bias_v`; none for plain attention.
+fn attention_builtin<'g>(
+    g: &mut Graph<'g>,
+    q: Tensor<'g>,
+    k: Tensor<'g>,
+    v: Tensor<'g>,
+    positions: Option<(Tensor<'g>, Tensor<'g>, Tensor<'g>)>,
+    window: KeyWindow,
+) -> Tensor<'g> {
+    let [dk, h, t, _] = q.shape();
+    let keys = k.ne(2);
+    // Heads outermost: [d_k, n, h], keys transposed for the last product ([keys, d_k, h]).
+    let heads_last = |g: &mut Graph<'g>, x: Tensor<'g>| {
+        let x = g.permute(x, [0, 2, 1, 3]);
+        g.cont(x)
+    };
+    let kh = heads_last(g, k);
+    let vt = g.permute(v, [1, 2, 0, 3]);
+    let vt = g.cont(vt);
+    let (qu, pos) = match positions {
+        Some((p, bu, bv)) => {
+            let qu = g.add(q, bu);
+            let qv = g.add(q, bv);
+            let qv = heads_last(g, qv);
+            let ph = heads_last(g, p);
+            (heads_last(g, qu), Some((ph, qv)))
+        }
+        None => (heads_last(g, q), None),
+    };
+    let row = |x: Tensor<'g>| x.ne(0) * 4;
+    // Rows `from..from + n` along ne1 of a [c, n, h] tensor, every head (a view).
+    let span = |g: &mut Graph<'g>, x: Tensor<'g>, from: usize, n: usize| {
+        let (c, m) = (x.ne(0), x.ne(1));
+        g.view(x, &[c, n, h], &[c * 4, c * m * 4], from * c * 4)
+    };
+    let o = Operands {
+        h,
+        dk,
+        t,
+        keys,
+        window,
+        q: &[],
+        k: &[],
+        v: &[],
+        positions: None,
+    };
+    let mut parts = Vec::new();
+    for i0 in (0..t).step_by(BUILTIN_QUERY_BLOCK) {
+        let queries = i0..(i0 + BUILTIN_QUERY_BLOCK).min(t);
+        let nq = queries.len();
+        let (j0, j1, r0, r1) = o.reach(&queries);
+        let (nk, nr) = (j1 + 1 - j0, r1 + 1 - r0);
+        let kb = span(g, kh, j0, nk);
+        let qb = span(g, qu, i0, nq);
+        let mut scores = g.mul_mat(kb, qb); // [nk, nq, h]
+        if let Some((ph, qv)) = pos {
+            let pb = span(g, ph, r0, nr);
+            let qvb = span(g, qv, i0, nq);
+            let bd = g.mul_mat(pb, qvb); // [nr, nq, h]
+            // Key j0 + c of query i0 + b reads row `off + c - b` of the query's column, the
+            // columns padded to `width` rows: every read inside the tensor (ggml also wants
+            // the view's extent as if it were contiguous there).
+            let off = j0 + window.left - (window.past + i0) - r0;
+            let width = nr.max(off + nk);
+            let bd = match width > nr {
+                true => g.pad(bd, [(0, width - nr), (0, 0), (0, 0), (0, 0)]),
+                false => bd,
+            };
+            let shifted = g.view(
+                bd,
+                &[nk, nq, h],
+                &[(width - 1) * 4, width * nq * 4],
+                off * 4,
+            );
+            scores = g.add(scores, shifted);
+        }
+        // One mask per window and block for every layer of the graph (an input lives as long
+        // as the graph).
+        let key = ("attention mask", mask_key(&window, keys, &queries), false);
+        let mask = g.shared(key, |g| {
+            let mask: Vec<f32> = queries
+                .clone()
+                .flat_map(|i| {
+                    let (lo, hi) = window.keys_of(i, keys);
+                    (j0..=j1).map(move |j| match (lo..=hi).contains(&j) {
+                        true => 0.0,
+                        false => f32::NEG_INFINITY,
+                    })
+                })
+                .collect();
+            g.input_f32_owned(mask, &[nk, nq])
+        });
+        let probs = g.softmax_masked(scores, mask, 1.0 / (dk as f32).sqrt());
+        let vb = g.view(vt, &[nk, dk, h], &[row(vt), row(vt) * dk], j0 * 4);
+        let ob = g.mul_mat(vb, probs); // [dk, nq, h]
+        let ob = g.permute(ob, [0, 2, 1, 3]);
+        let ob = g.cont(ob);
+        parts.push(g.reshape(ob, &[dk * h, nq]));
+    }
+    let o = match parts.len() {
+        1 => parts[0],
+        _ => g.stack_rows(&parts),
+    };
+    g.reshape(o, &[dk, h, t])
+}
+
+/// What a block's mask depends on: the window, the keys and the block's queries.
+fn mask_key(w: &KeyWindow, keys: usize, queries: &std::ops::Range<usize>) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let chunk = w.chunk.map(|c| (c.size, c.left_chunks));
+    (w.left, w.right, w.past, w.first_valid, chunk).hash(&mut h);
+    (keys, queries.start, queries.end).hash(&mut h);
+    h.finish() as usize
 }
 
 /// Queries handled together by one task (keeps a block of keys hot in cache).

@@ -4,7 +4,7 @@
 
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
-use crate::backend::{DType, Graph, Tensor};
+use crate::backend::{DType, Graph, Lowering, Tensor};
 
 /// `x` [C, T, N] (N sequences of T steps) -> [3C, T', N] with `T' = (T - 1) / stride + 1`:
 /// column `t` of sequence `n` holds steps `stride * t - 1`, `stride * t` and `stride * t + 1`
@@ -17,6 +17,17 @@ pub fn conv1d_columns<'g>(g: &mut Graph<'g>, x: Tensor<'g>, stride: usize) -> Te
     );
     let x = if x.is_contiguous() { x } else { g.cont(x) };
     let t_out = (t - 1) / stride + 1;
+    if g.lowering() == Lowering::Builtin {
+        // Padded by a zero step on each side, tap k of output step s is step `stride s + k`:
+        // three strided views, side by side along ne0.
+        let xp = g.pad(x, [(0, 0), (1, 1), (0, 0), (0, 0)]);
+        let row = c * 4;
+        let taps: Vec<Tensor<'g>> = (0..3)
+            .map(|k| g.view(xp, &[c, t_out, n], &[stride * row, (t + 2) * row], k * row))
+            .collect();
+        let two = g.concat(taps[0], taps[1], 0);
+        return g.concat(two, taps[2], 0);
+    }
     // SAFETY: an f32 [3C, T', N] result over one contiguous f32 [C, T, N] source, as Columns
     // reads and writes them (each thread its own columns).
     unsafe {

@@ -3,7 +3,7 @@
 use super::cpu::multiversioned;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
-use crate::backend::{DType, Graph, Tensor};
+use crate::backend::{DType, Graph, Lowering, Tensor};
 
 /// Depthwise 1-D convolution over time in f32 ('same' padding, odd kernel), plus an optional
 /// per-channel bias, then SiLU on each step as it is computed with `silu` (the conformer conv
@@ -43,6 +43,9 @@ pub fn conv1d_depthwise<'g>(
     } else {
         g.cont(kernel)
     };
+    if g.lowering() == Lowering::Builtin {
+        return depthwise_builtin(g, x, kernel, bias, silu);
+    }
     let mut sources = vec![x, kernel];
     sources.extend(bias);
     let what = if silu {
@@ -66,6 +69,35 @@ pub fn conv1d_depthwise<'g>(
 /// The node of [`conv1d_depthwise`]: source 0 x (f32 [C, T]), source 1 the kernel (f32
 /// [K, C]), an optional source 2 the bias (f32 [C]), the result f32 [C, T]; each thread
 /// computes its own time steps.
+/// [`conv1d_depthwise`] in ggml's built-in ops: `x` padded by half the kernel on each side,
+/// then ggml's depthwise 2-D convolution on its channels-contiguous layout (a 1-row image of
+/// `T + K - 1` columns, the kernel re-laid channels fastest), the bias and the SiLU as nodes.
+fn depthwise_builtin<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    kernel: Tensor<'g>,
+    bias: Option<Tensor<'g>>,
+    silu: bool,
+) -> Tensor<'g> {
+    let (k, c, t) = (kernel.ne(0), x.ne(0), x.ne(1));
+    let half = k / 2;
+    let xp = g.pad(x, [(0, 0), (half, half), (0, 0), (0, 0)]); // [C, T + K - 1]
+    let image = g.permute(xp, [2, 0, 1, 3]); // [T + K - 1, 1, C], channels contiguous
+    let kt = g.transpose(kernel);
+    let kt = g.cont(kt); // [C, K]
+    let kt = g.reshape(kt, &[c, 1, k, 1]);
+    let kt = g.permute(kt, [3, 2, 0, 1]); // [K, 1, 1, C], channels contiguous
+    let y = g.conv2d_depthwise(kt, image, 1, 0); // [T, 1, C], channels contiguous
+    let y = g.permute(y, [1, 2, 0, 3]); // [C, T]
+    let y = if y.is_contiguous() { y } else { g.cont(y) };
+    let y = g.reshape(y, &[c, t]);
+    let y = match bias {
+        Some(b) => g.add(y, b),
+        None => y,
+    };
+    if silu { g.silu(y) } else { y }
+}
+
 struct DepthwiseConv {
     /// SiLU after the bias.
     silu: bool,

@@ -3,7 +3,7 @@
 use super::vmath;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
-use crate::backend::{DType, Graph, Tensor};
+use crate::backend::{DType, Graph, Lowering, Tensor};
 
 /// Gated linear unit over `ne0`: `y` [2D, T] -> `y[..D] * sigmoid(y[D..])` [D, T], as one pass,
 /// the sigmoid from our vectorised `e^x` (within 3e-7 of f64; libm's `expf` kept the loop
@@ -15,6 +15,13 @@ pub fn glu<'g>(g: &mut Graph<'g>, y: Tensor<'g>) -> Tensor<'g> {
         || format!("glu: input {:?}", y.shape()),
     );
     let y = if y.is_contiguous() { y } else { g.cont(y) };
+    if g.lowering() == Lowering::Builtin {
+        // The two halves as views, `a * sigmoid(gate)`.
+        let a = g.cols(y, 0, d2 / 2);
+        let gate = g.cols(y, d2 / 2, d2 / 2);
+        let gate = g.sigmoid(gate);
+        return g.mul(a, gate);
+    }
     // SAFETY: an f32 [D, T] result over a contiguous f32 [2D, T], as Glu reads it.
     unsafe { g.custom(Out::F32, [d2 / 2, t, 1, 1], &[y], Glu, "glu") }
 }

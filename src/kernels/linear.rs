@@ -18,7 +18,7 @@ use super::qgemm::node::{Int8Gemm, Quantize, quantized_bytes};
 use super::sgemm::{PackActivations, Panel16Gemm};
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::{check, check_mul_mat};
-use crate::backend::{DType, Graph, Tensor, Weight};
+use crate::backend::{DType, Graph, Lowering, Tensor, Weight};
 use crate::layout::Layout;
 
 /// Below this many multiply-adds ggml's own kernel is as fast.
@@ -90,8 +90,12 @@ impl Body for PackedGemmF32 {
 
 /// `w^T x` over `ne0`: `w` [k, m], `x` [k, n, ...] -> [m, n, ...]. With `w` a torch Linear
 /// weight ([out, in] in torch = ne [in, out]) this is `x @ W^T`.
+/// Built-in lowering: ggml's `mul_mat` for every product.
 pub fn matmul<'g>(g: &mut Graph<'g>, w: Tensor<'g>, x: Tensor<'g>) -> Tensor<'g> {
     check_mul_mat(w, x);
+    if g.lowering() == Lowering::Builtin {
+        return g.mul_mat(w, x);
+    }
     if use_matvec(w, x) {
         return matvec::matvec(g, w, x, None);
     }
@@ -149,10 +153,12 @@ pub fn linear_relu<'g>(
     w: &Weight,
     b: Option<&Weight>,
 ) -> Tensor<'g> {
-    if matches!(
-        w.layout(),
-        Layout::Panel16 | Layout::Q8_0x8 | Layout::Q4_0x8
-    ) {
+    if g.lowering() == Lowering::Kernels
+        && matches!(
+            w.layout(),
+            Layout::Panel16 | Layout::Q8_0x8 | Layout::Q4_0x8
+        )
+    {
         let relu = Fused {
             relu: true,
             ..Fused::default()
@@ -173,6 +179,9 @@ pub(super) fn linear<'g>(
     b: Option<&Weight>,
     fused: Fused<'g>,
 ) -> Tensor<'g> {
+    if g.lowering() == Lowering::Builtin {
+        return linear_builtin(g, x, w, b, fused);
+    }
     let m = w.shape()[1];
     let fusable = fused.residual.is_none_or(|(r, _)| {
         let [_, n, c, d] = x.shape();
@@ -215,6 +224,29 @@ pub(super) fn linear<'g>(
         }
         None => y,
     };
+    add_scaled_residual(g, y, fused.residual)
+}
+
+/// [`linear`] in ggml's built-in ops over a plain weight (what [`crate::backend::plain_weights`]
+/// makes of a packed one): SiLU, `mul_mat`, the bias, ReLU, the scaled residual, each a node.
+fn linear_builtin<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    w: &Weight,
+    b: Option<&Weight>,
+    fused: Fused<'g>,
+) -> Tensor<'g> {
+    let x = if fused.silu_input { g.silu(x) } else { x };
+    let w = g.weight(w);
+    let y = g.mul_mat(w, x);
+    let y = match b {
+        Some(b) => {
+            let b = g.weight(b);
+            g.add(y, b)
+        }
+        None => y,
+    };
+    let y = if fused.relu { g.relu(y) } else { y };
     add_scaled_residual(g, y, fused.residual)
 }
 

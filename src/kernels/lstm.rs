@@ -4,7 +4,7 @@
 use super::vmath;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
-use crate::backend::{DType, Graph, Tensor, Weight};
+use crate::backend::{DType, Graph, Lowering, Tensor, Weight};
 
 /// The pointwise part of one PyTorch LSTM cell step (gate order i, f, g, o) as one node, for N
 /// columns (a beam's hypotheses) at once: from the gate products `gx = W_ih x` and
@@ -43,6 +43,13 @@ pub fn lstm_pointwise<'g>(
             )
         },
     );
+    if g.lowering() == Lowering::Builtin {
+        let (b_ih, b_hh) = (g.weight(b_ih), g.weight(b_hh));
+        let gx = g.add(gx, b_ih);
+        let gh = g.add(gh, b_hh);
+        let gates = g.add(gx, gh);
+        return cell_builtin(g, gates, c);
+    }
     let sources = [gx, gh, g.weight_source(b_ih), g.weight_source(b_hh), c];
     // SAFETY: an f32 [H, 2N] result over the five contiguous f32 tensors checked above, as
     // LstmPointwise reads them; split over the threads by units.
@@ -55,6 +62,24 @@ pub fn lstm_pointwise<'g>(
             "lstm_pointwise",
         )
     }
+}
+
+/// An LSTM cell's pointwise step in ggml's built-in ops: from the summed `gates` ([4H, N], gate
+/// order i, f, g, o) and the cells `c` ([H, N]), `[h1 | c1]` ([H, 2N]).
+pub(super) fn cell_builtin<'g>(g: &mut Graph<'g>, gates: Tensor<'g>, c: Tensor<'g>) -> Tensor<'g> {
+    let h = c.ne(0);
+    let mut gate = |q: usize| g.cols(gates, q * h, h);
+    let (i, f, gg, o) = (gate(0), gate(1), gate(2), gate(3));
+    let i = g.sigmoid(i);
+    let f = g.sigmoid(f);
+    let gg = g.tanh(gg);
+    let o = g.sigmoid(o);
+    let fc = g.mul(f, c);
+    let ig = g.mul(i, gg);
+    let c1 = g.add(fc, ig);
+    let t = g.tanh(c1);
+    let h1 = g.mul(t, o);
+    g.concat(h1, c1, 1)
 }
 
 /// The node of [`lstm_pointwise`]: sources gx, gh (f32 [4H, N]), b_ih, b_hh (f32 [4H]) and c

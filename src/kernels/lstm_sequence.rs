@@ -6,7 +6,7 @@ use super::cpu::multiversioned;
 use super::vmath;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
-use crate::backend::{DType, Graph, Tensor};
+use crate::backend::{DType, Graph, Lowering, Tensor};
 
 /// The LSTM cell (gate order i, f, g, o) over `N` steps: from `gx` [4H, N] (`W_ih x_t + b_ih +
 /// b_hh` for every step), `w_hh_t` [4H, H] (`W_hh` transposed: row `j` is column `j` of the
@@ -42,6 +42,9 @@ pub fn lstm_sequence<'g>(
     );
     // SAFETY: an f32 [H, N + 1] result over the three contiguous f32 tensors checked above, as
     // LstmSequence reads them; thread 0 writes all of it.
+    if g.lowering() == Lowering::Builtin {
+        return steps_builtin(g, gx, w_hh_t, state);
+    }
     unsafe {
         g.custom(
             Out::F32,
@@ -54,6 +57,33 @@ pub fn lstm_sequence<'g>(
 }
 
 /// The node of [`lstm_sequence`].
+/// The sequence in ggml's built-in ops, one step after another: per step the recurrent
+/// product (`mul_mat`), the gates and the cell ([`super::lstm::cell_builtin`]); the steps' `h`
+/// and the last `c` stacked as the kernel's result.
+fn steps_builtin<'g>(
+    g: &mut Graph<'g>,
+    gx: Tensor<'g>,
+    w_hh_t: Tensor<'g>,
+    state: Tensor<'g>,
+) -> Tensor<'g> {
+    let n = gx.ne(1);
+    let w_t = g.transpose(w_hh_t);
+    let w_hh = g.cont(w_t); // [H, 4H]: mul_mat's row-major W_hh
+    let (mut h, mut c) = (g.rows(state, 0, 1), g.rows(state, 1, 1));
+    let mut parts = Vec::with_capacity(n + 1);
+    for t in 0..n {
+        let gx_t = g.rows(gx, t, 1);
+        let gh = g.mul_mat(w_hh, h);
+        let gates = g.add(gx_t, gh);
+        let out = super::lstm::cell_builtin(g, gates, c);
+        h = g.rows(out, 0, 1);
+        c = g.rows(out, 1, 1);
+        parts.push(h);
+    }
+    parts.push(c);
+    g.stack_rows(&parts)
+}
+
 struct LstmSequence;
 
 impl Body for LstmSequence {

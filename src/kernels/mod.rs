@@ -6,6 +6,8 @@
 //! dispatched in [`linear`]; [`cpu`] is the one place that asks what this CPU can run.
 
 mod attention;
+#[cfg(test)]
+mod builtin_tests;
 mod columns;
 pub mod cpu;
 mod depthwise;
@@ -126,8 +128,8 @@ pub trait FusedOps<'g> {
     /// `x` with `pads[i] = (before, after)` zeros along axis `i` (ggml's pad, by whole rows).
     fn pad_zeros(&mut self, x: Tensor<'g>, pads: [(usize, usize); 4]) -> Tensor<'g>;
 
-    /// The subsampling's conv.0 + ReLU + depthwise conv.2 + bias as one node (see
-    /// [`stem::conv_stem`]).
+    /// The subsampling's conv.0 + ReLU + depthwise conv.2 + bias: one node over a panel-packed
+    /// conv.0, separate nodes over a plain one (see [`stem::conv_stem`]).
     fn conv_stem(
         &mut self,
         x: Tensor<'g>,
@@ -136,14 +138,14 @@ pub trait FusedOps<'g> {
     ) -> Tensor<'g>;
 
     /// A 3 x 3 stride-2 depthwise conv + bias (`conv` = kernel `[C, 1, 3, 3]`, bias) over a
-    /// channels-fastest `[C, W, H]` padded by `pad`, on our kernel (see
-    /// [`stem::conv_depthwise_stride2`]); `None` for a shape it does not take.
+    /// channels-fastest `[C, W, H]` padded by `pad`: our kernel where it takes the shape, ggml's
+    /// otherwise (see [`stem::conv_depthwise_stride2`]).
     fn conv_depthwise_stride2(
         &mut self,
         x: Tensor<'g>,
         conv: (&Weight, &Weight),
         pad: usize,
-    ) -> Option<Tensor<'g>>;
+    ) -> Tensor<'g>;
 
     /// Rel-pos multi-head attention over the keys `window` gives each query (see
     /// [`attention::rel_pos_attention_over`]); it runs after the nodes `after` (writes of the
@@ -284,11 +286,10 @@ impl<'g> FusedOps<'g> for Graph<'g> {
     fn conv_depthwise_stride2(
         &mut self,
         x: Tensor<'g>,
-        (kernel, bias): (&Weight, &Weight),
+        conv: (&Weight, &Weight),
         pad: usize,
-    ) -> Option<Tensor<'g>> {
-        stem::depthwise_stride2_fits(x, kernel, bias, pad)
-            .then(|| stem::conv_depthwise_stride2(self, x, (kernel, bias), pad))
+    ) -> Tensor<'g> {
+        stem::conv_depthwise_stride2(self, x, conv, pad)
     }
 
     fn rel_pos_attention(

@@ -3,7 +3,7 @@
 use super::cpu::multiversioned;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
-use crate::backend::{DType, Graph, Tensor, Weight};
+use crate::backend::{DType, Graph, Lowering, Tensor, Weight};
 use crate::layout::Layout;
 
 /// A torch `LayerNorm` over `ne0`.
@@ -31,6 +31,12 @@ pub fn layer_norm<'g>(
     );
     let x = if x.is_contiguous() { x } else { g.cont(x) };
     let (w, b) = (g.weight(w), g.weight(b));
+    if g.lowering() == Lowering::Builtin {
+        // ggml's `norm`, `mul` and `add`: the operations the kernel does, in their order.
+        let n = g.norm(x, eps);
+        let n = g.mul(n, w);
+        return g.add(n, b);
+    }
     // SAFETY: an f32 result of x's shape over the contiguous f32 x and the [d] weight and
     // bias, as LayerNorm reads them.
     unsafe {

@@ -4,13 +4,16 @@
 
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
-use crate::backend::{DType, Graph, Tensor};
+use crate::backend::{DType, Graph, Lowering, Tensor};
 
 /// `x` (f32, up to 4-D) with `pads[i] = (before, after)` zeros along axis `i`.
 pub fn pad_zeros<'g>(g: &mut Graph<'g>, x: Tensor<'g>, pads: [(usize, usize); 4]) -> Tensor<'g> {
     check(x.dtype() == Some(DType::F32), || {
         format!("pad: an f32 input, got {:?}", x.dtype())
     });
+    if g.lowering() == Lowering::Builtin {
+        return g.pad(x, pads);
+    }
     let x = if x.is_contiguous() { x } else { g.cont(x) };
     let s = x.shape();
     let ne: [usize; 4] = std::array::from_fn(|i| s[i] + pads[i].0 + pads[i].1);

@@ -16,7 +16,7 @@ use super::cpu::avx512;
 use super::cpu::multiversioned;
 use crate::backend::custom::{Body, CustomOp, Out};
 use crate::backend::graph::check;
-use crate::backend::{DType, Graph, Tensor, Weight};
+use crate::backend::{DType, Graph, Lowering, Tensor, Weight};
 use crate::layout::{Layout, PANEL16_ROWS as PANEL};
 
 /// Taps of a 3 x 3 kernel.
@@ -32,6 +32,9 @@ pub fn conv_stem<'g>(
     (conv0, bias0): (&Weight, &Weight),
     (conv2, bias2): (&Weight, &Weight),
 ) -> Tensor<'g> {
+    if conv0.layout() != Layout::Panel16 || g.lowering() == Lowering::Builtin {
+        return stem_composed(g, x, (conv0, bias0), (conv2, bias2));
+    }
     let [w, h, one, one2] = x.shape();
     let c = conv0.shape()[1];
     check(
@@ -79,6 +82,23 @@ pub fn conv_stem<'g>(
             "conv stem (conv.0 + conv.2)",
         )
     }
+}
+
+/// [`conv_stem`] as separate nodes over a plain conv.0 (`[3, 3, 1, C]`, torch's layout): its
+/// im2col and product ([`super::linear::conv2d`]), the bias, the ReLU, then
+/// [`conv_depthwise_stride2`]. ggml's built-in ops only under [`Lowering::Builtin`].
+fn stem_composed<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    (conv0, bias0): (&Weight, &Weight),
+    conv2: (&Weight, &Weight),
+) -> Tensor<'g> {
+    let k0 = g.weight(conv0);
+    let y = super::linear::conv2d(g, k0, x, 2, 1);
+    let b0 = g.weight(bias0);
+    let y = g.add(y, b0);
+    let y = g.relu(y); // [C, W1, H1]
+    conv_depthwise_stride2(g, y, conv2, 1)
 }
 
 /// Output length of a 3-tap, stride-2, pad-1 convolution.
@@ -453,6 +473,9 @@ pub fn conv_depthwise_stride2<'g>(
     (kernel, bias): (&Weight, &Weight),
     pad: usize,
 ) -> Tensor<'g> {
+    if g.lowering() == Lowering::Builtin || !depthwise_stride2_fits(x, kernel, bias, pad) {
+        return depthwise_stride2_ggml(g, x, (kernel, bias), pad);
+    }
     let [c, w, h, _] = x.shape();
     check(depthwise_stride2_fits(x, kernel, bias, pad), || {
         format!(
@@ -477,6 +500,23 @@ pub fn conv_depthwise_stride2<'g>(
             "depthwise conv 3x3 stride 2",
         )
     }
+}
+
+/// [`conv_depthwise_stride2`] in ggml's built-in ops: its depthwise 2-D convolution on the
+/// channels-contiguous layout (the image and the kernel permuted as views), then the bias.
+fn depthwise_stride2_ggml<'g>(
+    g: &mut Graph<'g>,
+    x: Tensor<'g>,
+    (kernel, bias): (&Weight, &Weight),
+    pad: usize,
+) -> Tensor<'g> {
+    let whcn = g.permute(x, [2, 0, 1, 3]); // logical [W, H, C], channels contiguous
+    let k = g.weight(kernel); // [C, 1, KW, KH] in memory
+    let k = g.permute(k, [3, 2, 0, 1]); // logical [KW, KH, 1, C], channels contiguous
+    let y = g.conv2d_depthwise(k, whcn, 2, pad); // same channels-fastest layout
+    let y = g.permute(y, [1, 2, 0, 3]); // back to [C, W', H'] (contiguous)
+    let b = g.weight(bias);
+    g.add(y, b)
 }
 
 /// The node of [`conv_depthwise_stride2`]: source 0 the contiguous f32 image `[C, W, H]`,

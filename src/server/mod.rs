@@ -58,6 +58,11 @@ pub struct ServeArgs {
     /// Compute threads per worker (default: the cores divided among the workers).
     #[arg(short, long)]
     pub threads: Option<usize>,
+    /// Which ops compute the graphs: `auto` (our CPU kernels) or `ggml` (ggml's built-in ops
+    /// only, over weights unpacked at load: what every ggml backend runs; a diagnostic, slower
+    /// on a CPU).
+    #[arg(long, value_name = "auto|ggml", default_value = "auto")]
+    pub kernels: crate::backend::KernelChoice,
     /// Requests that may wait for a free worker (0 to 65536); beyond that the answer is 503 +
     /// Retry-After.
     #[arg(long, default_value_t = 16, value_parser = count(0, 1 << 16))]
@@ -214,9 +219,15 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let model = Arc::new(crate::model_source::load(&args.model, &mut |line| {
-        eprintln!("{line}")
-    })?);
+    let load = crate::model::LoadOptions {
+        lowering: args.kernels.resolve(),
+        device: Some(args.device.resolve()?),
+    };
+    let model = Arc::new(crate::model_source::load_with(
+        &args.model,
+        &mut |line| eprintln!("{line}"),
+        &load,
+    )?);
     let request = DecodeRequest {
         confidence,
         ..DecodeRequest::default()
@@ -234,13 +245,14 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let diar_model = match &args.diar_model {
         None => None,
         Some(spec) => {
-            let sortformer = crate::model_source::load(spec, &mut |line| eprintln!("{line}"))
-                .and_then(|m| {
-                    // Refused here, with the flag named, rather than by the first worker.
-                    Diarizer::check(&m)?;
-                    Ok(Arc::new(m))
-                })
-                .with_context(|| format!("--diar-model {}", spec.display()))?;
+            let sortformer =
+                crate::model_source::load_with(spec, &mut |line| eprintln!("{line}"), &load)
+                    .and_then(|m| {
+                        // Refused here, with the flag named, rather than by the first worker.
+                        Diarizer::check(&m)?;
+                        Ok(Arc::new(m))
+                    })
+                    .with_context(|| format!("--diar-model {}", spec.display()))?;
             sortformer.file().populate();
             Some(sortformer)
         }

@@ -191,6 +191,37 @@ pub fn rel_err_f64(ours: &[f32], reference: &[f64]) -> f64 {
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
+/// A session over the fixture GGUF at `path` whose graphs run `lowering` (the weights
+/// realized for it at load), whatever `PARAKEET_KERNELS` says.
+pub fn session_on(
+    path: &Path,
+    threads: parakeet::session::Threads,
+    lowering: parakeet::backend::Lowering,
+) -> parakeet::session::Session {
+    let options = parakeet::model::LoadOptions {
+        lowering,
+        ..parakeet::model::LoadOptions::from_env()
+    };
+    let model = parakeet::model::Model::load_with(path, &path.display().to_string(), &options)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    parakeet::session::Session::ready(model, threads, None).unwrap()
+}
+
+/// A Sortformer diarizer over the fixture GGUF at `path` running `lowering`.
+pub fn diarizer_on(
+    path: &Path,
+    threads: usize,
+    lowering: parakeet::backend::Lowering,
+) -> parakeet::diar::Diarizer {
+    let options = parakeet::model::LoadOptions {
+        lowering,
+        ..parakeet::model::LoadOptions::from_env()
+    };
+    let model = parakeet::model::Model::load_with(path, &path.display().to_string(), &options)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    parakeet::diar::Diarizer::new(std::sync::Arc::new(model), threads).unwrap()
+}
+
 /// `n` compute threads (at most the cores).
 pub fn threads(n: usize) -> parakeet::session::Threads {
     parakeet::session::Threads::new(n).unwrap()

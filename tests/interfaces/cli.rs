@@ -401,6 +401,58 @@ fn profile_shows_where_the_time_went() {
     );
 }
 
+/// `--kernels ggml` runs ggml's built-in ops only: `--profile` says so, and no node of ours
+/// (a custom op) is in its node table; the text is NeMo's. A value it does not know exits 2.
+#[test]
+fn kernels_ggml_runs_only_ggml_ops_and_transcribes_as_nemo() {
+    let cache = scratch("cache-kernels");
+    let clip = reference("").join("speech_2s.wav");
+    let out = transcribe(
+        &clip,
+        &nemo("tiny_tdt"),
+        &["--kernels", "ggml", "--profile"],
+        &cache,
+    );
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(text(&out.stdout).trim_end(), nemo_text("tiny_tdt_2s"));
+    assert!(err.contains("ops: ggml"), "{err}");
+    let table = profile_node_rows(&err);
+    for ours in [
+        "rel_pos_attention",
+        "lstm_pointwise",
+        "layer_norm",
+        "linear (panel16 gemm)",
+        "pack activations (panel16 gemm)",
+        "glu",
+        "conv1d_dw + silu",
+        "conv stem (conv.0 + conv.2)",
+        "depthwise conv 3x3 stride 2",
+        "matvec (f32)",
+        "quantize (q8_0)",
+    ] {
+        assert!(
+            !table.iter().any(|l| l.ends_with(&format!("  {ours}"))),
+            "{ours}: {err}"
+        );
+    }
+    for ggml in ["softmax", "matmul", "norm"] {
+        assert!(
+            table.iter().any(|l| l.ends_with(&format!("  {ggml}"))),
+            "{ggml}: {err}"
+        );
+    }
+    let default = transcribe(&clip, &nemo("tiny_tdt"), &["--profile"], &cache);
+    assert!(text(&default.stderr).contains("ops: kernels"));
+    let bad = transcribe(&clip, &nemo("tiny_tdt"), &["--kernels", "gpu"], &cache);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("--kernels"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
 /// The decoder row names what decoded: the CTC head's greedy decoding or its beam search.
 #[test]
 fn profile_names_the_ctc_decoding() {

@@ -3,7 +3,7 @@
 //! NeMo's own encoder output into our decoder.
 
 use crate::common::*;
-use parakeet::backend::Backend;
+use parakeet::backend::{Backend, Lowering};
 use parakeet::convert::OutType;
 use parakeet::decoder::ctc::log_softmax_rows;
 use parakeet::decoder::greedy::Step;
@@ -14,8 +14,19 @@ use serde_json::Value;
 
 #[test]
 fn transcripts_match_nemo_token_for_token() {
+    transcripts_match_nemo(Lowering::Kernels);
+}
+
+/// Greedy decoding token for token with every graph (encoder, prediction net, joint) in
+/// ggml's built-in ops.
+#[test]
+fn transcripts_match_nemo_token_for_token_on_ggml_ops() {
+    transcripts_match_nemo(Lowering::Builtin);
+}
+
+fn transcripts_match_nemo(lowering: Lowering) {
     for model in MODELS {
-        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+        let mut session = session_on(&gguf(model, OutType::F32), threads(2), lowering);
         for (suffix, clip) in CLIPS {
             let name = format!("{model}{suffix}");
             let result = json(&reference(&name).join("result.json"));

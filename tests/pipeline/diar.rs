@@ -3,7 +3,8 @@
 //! the offline model (peak-normalised waveform, 80 mels) and the streaming one with full context
 //! (128 mels, no normalisation); NeMo's segments for every published post-processing set.
 
-use crate::common::{fixtures, gguf, json, max_abs_err, npy, rel_err};
+use crate::common::{diarizer_on, fixtures, gguf, json, max_abs_err, npy, rel_err};
+use parakeet::backend::Lowering;
 use parakeet::convert::OutType;
 use parakeet::diar::Diarizer;
 use parakeet::diar::postprocess::{PostProcessing, nemo_line, segments};
@@ -62,9 +63,19 @@ fn params_of(v: &serde_json::Value) -> PostProcessing {
 
 #[test]
 fn offline_forward_matches_nemo_at_every_stage() {
+    offline_forward(Lowering::Kernels);
+}
+
+/// Sortformer's encoder and Transformer in ggml's built-in ops, at the same tolerances.
+#[test]
+fn offline_forward_matches_nemo_at_every_stage_on_ggml_ops() {
+    offline_forward(Lowering::Builtin);
+}
+
+fn offline_forward(lowering: Lowering) {
     let mut worst_prob: (f64, String) = (0.0, String::new());
     for model in MODELS {
-        let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut diarizer = diarizer_on(&gguf(model, OutType::F32), 2, lowering);
         for clip in CLIPS {
             let dir = reference_dir(model, clip);
             let out = diarizer.forward(&samples(clip), true).unwrap();
@@ -250,8 +261,17 @@ fn npz(path: &std::path::Path) -> std::collections::HashMap<String, (Vec<usize>,
 /// FIFO, their probabilities and the silence profile after it; then the whole output.
 #[test]
 fn streaming_matches_nemo_chunk_by_chunk() {
+    streaming_chunks(Lowering::Kernels);
+}
+
+#[test]
+fn streaming_matches_nemo_chunk_by_chunk_on_ggml_ops() {
+    streaming_chunks(Lowering::Builtin);
+}
+
+fn streaming_chunks(lowering: Lowering) {
     let model = "tiny_sortformer_stream";
-    let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), 2).unwrap();
+    let mut diarizer = diarizer_on(&gguf(model, OutType::F32), 2, lowering);
     let settings = diarizer.params().streaming;
     let mut worst = 0f64;
     let mut compressions = 0;

@@ -1,6 +1,7 @@
 //! The fused encoder graph against NeMo's per-layer outputs, every reference model and clip.
 
 use crate::common::*;
+use parakeet::backend::Lowering;
 use parakeet::convert::OutType;
 use parakeet::session::Session;
 
@@ -9,9 +10,19 @@ const F32_TOL: f64 = 1e-4;
 
 #[test]
 fn every_layer_matches_nemo_in_f32() {
+    every_layer_matches_nemo(Lowering::Kernels);
+}
+
+/// The same graphs in ggml's built-in ops only (`--kernels ggml`), at the same tolerance.
+#[test]
+fn every_layer_matches_nemo_in_f32_on_ggml_ops() {
+    every_layer_matches_nemo(Lowering::Builtin);
+}
+
+fn every_layer_matches_nemo(lowering: Lowering) {
     let mut worst = (0.0f64, String::new());
     for model in MODELS {
-        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+        let mut session = session_on(&gguf(model, OutType::F32), threads(2), lowering);
         for (suffix, clip) in CLIPS {
             let dir = reference(&format!("{model}{suffix}"));
             let features = session.features(&clip_samples(clip));
@@ -61,7 +72,7 @@ fn every_layer_matches_nemo_in_f32() {
             );
         }
     }
-    println!("worst: {:.2e} at {}", worst.0, worst.1);
+    println!("worst ({lowering:?}): {:.2e} at {}", worst.0, worst.1);
 }
 
 /// f16 and q8_0 weights are an opt-in, looser precision: the encoder output stays close to

@@ -4,6 +4,7 @@
 //! window's edge cases (references made by scripts/make_local_refs.sh).
 
 use crate::common::*;
+use parakeet::backend::Lowering;
 use parakeet::convert::OutType;
 use parakeet::encoder::{AUTO_FULL_MAX_SECONDS, AttentionChoice};
 use parakeet::hparams::Attention;
@@ -89,8 +90,18 @@ fn local(left: usize, right: usize) -> AttentionChoice {
 
 #[test]
 fn four_models_switched_to_local_16_16_match_nemo() {
+    four_models_local(Lowering::Kernels);
+}
+
+/// Local attention's window as ggml's built-in ops lower it (a mask per block of queries).
+#[test]
+fn four_models_switched_to_local_16_16_match_nemo_on_ggml_ops() {
+    four_models_local(Lowering::Builtin);
+}
+
+fn four_models_local(lowering: Lowering) {
     for model in MODELS {
-        let mut session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+        let mut session = session_on(&gguf(model, OutType::F32), threads(2), lowering);
         let name = format!("{model}_local16");
         check_against_nemo(
             &mut session,
@@ -104,7 +115,17 @@ fn four_models_switched_to_local_16_16_match_nemo() {
 
 #[test]
 fn model_configured_with_local_attention_matches_nemo() {
-    let mut session = Session::load(&gguf("tiny_tdt_ctc_local", OutType::F32), threads(2)).unwrap();
+    configured_local(Lowering::Kernels);
+}
+
+#[test]
+fn model_configured_with_local_attention_matches_nemo_on_ggml_ops() {
+    configured_local(Lowering::Builtin);
+}
+
+fn configured_local(lowering: Lowering) {
+    let path = gguf("tiny_tdt_ctc_local", OutType::F32);
+    let mut session = session_on(&path, threads(2), lowering);
     assert_eq!(
         session.model().hparams().encoder.attention,
         Attention::Local {

@@ -4,6 +4,7 @@
 
 use crate::common::*;
 use crate::local_attention::check_against_nemo;
+use parakeet::backend::Lowering;
 use parakeet::convert::OutType;
 use parakeet::hparams::Attention;
 use parakeet::session::{DecoderChoice, Session};
@@ -89,9 +90,9 @@ fn stream_in_pieces(
     decoder: DecoderChoice,
     samples: &[f32],
     piece: usize,
-    cache_room: Option<usize>,
+    (cache_room, lowering): (Option<usize>, Lowering),
 ) -> Run {
-    let session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
+    let session = session_on(&gguf(model, OutType::F32), threads(2), lowering);
     let config = CacheAwareConfig {
         att_context: Some(lookahead),
         decoder,
@@ -126,6 +127,17 @@ fn frames_major(shape: &[usize], data: &[f32]) -> Vec<f32> {
 /// chunks' encoder outputs and caches, and all chunks' encoder output, within 1e-4 relative.
 #[test]
 fn streaming_matches_nemo_chunk_by_chunk_for_every_lookahead() {
+    streaming_chunk_by_chunk(Lowering::Kernels);
+}
+
+/// The cache-aware chunk step in ggml's built-in ops: the caches read as the cached rows and
+/// the chunk's own (`Graph::append_rows`), written in place for the next chunk.
+#[test]
+fn streaming_matches_nemo_chunk_by_chunk_on_ggml_ops() {
+    streaming_chunk_by_chunk(Lowering::Builtin);
+}
+
+fn streaming_chunk_by_chunk(lowering: Lowering) {
     for model in STREAM_MODELS {
         for (suffix, clip) in CLIPS {
             let dir = reference(&format!("{model}_stream{suffix}"));
@@ -154,8 +166,14 @@ fn streaming_matches_nemo_chunk_by_chunk_for_every_lookahead() {
                     let chunks = nemo["chunks"].as_array().unwrap();
                     for &piece in &pieces {
                         let what = format!("{model}{suffix} {name} {head} piece {piece}");
-                        let run =
-                            stream_in_pieces(model, lookahead, decoder, &samples, piece, None);
+                        let run = stream_in_pieces(
+                            model,
+                            lookahead,
+                            decoder,
+                            &samples,
+                            piece,
+                            (None, lowering),
+                        );
                         check_run(&run, chunks, &nemo["final"], &what);
                         if head == "rnnt" && piece == 1234 {
                             check_encoder(&run, &dir.join(name), &what);
@@ -169,7 +187,7 @@ fn streaming_matches_nemo_chunk_by_chunk_for_every_lookahead() {
                                     decoder,
                                     &samples,
                                     piece,
-                                    Some(room),
+                                    (Some(room), lowering),
                                 );
                                 check_run(&run, chunks, &nemo["final"], &what);
                                 check_encoder(&run, &dir.join(name), &what);
