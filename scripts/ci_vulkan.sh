@@ -8,7 +8,9 @@
 #   - builds with `--features vulkan` in cargo's target dir (the feature changes only ggml's and
 #     our crate's hashes, so the CPU build's artifacts stay; the uplifted binaries become the
 #     Vulkan ones, which is why this runs last);
-#   - runs the tests gated on PARAKEET_TEST_DEVICE (without it they print a skip line).
+#   - runs the device tests (gated on PARAKEET_TEST_DEVICE; without it they print a skip line)
+#     and the NeMo parity tests of the built-in lowering with their models on the device
+#     (PARAKEET_DEVICE).
 # ggml skips CPU-type Vulkan devices unless GGML_VK_VISIBLE_DEVICES names them; lavapipe is one.
 # Each shader pipeline compiles on first use (seconds each), then runs in milliseconds.
 # Usage (repo root): scripts/ci_vulkan.sh [extra cargo test args]   Env: CARGO_TARGET_DIR.
@@ -55,6 +57,14 @@ echo "vulkan build: $((SECONDS - start)) s"
 "$target_dir/debug/parakeet" info --system
 
 start=$SECONDS
-PARAKEET_TEST_DEVICE=vulkan cargo test --quiet --features vulkan --test device "$@"
+# Graphs of ggml's ops on the device against the CPU backend, state tensors, out of memory.
+PARAKEET_TEST_DEVICE=vulkan cargo test --quiet --features vulkan --test device -- --nocapture
+echo "vulkan device tests: $((SECONDS - start)) s"
+# NeMo parity on the device: the built-in lowering's tests (every head's tiny model: TDT, RNN-T,
+# CTC, hybrid, cache-aware streaming, Sortformer offline and streaming), their models loaded
+# on `PARAKEET_DEVICE`, at the CPU suite's tolerances (every encoder layer and its output 1e-4
+# relative to NeMo in f32; tokens exact; Sortformer's stages as tests/pipeline/diar.rs states).
+start=$SECONDS
+PARAKEET_DEVICE=vulkan cargo test --quiet --features vulkan --test pipeline -- on_ggml_ops "$@"
 echo "vulkan parity tests: $((SECONDS - start)) s"
 echo "ci_vulkan: ${SECONDS} s in all"
