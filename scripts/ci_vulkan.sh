@@ -50,21 +50,27 @@ export VULKAN_SDK=$sdk
 echo "vulkan headers: $(grep -m1 -o 'VK_HEADER_VERSION [0-9]*' "$sdk/include/vulkan/vulkan_core.h")"
 
 export GGML_NO_BACKTRACE=1 CARGO_INCREMENTAL=0
-export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}
+# One cargo invocation builds the binary and the test binaries: feature unification then gives
+# llama-cpp-sys-2's build script one hash, and ggml with Vulkan is compiled once. That script
+# hands every GGML_* variable to CMake and reruns when one changes, so GGML_VK_VISIBLE_DEVICES
+# is set only for the runs below, which call the built binaries directly (not through cargo).
 start=$SECONDS
-cargo build --quiet --features vulkan --bin parakeet --tests
+built=$(cargo test --features vulkan --bin parakeet --test device --test pipeline --no-run 2>&1 \
+  | tee /dev/stderr | grep -o '(.*deps/[a-z_]*-[0-9a-f]*)' | tr -d '()')
 echo "vulkan build: $((SECONDS - start)) s"
+test_bin() { echo "$built" | grep "/$1-" | head -1; }
+export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0}
 "$target_dir/debug/parakeet" info --system
 
 start=$SECONDS
 # Graphs of ggml's ops on the device against the CPU backend, state tensors, out of memory.
-PARAKEET_TEST_DEVICE=vulkan cargo test --quiet --features vulkan --test device -- --nocapture
+PARAKEET_TEST_DEVICE=vulkan "$(test_bin device)" --nocapture --test-threads 1
 echo "vulkan device tests: $((SECONDS - start)) s"
 # NeMo parity on the device: the built-in lowering's tests (every head's tiny model: TDT, RNN-T,
 # CTC, hybrid, cache-aware streaming, Sortformer offline and streaming), their models loaded
 # on `PARAKEET_DEVICE`, at the CPU suite's tolerances (every encoder layer and its output 1e-4
 # relative to NeMo in f32; tokens exact; Sortformer's stages as tests/pipeline/diar.rs states).
 start=$SECONDS
-PARAKEET_DEVICE=vulkan cargo test --quiet --features vulkan --test pipeline -- on_ggml_ops "$@"
+PARAKEET_DEVICE=vulkan "$(test_bin pipeline)" on_ggml_ops "$@"
 echo "vulkan parity tests: $((SECONDS - start)) s"
 echo "ci_vulkan: ${SECONDS} s in all"

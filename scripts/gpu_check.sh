@@ -30,7 +30,6 @@ if [ -z "$bin" ]; then
     exit 1
   fi
   start=$SECONDS
-  cargo build --release --features cuda --bin parakeet 2>&1 | tail -3
   cargo test --release --features cuda --test device --test pipeline --no-run 2>&1 | tail -3
   log "cuda build: $((SECONDS - start)) s"
   bin=target/release/parakeet
