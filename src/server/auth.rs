@@ -41,7 +41,9 @@ impl Access {
         origins: &[String],
         public: Vec<&'static str>,
     ) -> Result<Access, String> {
-        let key = key.map(|k| check_key(&k).map(|()| k.into_bytes())).transpose()?;
+        let key = key
+            .map(|k| check_key(&k).map(|()| k.into_bytes()))
+            .transpose()?;
         let origins = origins
             .iter()
             .map(|o| check_origin(o))
@@ -343,7 +345,10 @@ mod tests {
             "realtime, openai-insecure-api-key.sk-9, openai-beta.realtime-v1",
         )]);
         assert_eq!(subprotocol_key(&h), Some("sk-9"));
-        let h = headers(&[("sec-websocket-protocol", "realtime, openai-insecure-api-key.")]);
+        let h = headers(&[(
+            "sec-websocket-protocol",
+            "realtime, openai-insecure-api-key.",
+        )]);
         assert_eq!(subprotocol_key(&h), None);
     }
 

@@ -110,7 +110,12 @@ pub struct ServeArgs {
     /// Require this key of every API request (`Authorization: Bearer KEY`, as OpenAI's clients
     /// send it) and of the realtime socket (or, from a browser, its subprotocol
     /// `openai-insecure-api-key.KEY`); others get 401.
-    #[arg(long, value_name = "KEY", env = "PARAKEET_API_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "PARAKEET_API_KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
     /// Read the API key from this file (its first line), instead of --api-key.
     #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
@@ -132,9 +137,8 @@ fn api_key(args: &ServeArgs) -> Result<Option<String>> {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| Error::io(format!("--api-key-file {}", path.display()), &e))?;
             let line = text.lines().next().unwrap_or("").trim().to_string();
-            auth::check_key(&line).map_err(|e| {
-                Error::Options(format!("--api-key-file {}: {e}", path.display()))
-            })?;
+            auth::check_key(&line)
+                .map_err(|e| Error::Options(format!("--api-key-file {}: {e}", path.display())))?;
             Some(line)
         }
         (Some(key), None) => {
@@ -245,7 +249,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     } else {
         ui::public_paths()
     };
-    let access = Arc::new(auth::Access::new(key, &args.allow_origin, public).map_err(Error::Options)?);
+    let access =
+        Arc::new(auth::Access::new(key, &args.allow_origin, public).map_err(Error::Options)?);
     let confidence = args.confidence.resolve(true)?;
     let boost_phrases = args.boost.phrases()?;
     let threads = match args.threads {

@@ -143,8 +143,13 @@ def console(driver):
 
 
 def shot(driver, out, name):
+    """The whole page (the window stretched to its height for the picture)."""
     path = out / f"{name}.png"
+    size = driver.get_window_size()
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(size["width"], max(size["height"], height + 140))
     driver.save_screenshot(str(path))
+    driver.set_window_size(size["width"], size["height"])
     print(f"     screenshot {path}")
 
 
@@ -419,7 +424,7 @@ def sent_audio(driver):
             event = json.loads(msg["params"]["response"]["payloadData"])
         except ValueError:
             continue
-        if event.get("type") == "session.update":
+        if event.get("type") == "session.update" and "audio" in event["session"]:
             rate = event["session"]["audio"]["input"]["format"]["rate"]
         elif event.get("type") == "input_audio_buffer.append":
             chunks.append(base64.b64decode(event["audio"]))

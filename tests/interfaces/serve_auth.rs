@@ -106,8 +106,12 @@ fn every_api_route_and_the_socket_need_the_key() {
     let bearer = format!("Bearer {KEY}");
     // No key, a wrong key, a key not in Bearer auth.
     get(&server, "/v1/models", &[]).assert_unauthorized(None);
-    get(&server, "/v1/models", &[("Authorization", "Bearer sk-wrong")])
-        .assert_unauthorized(Some("invalid_api_key"));
+    get(
+        &server,
+        "/v1/models",
+        &[("Authorization", "Bearer sk-wrong")],
+    )
+    .assert_unauthorized(Some("invalid_api_key"));
     get(&server, "/v1/models", &[("Authorization", KEY)])
         .assert_unauthorized(Some("invalid_api_key"));
     get(&server, "/v1/models/tiny", &[]).assert_unauthorized(None);
@@ -128,7 +132,10 @@ fn every_api_route_and_the_socket_need_the_key() {
     );
     let info = get(&server, "/ui/info", &[("Authorization", &bearer)]).json();
     assert_eq!(info["model"], models.json()["data"][0]["id"]);
-    assert!(info["device"].as_str().unwrap().starts_with("CPU"), "{info}");
+    assert!(
+        info["device"].as_str().unwrap().starts_with("CPU"),
+        "{info}"
+    );
     assert_eq!(info["diarization"], false);
     // Without the key the health check says only that the server is up.
     let health = get(&server, "/health", &[]).json();
@@ -163,7 +170,8 @@ fn every_api_route_and_the_socket_need_the_key() {
     // The log names each refusal.
     let log = server.log_until("never", Duration::from_millis(500));
     assert!(
-        log.iter().any(|l| l.contains("refused GET /v1/models: 401")),
+        log.iter()
+            .any(|l| l.contains("refused GET /v1/models: 401")),
         "{log:?}"
     );
 }
@@ -209,12 +217,18 @@ fn the_key_comes_from_the_environment_or_a_file_and_a_bad_one_is_refused() {
     std::fs::write(&empty, "\n").unwrap();
     let missing = dir.join("missing");
     for (args, says) in [
-        (vec!["--api-key", "two words"], "--api-key: the API key holds ' '"),
+        (
+            vec!["--api-key", "two words"],
+            "--api-key: the API key holds ' '",
+        ),
         (
             vec!["--api-key-file", empty.to_str().unwrap()],
             "the API key is empty",
         ),
-        (vec!["--api-key-file", missing.to_str().unwrap()], "--api-key-file"),
+        (
+            vec!["--api-key-file", missing.to_str().unwrap()],
+            "--api-key-file",
+        ),
         (
             vec!["--allow-origin", "example.com"],
             "--allow-origin \"example.com\" is not an origin",
@@ -297,17 +311,28 @@ fn the_page_has_its_headers_and_no_ui_turns_it_off() {
     let server = Server::start_with(&model(), &[]);
     let page = get(&server, "/", &[]);
     assert_eq!(page.status, 200);
-    assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(
+        page.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
     let csp = page.header("content-security-policy").unwrap();
     assert!(csp.contains("default-src 'none'"), "{csp}");
     assert!(csp.contains("script-src 'self'"), "{csp}");
     assert!(csp.contains("connect-src 'self'"), "{csp}");
     assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
     // Nothing the page loads comes from elsewhere.
-    for asset in ["/ui/app.js", "/ui/app.css", "/ui/capture.js", "/ui/icon.svg"] {
+    for asset in [
+        "/ui/app.js",
+        "/ui/app.css",
+        "/ui/capture.js",
+        "/ui/icon.svg",
+    ] {
         let got = get(&server, asset, &[]);
         assert_eq!(got.status, 200, "{asset}");
-        assert!(!got.body.contains("https://"), "{asset} names another origin");
+        assert!(
+            !got.body.contains("https://"),
+            "{asset} names another origin"
+        );
     }
     assert!(!page.body.contains("https://") && !page.body.contains("http://"));
     // Without a key on loopback, no warning.
