@@ -111,7 +111,7 @@ impl KeyProblem {
                 Some("invalid_api_key"),
             ),
             KeyProblem::Malformed => (
-                "The Authorization header is not Bearer auth: send Authorization: Bearer YOUR_KEY.",
+                "The Authorization header is not Bearer auth: send the API key as Authorization: Bearer YOUR_KEY.",
                 Some("invalid_api_key"),
             ),
         };

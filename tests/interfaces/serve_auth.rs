@@ -8,7 +8,7 @@ use parakeet::convert::OutType;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 use tungstenite::client::IntoClientRequest;
-use tungstenite::http::HeaderValue;
+use tungstenite::http::{HeaderName, HeaderValue};
 
 const KEY: &str = "sk-test_0123456789";
 
@@ -79,8 +79,9 @@ fn socket(server: &Server, headers: &[(&str, &str)]) -> Result<(Value, Option<St
         .into_client_request()
         .unwrap();
     for (k, v) in headers {
+        let name = HeaderName::from_bytes(k.as_bytes()).unwrap();
         req.headers_mut()
-            .insert(*k, HeaderValue::from_str(v).unwrap());
+            .insert(name, HeaderValue::from_str(v).unwrap());
     }
     match tungstenite::connect(req) {
         Ok((mut ws, resp)) => {
@@ -245,17 +246,23 @@ fn the_key_comes_from_the_environment_or_a_file_and_a_bad_one_is_refused() {
     }
 }
 
-/// The address a starting server prints.
+/// The address a starting server prints; its stderr is read to the end on a thread (a
+/// closed pipe would fail the server's next log line).
 fn listening_address(stderr: std::process::ChildStderr) -> String {
     use std::io::BufRead;
-    for line in std::io::BufReader::new(stderr).lines() {
-        let line = line.unwrap();
-        if let Some(at) = line.find("listening on http://") {
-            let addr = line[at + "listening on http://".len()..].trim().to_string();
-            return addr;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(at) = line.find("listening on http://") {
+                let _ = tx.send(line[at + "listening on http://".len()..].trim().to_string());
+            }
         }
-    }
-    panic!("the server did not start");
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the server did not start")
 }
 
 #[test]
