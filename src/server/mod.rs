@@ -7,11 +7,13 @@
 //! (nothing is written to disk). Live transcription is a WebSocket at `/v1/realtime`
 //! ([`realtime`]): each connection gets its own transcriber over the same model.
 
+pub mod auth;
 pub mod conn;
 mod language;
 mod openai;
 pub mod pool;
 pub mod realtime;
+mod ui;
 
 use crate::decoder::boosting::BaseTree;
 use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
@@ -113,6 +115,47 @@ pub struct ServeArgs {
     /// `response_format=diarized_json` and gives verbose_json's words their speakers.
     #[arg(long, value_name = "MODEL")]
     pub diar_model: Option<PathBuf>,
+    /// Require this key of every API request (`Authorization: Bearer KEY`, as OpenAI's clients
+    /// send it) and of the realtime socket (or, from a browser, its subprotocol
+    /// `openai-insecure-api-key.KEY`); others get 401.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "PARAKEET_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+    /// Read the API key from this file (its first line), instead of --api-key.
+    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
+    pub api_key_file: Option<PathBuf>,
+    /// An origin (scheme://host[:port]) whose pages may call this server from a browser
+    /// (repeatable); other cross-origin requests are refused with 403.
+    #[arg(long, value_name = "ORIGIN")]
+    pub allow_origin: Vec<String>,
+    /// Serve no page at / (the API alone).
+    #[arg(long)]
+    pub no_ui: bool,
+}
+
+/// The API key the flags give: --api-key (or PARAKEET_API_KEY), or the first line of
+/// --api-key-file; checked to fit a header and a WebSocket subprotocol.
+fn api_key(args: &ServeArgs) -> Result<Option<String>> {
+    let key = match (&args.api_key, &args.api_key_file) {
+        (_, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::io(format!("--api-key-file {}", path.display()), &e))?;
+            let line = text.lines().next().unwrap_or("").trim().to_string();
+            auth::check_key(&line)
+                .map_err(|e| Error::Options(format!("--api-key-file {}: {e}", path.display())))?;
+            Some(line)
+        }
+        (Some(key), None) => {
+            auth::check_key(key).map_err(|e| Error::Options(format!("--api-key: {e}")))?;
+            Some(key.clone())
+        }
+        (None, None) => None,
+    };
+    Ok(key)
 }
 
 /// A worker's state: its session and, on a diarizing server, its own diarizer over the shared
@@ -207,6 +250,15 @@ struct AudioSeconds(f64);
 /// Runs the server until SIGTERM or SIGINT, then finishes the requests and live streams in
 /// flight (at most `--shutdown-seconds`) and returns.
 pub fn serve(args: ServeArgs) -> Result<()> {
+    // The doors are checked first: a bad key or origin fails before a model loads.
+    let key = api_key(&args)?;
+    let public = if args.no_ui {
+        Vec::new()
+    } else {
+        ui::public_paths()
+    };
+    let access =
+        Arc::new(auth::Access::new(key, &args.allow_origin, public).map_err(Error::Options)?);
     let confidence = args.confidence.resolve(true)?;
     let boost_phrases = args.boost.phrases()?;
     let threads = match args.threads {
@@ -363,7 +415,17 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             model.path().display(),
             args.queue
         );
-        let app = router(state.clone()).merge(realtime::router(live_config, live_factory));
+        if auth::exposed(addr.ip()) && !access.has_key() {
+            eprintln!(
+                "warning: listening on {addr}, reachable from other machines, without an API key: anyone who can reach it may transcribe (set --api-key or PARAKEET_API_KEY)"
+            );
+        }
+        let mut app = router(state.clone()).merge(realtime::router(live_config, live_factory));
+        if !args.no_ui {
+            app = app.merge(ui::router(ui_info(&state, args.max_stream_seconds)));
+            eprintln!("parakeet serve: the page is at http://{addr}/");
+        }
+        let app = app.layer(middleware::from_fn_with_state(access.clone(), auth::guard));
         let finished =
             conn::serve(listener, app, limits, drain_control, drain, shutdown_signal()).await;
         Ok::<_, Error>(finished)
@@ -390,6 +452,26 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         Err(e) => return Err(e),
     }
     Ok(())
+}
+
+/// What the page shows of the server and offers: the model, the device, the options the
+/// server takes (speakers only with a diarization model), and its limits.
+fn ui_info(st: &AppState, max_stream_seconds: f64) -> serde_json::Value {
+    let live = crate::stream::open::LiveKind::of(&st.model);
+    json!({
+        "model": st.model.name(),
+        "device": ui::device(),
+        "workers": st.workers,
+        "threads_per_worker": st.threads,
+        "version": env!("CARGO_PKG_VERSION"),
+        "diarization": st.diarizes,
+        "confidence": st.request.confidence.is_some(),
+        "streaming": live.describe(),
+        "live_diarization": false,
+        "max_upload_mb": st.max_upload >> 20,
+        "max_audio_seconds": st.max_audio_seconds,
+        "max_stream_seconds": max_stream_seconds,
+    })
 }
 
 fn router(state: Arc<AppState>) -> Router {

@@ -123,9 +123,13 @@ async fn upgrade(
     let beta = headers
         .get_all("openai-beta")
         .iter()
-        .any(|v| v.to_str().is_ok_and(|v| v.contains("realtime")));
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("realtime")))
+        || offers_subprotocol(&headers, BETA_SUBPROTOCOL);
     let dialect = if beta { Dialect::Beta } else { Dialect::Ga };
-    ws.max_message_size(MAX_FRAME_BYTES)
+    // A browser's socket names its key (and the beta) in subprotocols and fails unless the
+    // server picks one of those it offered: `realtime`, as OpenAI's does.
+    ws.protocols([crate::server::auth::REALTIME_SUBPROTOCOL])
+        .max_message_size(MAX_FRAME_BYTES)
         .max_frame_size(MAX_FRAME_BYTES)
         .max_write_buffer_size(MAX_WRITE_BUFFER)
         .on_upgrade(move |socket| async move {
@@ -139,6 +143,19 @@ async fn upgrade(
                 conn.received as f64 / f64::from(conn.rate)
             );
         })
+}
+
+/// The subprotocol a browser's socket names the beta dialect with (its `OpenAI-Beta` header).
+const BETA_SUBPROTOCOL: &str = "openai-beta.realtime-v1";
+
+/// Whether the handshake offers the subprotocol `name`.
+fn offers_subprotocol(headers: &HeaderMap, name: &str) -> bool {
+    headers
+        .get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim() == name)
 }
 
 /// Counts a connection among the live streams while it is held.

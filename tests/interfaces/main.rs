@@ -12,6 +12,7 @@ mod live_double;
 mod live_nemo;
 mod realtime;
 mod serve;
+mod serve_auth;
 mod serve_diarize;
 mod signals;
 mod speech;

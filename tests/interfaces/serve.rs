@@ -75,6 +75,27 @@ impl Server {
         }
     }
 
+    /// The stderr lines logged after the "listening" line within `wait`, until `until` is
+    /// among them.
+    pub(crate) fn log_until(&self, until: &str, wait: Duration) -> Vec<String> {
+        let log = self.log.lock().unwrap();
+        let deadline = Instant::now() + wait;
+        let mut lines = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match log.recv_timeout(left) {
+                Ok(line) => {
+                    let done = line.contains(until);
+                    lines.push(line);
+                    if done {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        lines
+    }
+
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
