@@ -17,12 +17,14 @@ pub(crate) mod graph;
 pub mod openmp;
 mod process;
 mod state;
+mod threads;
 pub(crate) mod weight;
 
 pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
 pub use process::exit_now;
 pub use state::StateTensors;
+pub use threads::Threads;
 pub use weight::{HostWeights, PaddedLinear, Realised, Slot, Weight};
 
 use crate::bail;

@@ -20,7 +20,7 @@ use crate::bail;
 use crate::error::Result;
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
-use crate::backend::{Backend, Graph, Stats, Tensor};
+use crate::backend::{Backend, Graph, Stats, Tensor, Threads};
 use crate::encoder::EncoderState;
 use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode, last_linear};
 use crate::hparams::{ModelType, SortformerParams};
@@ -109,7 +109,7 @@ impl Diarizer {
     }
 
     /// A diarizer over `model`, which must be a Sortformer.
-    pub fn new(model: Arc<Model>, threads: usize) -> Result<Diarizer> {
+    pub fn new(model: Arc<Model>, threads: Threads) -> Result<Diarizer> {
         Diarizer::check(&model)?;
         let Some(params) = model.hparams().sortformer.clone() else {
             bail!(Internal, "internal: a Sortformer without its parameters");
@@ -119,14 +119,14 @@ impl Diarizer {
         Ok(Diarizer {
             model,
             params,
-            backend: Backend::cpu(threads)?,
+            backend: Backend::cpu(threads.get())?,
             mel,
             times: DiarTimes::default(),
         })
     }
 
     /// Loads the GGUF at `path` and opens a diarizer on it.
-    pub fn load(path: &Path, threads: usize) -> Result<Diarizer> {
+    pub fn load(path: &Path, threads: Threads) -> Result<Diarizer> {
         Diarizer::new(Arc::new(Model::load(path)?), threads)
     }
 

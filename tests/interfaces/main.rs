@@ -6,6 +6,7 @@ mod common;
 mod cli;
 mod commands;
 mod diarize;
+mod grammar;
 mod hub;
 mod live_double;
 mod live_nemo;

@@ -36,7 +36,7 @@ fn pairs(v: &serde_json::Value, a: &str, b: &str) -> Vec<(f64, f64)> {
 }
 
 /// A 16 kHz WAV with no samples at all.
-fn zero_samples(dir: &Path) -> PathBuf {
+pub(crate) fn zero_samples(dir: &Path) -> PathBuf {
     let path = dir.join("zero.wav");
     let spec = hound::WavSpec {
         channels: 1,
