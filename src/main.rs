@@ -78,6 +78,9 @@ enum Command {
     Diarize(parakeet::cli::diarize::DiarizeArgs),
     /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions, and live
     /// transcription over a WebSocket at /v1/realtime) over one loaded model.
+    // Each flag's help under it, as the other commands' long help shows theirs (their value
+    // lists with help give them that layout; serve has none).
+    #[command(next_line_help = true)]
     Serve(parakeet::server::ServeArgs),
     /// Find speech in audio files (Silero VAD, built in): segments as the silero-vad package's
     /// get_speech_timestamps gives them, as text, JSON, RTTM or SRT.

@@ -275,14 +275,14 @@ fn bad_input_is_one_clear_error() {
         "{}",
         text(&out.stderr)
     );
-    // Audio too short for one frame: a failed input, nothing written.
+    // Audio too short for one frame: the user's input (2), nothing written.
     let short = dir.join("short.wav");
     write_wav(&short, &[0.1; 100]);
     let out = diarize(
         &[short.to_str().unwrap(), "-m", sortformer, "-f", "rttm"],
         &cache,
     );
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("too short"),
         "{}",

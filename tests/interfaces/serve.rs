@@ -1184,7 +1184,11 @@ fn serve_takes_the_beam_flags_as_transcribe_does() {
         (r.status, r.body.as_str()),
         (200, &*String::from_utf8_lossy(&out.stdout))
     );
-    let r = upload(&server, &good, &[("response_format", "verbose_json")]);
+    let fields = [
+        ("response_format", "verbose_json"),
+        ("timestamp_granularities[]", "word"),
+    ];
+    let r = upload(&server, &good, &fields);
     assert_eq!(r.status, 200, "{r:?}");
     let words = r.json()["words"].as_array().unwrap().clone();
     assert!(
