@@ -197,12 +197,12 @@ struct CliOutput {
     vtt: String,
 }
 
-fn cli_output(input: &Path, dir: &Path) -> CliOutput {
+/// `parakeet transcribe -q -m <model> <input> <args>`, which must succeed.
+fn cli_transcribe(input: &Path, args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
-        .args(["transcribe", input.to_str().unwrap(), "-m"])
+        .args(["transcribe", input.to_str().unwrap(), "-q", "-m"])
         .arg(model())
-        .args(["-f", "txt,json,srt,vtt", "-q", "-o"])
-        .arg(dir)
+        .args(args)
         .env("GGML_NO_BACKTRACE", "1")
         .env_remove("PARAKEET_MODEL")
         .output()
@@ -211,6 +211,14 @@ fn cli_output(input: &Path, dir: &Path) -> CliOutput {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn cli_output(input: &Path, dir: &Path) -> CliOutput {
+    cli_transcribe(
+        input,
+        &["-f", "txt,json,srt,vtt", "-o", dir.to_str().unwrap()],
     );
     let stem = input.file_stem().unwrap().to_str().unwrap();
     let read = |ext: &str| std::fs::read_to_string(dir.join(format!("{stem}.{ext}"))).unwrap();
@@ -1165,19 +1173,7 @@ fn stream_true_answers_with_text_delta_events() {
 #[test]
 fn serve_takes_the_beam_flags_as_transcribe_does() {
     let good = clip("speech_2s.wav");
-    let out = Command::new(env!("CARGO_BIN_EXE_parakeet"))
-        .args(["transcribe", "--beam", "4", "-q", "-m"])
-        .arg(model())
-        .arg(&good)
-        .env("GGML_NO_BACKTRACE", "1")
-        .env_remove("PARAKEET_MODEL")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cli_transcribe(&good, &["--beam", "4"]);
     let server = Server::start(&["--workers", "1", "--threads", "2", "--beam", "4"]);
     let r = upload(&server, &good, &[("response_format", "text")]);
     assert_eq!(
