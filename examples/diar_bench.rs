@@ -100,7 +100,7 @@ fn main() -> anyhow::Result<()> {
         stages.2 * 1e3
     );
 
-    let mut d1 = Diarizer::load(&v1, THREADS)?;
+    let mut d1 = Diarizer::load(&v1, Threads::new(THREADS)?)?;
     let mut v1_stages = (0.0, 0.0);
     let (v1_s, v1_cpu) = best_of(runs, || {
         let before = d1.times();
@@ -161,7 +161,7 @@ fn main() -> anyhow::Result<()> {
     println!("v1 offline, one pass:");
     parakeet::cli::profile::print_backend(d1.stats());
 
-    let mut d2 = Diarizer::load(&v2, THREADS)?;
+    let mut d2 = Diarizer::load(&v2, Threads::new(THREADS)?)?;
     let settings = d2.params().streaming.inference_defaults();
     let (v2_s, v2_cpu) = best_of(runs, || {
         Ok(d2.diarize_streaming(&samples, &settings).map(|_| ())?)
@@ -201,7 +201,7 @@ fn offline(args: &[String]) -> anyhow::Result<()> {
     let repeat: usize = args.get(2).map_or(Ok(1), |s| s.parse())?;
     let runs: usize = args.get(3).map_or(Ok(9), |s| s.parse())?;
     let samples = audio.repeat(repeat);
-    let mut d = Diarizer::load(PathBuf::from(&args[0]).as_path(), THREADS)?;
+    let mut d = Diarizer::load(PathBuf::from(&args[0]).as_path(), Threads::new(THREADS)?)?;
     d.diarize_offline(&samples)?;
     let mut faults = Vec::new();
     let mut times: Vec<f64> = (0..runs)
@@ -285,7 +285,7 @@ fn long(args: &[String]) -> anyhow::Result<()> {
     );
     let audio = samples_16k(&args[1])?;
     let seconds = audio.len() as f64 / 16000.0;
-    let mut d2 = Diarizer::load(args[0].as_ref(), THREADS)?;
+    let mut d2 = Diarizer::load(args[0].as_ref(), Threads::new(THREADS)?)?;
     println!(
         "{}: {seconds:.1} s, {THREADS} threads; peak RSS {:.0} MB with the audio and model loaded",
         args[1],
@@ -299,7 +299,7 @@ fn long(args: &[String]) -> anyhow::Result<()> {
         memory_mb("VmRSS")
     );
     if let Some(v1) = args.get(2) {
-        let mut d1 = Diarizer::load(v1.as_ref(), THREADS)?;
+        let mut d1 = Diarizer::load(v1.as_ref(), Threads::new(THREADS)?)?;
         match d1.check_offline_length(audio.len()) {
             Ok(()) => {
                 let t = Instant::now();

@@ -25,7 +25,7 @@ fn main() -> anyhow::Result<()> {
     let audio = parakeet::audio::load_audio(wav.as_ref())?;
     anyhow::ensure!(audio.sample_rate == 16000, "{wav}: needs 16 kHz audio");
     let seconds = audio.samples.len() as f64 / 16000.0;
-    let mut vad = Vad::new(VadModel::builtin()?, 1)?;
+    let mut vad = Vad::new(VadModel::builtin()?, parakeet::session::Threads::ONE)?;
     // Warm-up: the compute buffer's first touch.
     let probs = vad.probabilities(&audio.samples, SampleRate::Hz16000)?;
     let mut best = f64::INFINITY;

@@ -33,7 +33,11 @@ Refused outright, because they would hide where code comes from: `#[path]` (also
 root (it brings every room into scope), and .rs files under src/ that no `mod` reaches.
 The binary (src/main.rs and modules it declares) sits above every room and is not checked.
 
+It also checks that docs/ARCHITECTURE.md's list of which rooms each room uses (between
+`<!-- uses:begin -->` and `<!-- uses:end -->`) is what the code names; `--write` rewrites it.
+
 Exits 1 naming every violation. Usage (repo root): python3 scripts/check_layers.py [--root DIR]
+[--write]
 """
 import argparse
 import bisect
@@ -389,8 +393,9 @@ def child_file(src, module):
     return None, "no file"
 
 
-def check(root):
-    """Every violation under `root` as text, and a summary line."""
+def check(root, uses=None):
+    """Every violation under `root` as text, and a summary line; with a dict `uses`, also fills
+    it with the rooms each room names (room -> set of rooms)."""
     root = Path(root)
     src, doc = root / "src", root / "docs" / "ARCHITECTURE.md"
     table = layers(doc)
@@ -524,6 +529,13 @@ def check(root):
             for home in macro_homes.get(name, []):
                 deps.append((f, off, mod, list(home), f"{name}! (a macro of ours)"))
 
+    if uses is not None:
+        for room in rooms:
+            uses.setdefault(room, set())
+        for _, _, mod, path, _ in deps:
+            if path[0] != mod[0] and path[0] in rooms:
+                uses[mod[0]].add(path[0])
+
     # Rule 1: a room names only rooms of lower layers.
     for f, off, mod, path, how in deps:
         room, target = mod[0], path[0]
@@ -619,18 +631,53 @@ def strongly_connected(edges):
     return out
 
 
+USES = re.compile(r"(<!-- uses:begin -->\n```\n)(.*?)(```\n<!-- uses:end -->)", re.S)
+
+
+def uses_block(table, uses):
+    """The "which rooms each room uses" lines of docs/ARCHITECTURE.md: rooms from the highest
+    layer down, each with the rooms it names, highest first."""
+    order = lambda r: (-table.get(r, -1), r)  # noqa: E731
+    width = max(len(r) for r in uses)
+    lines = []
+    for room in sorted(uses, key=order):
+        used = sorted(uses[room], key=order)
+        what = "-> " + ", ".join(used) if used else "(uses no other room)"
+        lines.append(f"{table.get(room, '?'):>2} {room:<{width}} {what}")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=Path(__file__).resolve().parent.parent,
                     help="the repository (default: this script's)")
+    ap.add_argument("--write", action="store_true",
+                    help="rewrite the uses block of docs/ARCHITECTURE.md from the code")
     args = ap.parse_args(argv)
-    errors, summary = check(args.root)
+    uses = {}
+    errors, summary = check(args.root, uses)
     for e in errors:
         print(e)
     if errors:
         print(f"{len(errors)} layering violation(s); the layers are defined in "
               "docs/ARCHITECTURE.md")
         return 1
+    # The doc's list of which rooms each room uses is the code's, never a hand-kept copy.
+    doc = Path(args.root) / "docs" / "ARCHITECTURE.md"
+    text = doc.read_text()
+    m = USES.search(text)
+    if not m:
+        print(f"{doc}: no uses block (<!-- uses:begin --> ... <!-- uses:end -->)")
+        return 1
+    want = uses_block(layers(doc), uses)
+    if m.group(2) != want:
+        if not args.write:
+            print(f"{doc}: the list of which rooms each room uses differs from the code; "
+                  "python3 scripts/check_layers.py --write rewrites it:")
+            print(want, end="")
+            return 1
+        doc.write_text(text[:m.start(2)] + want + text[m.end(2):])
+        print(f"rewrote the uses block of {doc}")
     print(f"layering ok: {summary}")
     return 0
 

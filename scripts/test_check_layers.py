@@ -80,6 +80,22 @@ class CheckLayers(unittest.TestCase):
             self.assertEqual(check_layers.main(["--root", str(self.tree.dir)]), 1)
         self.assertIn("1 layering violation(s)", out.getvalue())
 
+    def test_the_uses_list_follows_the_code(self):
+        # A legal new arrow (server -> kernels) leaves the doc's list behind: refused, then
+        # rewritten by --write, after which the check passes.
+        self.tree.append("src/server/mod.rs", "use crate::kernels::cpu::Isa as _Isa;")
+        self.assertEqual(self.tree.check(), [])
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            self.assertEqual(check_layers.main(["--root", str(self.tree.dir)]), 1)
+        self.assertIn("differs from the code", out.getvalue())
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(check_layers.main(["--root", str(self.tree.dir), "--write"]), 0)
+        doc = (self.tree.dir / "docs" / "ARCHITECTURE.md").read_text()
+        server = next(l for l in doc.splitlines() if l.split()[1:2] == ["server"])
+        self.assertIn("kernels", server)
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(check_layers.main(["--root", str(self.tree.dir)]), 0)
+
     def test_anyhow_in_the_library(self):
         self.violation("fn f() -> anyhow::Result<()> { Ok(()) }", "{line}", "`anyhow`")
 

@@ -4,7 +4,9 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use parakeet::audio;
 use parakeet::backend::KernelChoice;
-use parakeet::cli::signals;
+// Exit codes: 0 all good, 1 some inputs of a batch failed (or an internal error), 2 the
+// user's error (flags, options, model, the one input given): `cli::Outcome`'s rule.
+use parakeet::cli::{EXIT_FAILED_INPUTS, EXIT_USAGE, Outcome, signals};
 use parakeet::convert::{OutType, convert_with_progress};
 use parakeet::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
 use parakeet::diar::{DEFAULT_MODEL as DEFAULT_DIAR_MODEL, Diarizer};
@@ -17,7 +19,7 @@ use parakeet::output::{self, Format, OutputMeta};
 use parakeet::session::pipeline::{self, Input, Limits};
 use parakeet::session::{DecodeOptions, DecodeRequest, DecoderChoice, DeviceArg, Session, Threads};
 use parakeet::stream::input::{self, AudioSource, RawFormat, RawLayout};
-use parakeet::stream::open::{LiveKind, LiveOptions, open_live};
+use parakeet::stream::open::{LiveKind, LiveOptions, LiveRequest, open_live};
 use parakeet::stream::pump::{PumpOptions, pump};
 use parakeet::stream::render::{EventFormat, EventWriter};
 use parakeet::stream::speakers;
@@ -52,11 +54,21 @@ enum Command {
         /// Output .gguf file.
         output: PathBuf,
         /// Storage type of the large matmul weights (everything else stays f32).
-        #[arg(long = "type", value_enum, default_value = "f32")]
+        #[arg(long = "type", value_name = "TYPE", value_enum, default_value = "f32")]
         ty: OutType,
     },
-    /// List the converted models in the cache.
-    Models,
+    /// List the converted models in the cache (PARAKEET_CACHE, else
+    /// $XDG_CACHE_HOME/parakeet, else ~/.cache/parakeet), or remove some.
+    Models {
+        /// Remove this model's files from the cache (a name as listed, or one file's name);
+        /// repeat for several.
+        #[arg(long, value_name = "NAME")]
+        remove: Vec<String>,
+        /// Remove the extra copies of each model (one checkpoint converted from two places,
+        /// e.g. two clones of a repository), keeping one.
+        #[arg(long)]
+        prune: bool,
+    },
     /// Transcribe live audio as it arrives: the default microphone when no INPUT is given, `-`
     /// for standard input, or a file. A cache-aware model streams with its encoder caches, any
     /// other model with NeMo's buffered streaming (each chunk encoded with left and right
@@ -67,6 +79,9 @@ enum Command {
     Diarize(parakeet::cli::diarize::DiarizeArgs),
     /// Serve the OpenAI transcription API (POST /v1/audio/transcriptions, and live
     /// transcription over a WebSocket at /v1/realtime) over one loaded model.
+    // Each flag's help under it, as the other commands' long help shows theirs (their value
+    // lists with help give them that layout; serve has none).
+    #[command(next_line_help = true)]
     Serve(parakeet::server::ServeArgs),
     /// Find speech in audio files (Silero VAD, built in): segments as the silero-vad package's
     /// get_speech_timestamps gives them, as text, JSON, RTTM or SRT.
@@ -174,6 +189,11 @@ struct TranscribeArgs {
 }
 
 #[derive(Args)]
+// The VAD's flags are shared with `vad`; the padding means something else in a stream.
+#[command(mut_arg("speech_pad_ms", |a| a.help(
+    "With --vad: each utterance's audio starts this long before the speech the VAD heard, \
+     and its end waits this long after it (VADIterator's speech_pad_ms)"
+)))]
 struct StreamArgs {
     /// Audio to transcribe: `-` reads standard input (a WAV stream, or headerless samples with
     /// --raw), a path reads a file; none listens to the default microphone.
@@ -208,9 +228,10 @@ struct StreamArgs {
     /// Feed a file at the speaker's pace instead of as fast as possible.
     #[arg(long)]
     realtime: bool,
-    /// text: finished utterances one a line (on a terminal the current one grows in place);
-    /// jsonl: every partial and final as a JSON object a line.
-    #[arg(long, value_enum, default_value = "text")]
+    /// Output format (one: both go to standard output): txt, finished utterances one a line
+    /// (on a terminal the current one grows in place); jsonl, every partial and final as a
+    /// JSON object a line.
+    #[arg(short = 'f', long = "format", value_enum, default_value = "txt")]
     format: EventFormat,
     /// Cache-aware models: one of the model's lookaheads, `L,R` in encoder frames (default:
     /// NeMo's for the model).
@@ -274,11 +295,6 @@ fn parse_att_context(s: &str) -> Result<[usize; 2], String> {
     }
 }
 
-/// Exit codes: 0 all good, 1 some inputs failed (or an internal error), 2 the user's error
-/// (flags, options, model, audio).
-const EXIT_FAILED_INPUTS: u8 = 1;
-const EXIT_USAGE: u8 = 2;
-
 fn main() -> ExitCode {
     // First of all: the compiler and ggml may use any instruction of the build's baseline
     // anywhere, so on an older CPU the next line of code could die of SIGILL.
@@ -307,16 +323,22 @@ fn main() -> ExitCode {
             model: Some(model), ..
         } => info(&model).map(|_| 0),
         Command::Info { model: None, .. } => system_info().map(|_| 0),
-        Command::Models => list_models().map(|_| 0),
+        Command::Models { remove, prune } => {
+            if remove.is_empty() && !prune {
+                list_models().map(|_| 0)
+            } else {
+                tidy_models(&remove, prune).map(|_| 0)
+            }
+        }
         Command::Stream(args) => stream(args),
         Command::Serve(args) => parakeet::server::serve(args).map(|_| 0).map_err(Into::into),
-        Command::Diarize(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
+        Command::Diarize(args) => audio_inputs(&args.inputs).and_then(|(jobs, non_audio)| {
             let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
-            Ok(parakeet::cli::diarize::run(args, &jobs)?)
+            Ok(parakeet::cli::diarize::run(args, &jobs, non_audio)?)
         }),
-        Command::Vad(args) => audio_inputs(&args.inputs).and_then(|(jobs, _)| {
+        Command::Vad(args) => audio_inputs(&args.inputs).and_then(|(jobs, non_audio)| {
             let jobs: Vec<_> = jobs.into_iter().map(|j| (j.path, j.root)).collect();
-            Ok(parakeet::cli::vad::run(&args, &jobs)?)
+            Ok(parakeet::cli::vad::run(&args, &jobs, non_audio)?)
         }),
     };
     match result {
@@ -393,6 +415,13 @@ fn list_models() -> Result<()> {
         outln!("no converted models in {}", dir.display())?;
     }
     for m in models {
+        let copies = match m.copies.len() {
+            0 => String::new(),
+            n => format!(
+                "; {n} more cop{} with the same bytes: `parakeet models --prune` removes them",
+                if n == 1 { "y" } else { "ies" }
+            ),
+        };
         let desc = Model::load(&m.path)
             .map(|model| {
                 let hp = model.hparams();
@@ -406,10 +435,29 @@ fn list_models() -> Result<()> {
             })
             .unwrap_or_else(|e| format!("unreadable: {e:#}"));
         outln!(
-            "{:>9.1} MiB  {}  ({desc})",
+            "{:>9.1} MiB  {:<20} {}  ({desc}{copies})",
             m.bytes as f64 / (1 << 20) as f64,
+            m.name(),
             m.path.display()
         )?;
+    }
+    Ok(())
+}
+
+/// `models --remove NAME` / `--prune`: each file removed, on standard error.
+fn tidy_models(remove: &[String], prune: bool) -> Result<()> {
+    let mut removed = Vec::new();
+    for name in remove {
+        removed.extend(parakeet::model_source::remove_cached(name)?);
+    }
+    if prune {
+        removed.extend(parakeet::model_source::prune_cached()?);
+    }
+    for path in &removed {
+        eprintln!("removed {}", path.display());
+    }
+    if removed.is_empty() {
+        eprintln!("nothing to remove");
     }
     Ok(())
 }
@@ -806,14 +854,6 @@ impl TranscribePlan {
     }
 }
 
-/// Counts of a batch.
-#[derive(Default)]
-struct Tally {
-    done: usize,
-    failed: usize,
-    skipped: usize,
-}
-
 fn transcribe(args: TranscribeArgs) -> Result<u8> {
     let plan = TranscribePlan::new(&args)?;
     if plan.jobs.is_empty() {
@@ -855,9 +895,8 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .filter(|j| j.path.as_os_str() != "-")
         .and_then(|j| audio::declared_seconds(&j.path));
     let mut session = Session::ready(model, plan.threads, expect_seconds)?;
-    let options = DecodeOptions::new(session.model(), &plan.request)?;
+    let options = DecodeOptions::new(session.model(), &plan.request)?.with_op_timing(args.profile);
     let mut diarizer = load_diarizer(args.diarize, &args.diar_model, plan.threads, &load)?;
-    session.set_op_timing(args.profile);
     let mut profile = Profile {
         load: start.elapsed(),
         ..Default::default()
@@ -867,16 +906,19 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         .then(|| progress_bar(plan.jobs.len()));
     // One file: its stages and how far each is (a long file is minutes of work).
     let stage_bar = (!args.quiet && single && std::io::stderr().is_terminal()).then(stage_bar);
-    if let Some(bar) = &stage_bar {
-        let bar = bar.clone();
-        session.set_progress(Some(std::sync::Arc::new(move |stage, done| {
-            if bar.message() != stage {
-                bar.set_message(stage);
-            }
-            bar.set_position((done * 1000.0) as u64);
-        })));
-    }
-    let mut tally = Tally::default();
+    let options = match &stage_bar {
+        Some(bar) => {
+            let bar = bar.clone();
+            options.with_progress(Some(Arc::new(move |stage, done| {
+                if bar.message() != stage {
+                    bar.set_message(stage);
+                }
+                bar.set_position((done * 1000.0) as u64);
+            })))
+        }
+        None => options,
+    };
+    let mut tally = Outcome::default();
     for (job, outputs) in plan.jobs.iter().zip(&plan.outputs) {
         if args.skip_existing && !outputs.is_empty() && outputs.iter().all(|(_, p)| p.exists()) {
             tally.skipped += 1;
@@ -911,7 +953,7 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
                     }
                 }
                 Err(e) => {
-                    tally.failed += 1;
+                    tally.fail(exit_code(&e));
                     let msg = format!("error: {e:#}");
                     match &progress {
                         Some(pb) => pb.println(msg),
@@ -937,26 +979,20 @@ fn transcribe(args: TranscribeArgs) -> Result<u8> {
         bar.finish_and_clear();
     }
     let wall = start.elapsed();
-    if !single && !args.quiet {
+    if (!single || tally.skipped > 0) && !args.quiet {
         eprintln!(
-            "{} done, {} failed, {} skipped, {} non-audio files ignored; {:.1} s of audio in {:.1} s ({:.1}x real time)",
-            tally.done,
-            tally.failed,
-            tally.skipped,
-            plan.skipped_non_audio,
-            profile.audio_seconds,
-            wall.as_secs_f64(),
-            profile.audio_seconds / wall.as_secs_f64().max(1e-9)
+            "{}",
+            tally.summary(
+                plan.skipped_non_audio,
+                profile.audio_seconds,
+                wall.as_secs_f64()
+            )
         );
     }
     if args.profile {
         print_profile(&profile, &session, wall, options.beam().is_some());
     }
-    Ok(if tally.failed > 0 {
-        EXIT_FAILED_INPUTS
-    } else {
-        0
-    })
+    Ok(tally.code(plan.jobs.len()))
 }
 
 /// Writes a transcript's planned output files (each atomically).
@@ -1007,7 +1043,7 @@ fn transcribe_one(
     let t0 = Instant::now();
     let input = Input::arg(&job.path);
     let shown = input.name();
-    let samples = pipeline::load_samples_for(input, Limits::default(), options)?;
+    let samples = pipeline::load_samples(input, Limits::default())?;
     profile.read += t0.elapsed();
     if let Some(dir) = &args.dump_layers {
         dump_layers(session, &samples, options, dir)
@@ -1110,7 +1146,7 @@ fn load_diarizer(
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DIAR_MODEL));
     let diarizer = parakeet::model_source::load_with(&spec, &mut |line| eprintln!("{line}"), load)
-        .and_then(|m| Diarizer::new(Arc::new(m), threads.get()));
+        .and_then(|m| Diarizer::new(Arc::new(m), threads));
     Ok(Some(diarizer.with_context(|| {
         format!("--diar-model {}", spec.display())
     })?))
@@ -1141,12 +1177,6 @@ fn stream(args: StreamArgs) -> Result<u8> {
     {
         bail!("--max-seconds must be positive (got {s})");
     }
-    let cut = args.max_utterance_seconds;
-    if !cut.is_finite() || cut < 0.0 {
-        bail!(
-            "--max-utterance-seconds must be 0 (never cut) or a positive number of seconds (got {cut})"
-        );
-    }
     let turns = stream_turns(&args)?;
     let (threads, warning) = Threads::resolve(args.threads)?;
     if let Some(w) = warning {
@@ -1171,17 +1201,15 @@ fn stream(args: StreamArgs) -> Result<u8> {
             ..DecodeRequest::default()
         },
     )?;
-    let options = LiveOptions {
-        boost: decoding.boosting().cloned(),
-        confidence: decoding.confidence().copied(),
+    let live = LiveRequest {
         att_context: args.att_context,
         chunk_secs: args.chunk_secs,
         left_secs: args.left_secs,
         right_secs: args.right_secs,
-        decoder: args.decoder,
         threads,
-        max_utterance_seconds: (cut > 0.0).then_some(cut),
+        max_utterance_seconds: args.max_utterance_seconds,
     };
+    let options = LiveOptions::new(&model, decoding, live)?;
     let mut transcriber = open_live(&model, &options)?;
     let turn_params = turns.as_ref().map(|(_, p)| *p);
     if let Some((vad, params)) = turns {
@@ -1198,15 +1226,15 @@ fn stream(args: StreamArgs) -> Result<u8> {
                 p.threshold, p.min_silence_ms, p.speech_pad_ms
             );
         }
-        if LiveKind::of(&model) == LiveKind::Buffered {
+        if options.kind() == LiveKind::Buffered {
             let b = options.buffered();
             eprintln!(
-                "buffered: chunk {} s, left {} s, right {} s ({:.1} s buffer a step), head {:?}",
+                "buffered: chunk {} s, left {} s, right {} s ({:.1} s buffer a step), head {}",
                 b.chunk_secs,
                 b.left_secs,
                 b.right_secs,
                 b.chunk_secs + b.left_secs + b.right_secs,
-                args.decoder
+                options.decoding().head().name()
             );
         }
     }

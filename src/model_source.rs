@@ -151,14 +151,56 @@ fn fetch_from_hub(id: &str, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
         .map_err(|e| err!(Model, "{id}: downloading {file} failed: {e}"))
 }
 
-/// A converted model in the cache.
+/// A converted model in the cache: one file, and the other files of the cache with the same
+/// bytes (one checkpoint converted from two places, e.g. two clones of a repository: the
+/// cache's key is the checkpoint's path).
 #[derive(Debug, Clone)]
 pub struct CachedModel {
     pub path: PathBuf,
     pub bytes: u64,
+    pub copies: Vec<PathBuf>,
 }
 
-/// Every GGUF in our cache.
+impl CachedModel {
+    /// The model's name in the cache: its file's stem without the key after it
+    /// (`tiny_tdt-0123456789abcdef.gguf` -> `tiny_tdt`).
+    pub fn name(&self) -> String {
+        model_name(&self.path)
+    }
+}
+
+/// `stem-<16 hex digits>.gguf` -> `stem` (any other file: its stem).
+fn model_name(path: &Path) -> String {
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    match stem.rsplit_once('-') {
+        Some((name, key)) if key.len() == 16 && key.chars().all(|c| c.is_ascii_hexdigit()) => {
+            name.to_string()
+        }
+        _ => stem.into_owned(),
+    }
+}
+
+/// Whether two files hold the same bytes.
+fn same_bytes(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    let (mut fa, mut fb) = (std::fs::File::open(a)?, std::fs::File::open(b)?);
+    if fa.metadata()?.len() != fb.metadata()?.len() {
+        return Ok(false);
+    }
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let n = fa.read(&mut ba)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        fb.read_exact(&mut bb[..n])?;
+        if ba[..n] != bb[..n] {
+            return Ok(false);
+        }
+    }
+}
+
+/// Every GGUF in our cache, each model once (copies with the same bytes listed with it).
 pub fn list_cached() -> Result<Vec<CachedModel>> {
     let dir = cache_dir();
     let entries = match std::fs::read_dir(&dir) {
@@ -166,21 +208,88 @@ pub fn list_cached() -> Result<Vec<CachedModel>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => bail!(Model, "{}: {e}", dir.display()),
     };
-    let mut out: Vec<CachedModel> = entries
+    let mut files: Vec<(PathBuf, u64)> = entries
         .filter_map(|e| e.ok())
         .filter(|e| e.path().extension().is_some_and(|x| x == "gguf"))
-        .map(|e| CachedModel {
-            bytes: e.metadata().map(|m| m.len()).unwrap_or(0),
-            path: e.path(),
-        })
+        .map(|e| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
         .collect();
-    out.sort_by(|a, b| a.path.cmp(&b.path));
+    files.sort();
+    let mut out: Vec<CachedModel> = Vec::new();
+    for (path, bytes) in files {
+        // Only a file of the same name and size can be a copy: compared byte for byte.
+        let copy_of = out.iter_mut().find(|m| {
+            m.bytes == bytes
+                && model_name(&m.path) == model_name(&path)
+                && same_bytes(&m.path, &path).unwrap_or(false)
+        });
+        match copy_of {
+            Some(m) => m.copies.push(path),
+            None => out.push(CachedModel {
+                path,
+                bytes,
+                copies: Vec::new(),
+            }),
+        }
+    }
     Ok(out)
+}
+
+/// Removes the cache's files of the model `name` (a name as [`CachedModel::name`] gives it,
+/// which removes every file of that model, or one file's name); returns the files removed.
+/// A name the cache does not hold is the user's error, naming what it holds.
+pub fn remove_cached(name: &str) -> Result<Vec<PathBuf>> {
+    let models = list_cached()?;
+    let doomed: Vec<PathBuf> = models
+        .iter()
+        .flat_map(|m| std::iter::once(&m.path).chain(&m.copies))
+        .filter(|p| model_name(p) == name || p.file_name().is_some_and(|f| f == name))
+        .cloned()
+        .collect();
+    if doomed.is_empty() {
+        let held: Vec<String> = models.iter().map(CachedModel::name).collect();
+        bail!(
+            Options,
+            "--remove {name}: no such model in the cache {} (it holds: {})",
+            cache_dir().display(),
+            if held.is_empty() {
+                "nothing".to_string()
+            } else {
+                held.join(", ")
+            }
+        );
+    }
+    remove_files(&doomed)?;
+    Ok(doomed)
+}
+
+/// Removes the copies (the same bytes under another key) the cache holds of each model,
+/// keeping one; returns the files removed.
+pub fn prune_cached() -> Result<Vec<PathBuf>> {
+    let doomed: Vec<PathBuf> = list_cached()?.into_iter().flat_map(|m| m.copies).collect();
+    remove_files(&doomed)?;
+    Ok(doomed)
+}
+
+fn remove_files(paths: &[PathBuf]) -> Result<()> {
+    for p in paths {
+        std::fs::remove_file(p).with_context(|| format!("{}: cannot remove", p.display()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_names_drop_the_key() {
+        assert_eq!(
+            model_name(Path::new("c/tiny_tdt-0123456789abcdef.gguf")),
+            "tiny_tdt"
+        );
+        assert_eq!(model_name(Path::new("c/a-b-0123456789abcdef.gguf")), "a-b");
+        assert_eq!(model_name(Path::new("c/my-model.gguf")), "my-model");
+    }
 
     #[test]
     fn hub_ids_are_owner_slash_name() {

@@ -31,7 +31,8 @@ mod speech;
 
 pub use options::{
     BeamPlan, BeamRequest, DecodeOptions, DecodeRequest, DecoderChoice, Device, DeviceArg,
-    DeviceRequest, Head, MAX_BEAM_SIZE, MAX_MAES_BEAM_SIZE, SpeechPlan, SpeechRequest, Threads,
+    DeviceRequest, Head, MAX_BEAM_SIZE, MAX_MAES_BEAM_SIZE, Progress, SpeechPlan, SpeechRequest,
+    Threads,
 };
 
 /// What decoding an encoder pass gives.
@@ -57,16 +58,9 @@ pub struct Session {
     /// session's, as its backend is, so that the shared model stays read-only.
     input_gates: InputGates,
     mel: MelConfig,
-    progress: Option<Progress>,
-    /// Test hook: the encoder's layer time slice ([`Session::set_layer_slice`]).
-    layer_slice: Option<usize>,
     /// Speech detection, made on first use (a backend of its own, as small as its model).
     vad: Option<crate::vad::Vad>,
 }
-
-/// Told the stage of the utterance being transcribed ("features", "encoder", "decoder") and
-/// how far it is (0 to 1; the decoder reports only its start).
-pub type Progress = std::sync::Arc<dyn Fn(&'static str, f64) + Send + Sync>;
 
 /// Longest utterance [`Session::load_for`] readies the compute buffer for (a header may
 /// declare anything; a longer file grows the buffer when it runs, as without preparing).
@@ -132,8 +126,6 @@ impl Session {
             model,
             backend,
             mel,
-            progress: None,
-            layer_slice: None,
             vad: None,
         })
     }
@@ -195,36 +187,13 @@ impl Session {
         )
     }
 
-    /// Test hook: whole-file encoder layers under local attention run in time slices of
-    /// `frames` frames (a multiple of 32) on inputs longer than that, as long files do.
-    #[doc(hidden)]
-    pub fn set_layer_slice(&mut self, frames: usize) {
-        self.layer_slice = Some(frames);
-    }
-
-    /// A whole file's encoder state.
-    fn whole_file_state(&self) -> EncoderState {
+    /// A whole file's encoder state (in layer time slices of `slice` frames, a test's).
+    fn whole_file_state(slice: Option<usize>) -> EncoderState {
         let mut state = EncoderState::new();
-        if let Some(frames) = self.layer_slice {
+        if let Some(frames) = slice {
             state.set_layer_slice(frames);
         }
         state
-    }
-
-    /// Report each utterance's progress (for a terminal), or stop with `None`.
-    pub fn set_progress(&mut self, progress: Option<Progress>) {
-        self.progress = progress;
-    }
-
-    fn report(&self, stage: &'static str, done: f64) {
-        if let Some(p) = &self.progress {
-            p(stage, done);
-        }
-    }
-
-    /// Time every graph node by kind from now on (`--profile`; [`Session::stats`]).
-    pub fn set_op_timing(&mut self, on: bool) {
-        self.backend.set_op_timing(on);
     }
 
     /// The backend's counters: graphs computed, compute buffer, node times.
@@ -277,11 +246,24 @@ impl Session {
         capture_layers: bool,
         choice: AttentionChoice,
     ) -> Result<Encoded> {
+        self.encode_sliced(features, capture_layers, choice, None)
+    }
+
+    /// Test hook: [`encode_with`](Self::encode_with) with whole-file layers under local
+    /// attention in time slices of `slice` frames (a multiple of 32), as long files run.
+    #[doc(hidden)]
+    pub fn encode_sliced(
+        &mut self,
+        features: &Features,
+        capture_layers: bool,
+        choice: AttentionChoice,
+        slice: Option<usize>,
+    ) -> Result<Encoded> {
         let attention = self.attention_for(features.n_frames, choice);
         let outputs = Outputs::All {
             layers: capture_layers,
         };
-        let mut state = self.whole_file_state();
+        let mut state = Session::whole_file_state(slice);
         encode(
             &mut self.backend,
             &self.model,
@@ -454,6 +436,9 @@ impl Session {
             let joint_enc = enc.joint_enc.as_ref().ok_or_else(missing)?;
             let mut search = GreedyTransducer::new(&self.model, &mut self.input_gates)?;
             search.set_confidence(confidence);
+            if let Some(p) = opts.progress().cloned() {
+                search.set_progress(Some(Box::new(move |done| p("decoder", done))));
+            }
             let tokens = search.decode(&mut self.backend, joint_enc, enc.frames, boost, trace)?;
             let counts = search.counts();
             times.decoder_steps = counts.joint_steps;
@@ -515,8 +500,10 @@ impl Session {
     /// Transcribe 16 kHz mono samples by `opts`: the whole file in one encoder pass and one
     /// decoder pass (local attention keeps long files linear in time and memory), or with
     /// speech detection each speech segment so. The samples are taken by value so that an
-    /// hour of audio is freed once its features exist.
+    /// hour of audio is freed once its features exist. The call's progress and node timing
+    /// are `opts`' too.
     pub fn transcribe(&mut self, samples: Vec<f32>, opts: &DecodeOptions) -> Result<Transcript> {
+        self.backend.set_op_timing(opts.op_timing());
         match opts.speech() {
             Some(speech) => self.transcribe_speech(samples, opts, speech),
             None => self.transcribe_whole(samples, opts),
@@ -583,7 +570,7 @@ impl Session {
     ) -> Result<(Decoded, Attention)> {
         let outputs = opts.head().outputs();
         let t0 = Instant::now();
-        self.report("features", 0.0);
+        report(opts, "features", 0.0);
         let features = self.features(&samples);
         if features.n_frames == 0 {
             return Err(too_short(samples.len(), self.sample_rate()));
@@ -593,11 +580,11 @@ impl Session {
         let chunk = FeatureImage::from(&features);
         drop(features);
         let t1 = Instant::now();
-        if let Some(p) = self.progress.clone() {
+        if let Some(p) = opts.progress().cloned() {
             self.backend
                 .set_progress(Some(Box::new(move |done| p("encoder", done))));
         }
-        let mut state = self.whole_file_state();
+        let mut state = Session::whole_file_state(opts.layer_slice());
         let enc = encode(
             &mut self.backend,
             &self.model,
@@ -608,7 +595,7 @@ impl Session {
         );
         self.backend.set_progress(None);
         let enc = enc?;
-        self.report("decoder", 0.0);
+        report(opts, "decoder", 0.0);
         // A long file grew the compute buffer to its encoder's size; the decoder's graphs and
         // the next (shorter) files need far less.
         self.backend
@@ -620,6 +607,13 @@ impl Session {
         times.encoder = t2 - t1;
         times.decoder = t2.elapsed();
         Ok((decoded, attention))
+    }
+}
+
+/// Tells `opts`' progress, if any, how far `stage` is.
+fn report(opts: &DecodeOptions, stage: &'static str, done: f64) {
+    if let Some(p) = opts.progress() {
+        p(stage, done);
     }
 }
 

@@ -7,6 +7,7 @@ use numpy::{PyArray2, PyUntypedArrayMethods};
 use parakeet::diar::Diarizer;
 use parakeet::diar::postprocess::{Generation, PostProcessing, segments};
 use parakeet::error::Error;
+use parakeet::session::Threads;
 use parakeet::session::pipeline::{self, Limits};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -51,7 +52,7 @@ impl SharedSortformer {
 pub fn worker_diarizer<'a>(
     slot: &'a mut Option<Diarizer>,
     model: &Arc<parakeet::model::Model>,
-    threads: usize,
+    threads: Threads,
 ) -> Result<&'a mut Diarizer, Error> {
     if !slot.as_ref().is_some_and(|d| Arc::ptr_eq(d.model(), model)) {
         *slot = Some(Diarizer::new(model.clone(), threads).map_err(Error::model)?);
@@ -146,9 +147,11 @@ pub fn diarize(
     min_duration_on: Option<f64>,
     min_duration_off: Option<f64>,
 ) -> PyResult<Diarization> {
-    if threads == Some(0) {
-        return Err(PyValueError::new_err("threads must be at least 1"));
-    }
+    // The command line's thread rule (0 refused, more than the cores capped with a warning).
+    let threads = match threads {
+        Some(n) => crate::resolve_threads(py, n)?,
+        None => Threads::all(),
+    };
     let input = input(audio, sample_rate, "array".to_string(), false)?;
     let spec = model.unwrap_or_else(|| PathBuf::from(parakeet::diar::DEFAULT_MODEL));
     let (activity, post, units) = py.detach(|| -> PyResult<_> {
@@ -178,8 +181,6 @@ pub fn diarize(
             }
         }
         post.check().map_err(bad)?;
-        let threads =
-            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let units = sortformer.hparams().encoder.subsampling_factor;
         let mut diarizer = Diarizer::new(sortformer, threads).map_err(bad)?;
         let (samples, shown) = match input {

@@ -22,7 +22,7 @@ use parakeet::session::{
     DecodeOptions, DecodeRequest, DecoderChoice, Session, SpeechRequest, Threads,
 };
 use parakeet::stream::DEFAULT_MAX_UTTERANCE_SECONDS;
-use parakeet::stream::open::LiveOptions;
+use parakeet::stream::open::{LiveOptions, LiveRequest};
 use parakeet::vad::SpeechParams;
 use parakeet::vad::detect::{audio_or_empty, detect};
 use pyo3::create_exception;
@@ -92,7 +92,7 @@ fn run_job(
     sortformer: Option<&Arc<parakeet::model::Model>>,
 ) -> Result<parakeet::transcript::Transcript, Error> {
     let limits = Limits::default();
-    let threads = worker.session.threads();
+    let threads = Threads::new(worker.session.threads())?;
     let diarizer = match sortformer {
         Some(m) => Some(diar::worker_diarizer(&mut worker.diarizer, m, threads)?),
         None => None,
@@ -307,7 +307,6 @@ impl Model {
         diar_model: Option<PathBuf>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let speech = speech_request(vad)?;
-        let empty_ok = speech.is_some();
         let request = self.request(
             decoder,
             confidence,
@@ -341,7 +340,7 @@ impl Model {
                 } else {
                     "array".to_string()
                 };
-                let input = input(item, sample_rate, name, empty_ok)?;
+                let input = input(item, sample_rate, name, false)?;
                 arrays += matches!(input, Input::Samples { .. }) as usize;
                 Ok(input)
             })
@@ -421,12 +420,6 @@ impl Model {
     ) -> PyResult<stream::Stream> {
         let att_context = stream::lookahead(att_context)?;
         let turns = stream::turn_params(vad)?;
-        let cut = max_utterance_seconds;
-        if !(cut.is_finite() && cut >= 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "max_utterance_seconds={cut}: 0 (never cut) or a positive number of seconds"
-            )));
-        }
         let threads = match threads {
             Some(n) => resolve_threads(py, n)?,
             None => Threads::new(self.threads).map_err(py_error)?,
@@ -443,19 +436,18 @@ impl Model {
         };
         let request = self.request(decoder, confidence, boost, beam, "auto")?;
         // The one check of decoding options against the model (boosting settings and
-        // phrases, confidence), as for transcribe; the stream takes what it built.
+        // phrases, confidence), as for transcribe, then of the live choices, as for the
+        // command line's stream.
         let decode = DecodeOptions::new(&self.model, &request).map_err(py_error)?;
-        let options = LiveOptions {
+        let live = LiveRequest {
             att_context,
             chunk_secs,
             left_secs,
             right_secs,
-            decoder: request.decoder,
             threads,
-            max_utterance_seconds: (cut > 0.0).then_some(cut),
-            boost: decode.boosting().cloned(),
-            confidence: decode.confidence().copied(),
+            max_utterance_seconds,
         };
+        let options = LiveOptions::new(&self.model, decode, live).map_err(py_error)?;
         stream::StreamRequest { options, turns }.open(py, &self.model)
     }
 }
@@ -672,7 +664,7 @@ impl Model {
 
 /// The command line's thread policy: 0 refused, more than the cores warned (a UserWarning)
 /// and capped.
-fn resolve_threads(py: Python<'_>, n: usize) -> PyResult<Threads> {
+pub(crate) fn resolve_threads(py: Python<'_>, n: usize) -> PyResult<Threads> {
     let (t, warning) = Threads::resolve(Some(n)).map_err(py_error)?;
     if let Some(w) = warning {
         PyErr::warn(
@@ -986,7 +978,7 @@ fn vad<'py>(
     let found = py
         .detach(|| -> Result<_, Error> {
             let model = parakeet::vad::VadModel::load(model.as_deref())?;
-            let mut vad = parakeet::vad::Vad::new(model, threads.get())?;
+            let mut vad = parakeet::vad::Vad::new(model, threads)?;
             let audio = match input {
                 Input::File(path) => audio_or_empty(parakeet::audio::load_audio(&path))?,
                 Input::Samples { audio, .. } => audio,

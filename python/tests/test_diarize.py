@@ -131,5 +131,8 @@ def test_bad_input_is_a_value_error(ctc):
         parakeet.diarize(JFK, OFFLINE, params="ami")
     with pytest.raises(ValueError, match="too short"):
         parakeet.diarize(np.zeros(100, np.float32), OFFLINE, 16000)
-    with pytest.raises(ValueError, match="threads"):
+    # The command line's thread rule, as Model's: 0 refused, beyond the cores capped.
+    with pytest.raises(ValueError, match="--threads 0: at least 1 thread"):
         parakeet.diarize(JFK, OFFLINE, threads=0)
+    with pytest.warns(UserWarning, match="more than the"):
+        parakeet.diarize(JFK, OFFLINE, threads=10_000)

@@ -101,12 +101,12 @@ def test_empty_and_silent_audio_have_no_speech(tdt):
     empty = np.zeros(0, np.float32)
     assert parakeet.vad(empty, sample_rate=16000) == []
     assert parakeet.vad(VAD / "audio" / "silence_5s.wav") == []
-    for audio, rate in [(empty, 16000), (VAD / "audio" / "silence_5s.wav", None)]:
-        t = tdt.transcribe(audio, sample_rate=rate, vad=True)
-        assert (t.text, t.speech, len(t.words)) == ("", [], 0)
-    # Without vad=, empty audio stays an error.
-    with pytest.raises(ValueError, match="contains no audio samples"):
-        tdt.transcribe(empty, sample_rate=16000)
+    t = tdt.transcribe(VAD / "audio" / "silence_5s.wav", vad=True)
+    assert (t.text, t.speech, len(t.words)) == ("", [], 0)
+    # Empty audio is an error to transcribe, with vad= or without: it holds nothing at all.
+    for vad in [False, True]:
+        with pytest.raises(ValueError, match="contains no audio samples"):
+            tdt.transcribe(empty, sample_rate=16000, vad=vad)
 
 
 def test_bad_parameters_are_value_errors(tdt, tmp_path):
@@ -115,7 +115,7 @@ def test_bad_parameters_are_value_errors(tdt, tmp_path):
         ({"threshold": 1.5}, "threshold 1.5: must be between 0 and 1"),
         ({"threshold": 0}, "threshold 0"),
         ({"neg_threshold": 0.7}, "neg_threshold 0.7: must not be above the threshold"),
-        ({"min_speech_ms": -1}, "min_speech_ms -1: must not be negative"),
+        ({"min_speech_ms": -1}, "min_speech_ms -1: must be a number of milliseconds from 0 to"),
         ({"max_speech_s": -2}, "max_speech_s -2"),
     ]:
         with pytest.raises(ValueError, match=message):

@@ -159,8 +159,7 @@ pub fn decode_file(path: &Path) -> Result<Audio> {
         if regular && !is_streamed_wav(&mut file)? {
             return decode_source(file, extension(path));
         }
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
+        let bytes = read_recognised(&mut file, extension(path))?;
         decode_source(
             Cursor::new(with_streamed_wav_length(&bytes)),
             extension(path),
@@ -169,6 +168,54 @@ pub fn decode_file(path: &Path) -> Result<Audio> {
     decode()
         .map_err(audio_unless_users_io)
         .with_context(|| format!("cannot decode audio file {}", path.display()))
+}
+
+/// How much of a stream (a pipe, a device, standard input) is read before its format must be
+/// recognised: every container's header fits, and an endless device (`/dev/zero`) named by
+/// mistake is refused after this instead of read for ever.
+const HEAD_BYTES: u64 = 1 << 20;
+
+/// All of a stream that is audio: its first [`HEAD_BYTES`] must start a WAV or a container
+/// symphonia recognises (`ext` hints which), else it is refused before the rest is read.
+pub(crate) fn read_recognised(reader: &mut impl Read, ext: Option<&str>) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    reader.by_ref().take(HEAD_BYTES).read_to_end(&mut bytes)?;
+    let riff = bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WAVE";
+    if !riff && bytes.len() as u64 == HEAD_BYTES && !probe_recognises(&bytes, ext) {
+        bail!(
+            Audio,
+            "not a recognised audio format (no known container in its first {} MiB)",
+            HEAD_BYTES >> 20
+        );
+    }
+    reader.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Whether symphonia finds a container at the start of `head` (one cut short by the end of
+/// `head` counts as found: the rest of the stream holds the remainder).
+fn probe_recognises(head: &[u8], ext: Option<&str>) -> bool {
+    let stream = MediaSourceStream::new(Box::new(Cursor::new(head.to_vec())), Default::default());
+    let mut hint = Hint::new();
+    if let Some(ext) = ext {
+        hint.with_extension(ext);
+    }
+    // As decode_symphonia_guarded: a corrupt header must not take the process down.
+    let probed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        symphonia::default::get_probe()
+            .probe(
+                &hint,
+                stream,
+                FormatOptions::default(),
+                MetadataOptions::default(),
+            )
+            .map(|_| ())
+    }));
+    match probed {
+        Ok(Ok(())) => true,
+        Ok(Err(SymphoniaError::IoError(e))) => e.kind() == io::ErrorKind::UnexpectedEof,
+        Ok(Err(_)) | Err(_) => false,
+    }
 }
 
 /// Whether the file is a WAV whose `data` size is a streaming placeholder (rewinds the file).

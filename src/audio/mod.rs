@@ -15,7 +15,6 @@ pub mod decode;
 pub mod mel;
 pub mod resample;
 
-use std::io::Read;
 use std::path::Path;
 
 use crate::error::{Context, Result};
@@ -44,10 +43,7 @@ pub use decode::declared_seconds;
 
 /// Reads a whole audio file (WAV, FLAC, ...) from standard input.
 pub fn read_stdin() -> Result<Audio> {
-    let mut bytes = Vec::new();
-    std::io::stdin()
-        .lock()
-        .read_to_end(&mut bytes)
+    let bytes = decode::read_recognised(&mut std::io::stdin().lock(), None)
         .context("cannot read audio from <stdin>")
         .map_err(decode::audio_unless_users_io)?;
     decode_bytes(&bytes, "<stdin>")

@@ -18,6 +18,7 @@ pub(crate) mod graph;
 pub mod openmp;
 mod process;
 mod state;
+mod threads;
 pub(crate) mod weight;
 
 pub use device::{Device, DeviceRequest, GpuApi};
@@ -25,6 +26,7 @@ pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
 pub use process::exit_now;
 pub use state::StateTensors;
+pub use threads::Threads;
 pub use weight::{
     HostWeights, PaddedLinear, Realised, Slot, Weight, device_bytes, plain_weights, weights_on,
 };

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::Outcome;
 use crate::bail;
 use crate::error::Result;
 
@@ -130,13 +131,10 @@ impl DiarizeArgs {
     }
 }
 
-/// The exit code when inputs failed, as `transcribe`'s (2, usage or model errors, comes back
-/// as an error).
-const EXIT_FAILED_INPUTS: u8 = 1;
-
 /// Diarizes `jobs` (files, `-` for standard input, each with the directory argument it was
-/// found under; directories already walked by the caller).
-pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> {
+/// found under; directories already walked by the caller, passing over `non_audio` files).
+/// Returns the exit code by [`Outcome`]'s rule.
+pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)], non_audio: usize) -> Result<u8> {
     // Flags that need no model are checked before it is loaded.
     if let Some(name) = &args.diar_params {
         PostProcessing::published(name, Generation::V1)?;
@@ -185,7 +183,7 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
     };
     let model =
         crate::model_source::load_with(&args.model, &mut |line| eprintln!("{line}"), &load)?;
-    let mut diarizer = Diarizer::new(Arc::new(model), threads.get())?;
+    let mut diarizer = Diarizer::new(Arc::new(model), threads)?;
     let mut profile = Profile {
         load: started.elapsed(),
         ..Profile::default()
@@ -208,7 +206,7 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
         diarizer.check_streaming(&settings)?;
     }
     let units = diarizer.model().hparams().encoder.subsampling_factor;
-    let (mut failed, single) = (0, jobs.len() == 1);
+    let (mut outcome, single) = (Outcome::default(), jobs.len() == 1);
     for ((job, _), outputs) in jobs.iter().zip(&outputs) {
         let result = (|| -> Result<()> {
             let read = Instant::now();
@@ -221,7 +219,7 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
             };
             profile.diarize += diarize.elapsed();
             profile.audio_seconds += samples.len() as f64 / SAMPLE_RATE;
-            let segs = segments(&activity, &post, units);
+            let segs = in_time_order(segments(&activity, &post, units));
             if outputs.is_empty() {
                 let mut out = std::io::stdout().lock();
                 if !single {
@@ -248,18 +246,37 @@ pub fn run(args: DiarizeArgs, jobs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8>
             }
             Ok(())
         })();
-        if let Err(e) = result {
-            if e.is_broken_pipe() {
-                return Err(e);
-            }
-            failed += 1;
-            eprintln!("error: {}: {e:#}", job.display());
-        }
+        outcome.record(job, result)?;
+    }
+    if !single && !args.quiet {
+        let wall = started.elapsed().as_secs_f64();
+        eprintln!(
+            "{}",
+            outcome.summary(non_audio, profile.audio_seconds, wall)
+        );
     }
     if args.profile {
         profile.print(&diarizer, streaming, started.elapsed());
     }
-    Ok(if failed > 0 { EXIT_FAILED_INPUTS } else { 0 })
+    Ok(outcome.code(jobs.len()))
+}
+
+/// Speaker turns in time order (NeMo lists them speaker by speaker): by start, then end, then
+/// speaker.
+fn in_time_order(mut segs: Vec<Segment>) -> Vec<Segment> {
+    segs.sort_by(|a, b| {
+        (a.start, a.end, a.speaker)
+            .partial_cmp(&(b.start, b.end, b.speaker))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    segs
+}
+
+/// A time NeMo computed in f32, as JSON shows it: the f32's shortest decimal (`1.44`, not the
+/// f64 widening's `1.440000057220459`), as `vad` and `transcribe` print theirs.
+fn json_seconds(x: f64) -> serde_json::Value {
+    let shortest = (x as f32).to_string();
+    serde_json::json!(shortest.parse::<f64>().unwrap_or(x))
 }
 
 /// The sample rate `load_samples` resamples to.
@@ -363,8 +380,8 @@ pub fn render(
                 .map(|s| {
                     serde_json::json!({
                         "speaker": format!("speaker_{}", s.speaker),
-                        "start": s.start,
-                        "end": s.end,
+                        "start": json_seconds(s.start),
+                        "end": json_seconds(s.end),
                     })
                 })
                 .collect();

@@ -1,6 +1,7 @@
 //! `parakeet vad`: speech segments of audio files as the `silero-vad` package's
 //! `get_speech_timestamps` makes them, as text, JSON, RTTM or SRT.
 
+use super::{Outcome, shown};
 use crate::audio;
 use crate::error::{Context, Result};
 use crate::output::{self, OutputKind};
@@ -132,7 +133,8 @@ pub fn speech_request(
 /// How `parakeet vad` writes segments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum VadFormat {
-    /// `start end` in seconds, a segment a line.
+    /// `start end` in seconds, a segment a line (`text` is another name for it).
+    #[value(name = "txt", alias = "text")]
     Text,
     /// `{"segments": [{start, end, start_sample, end_sample}], "sample_rate", "duration"}`.
     Json,
@@ -162,9 +164,15 @@ pub struct VadArgs {
     pub inputs: Vec<PathBuf>,
     #[command(flatten)]
     pub speech: SpeechArgs,
-    /// Output format.
-    #[arg(short = 'f', long = "format", value_enum, default_value = "text")]
-    pub format: VadFormat,
+    /// Output formats (comma-separated or repeated): txt, json, rttm, srt.
+    #[arg(
+        short = 'f',
+        long = "format",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "txt"
+    )]
+    pub formats: Vec<VadFormat>,
     /// With `-f json`: every window's speech probability too (one per 32 ms).
     #[arg(long)]
     pub probabilities: bool,
@@ -175,22 +183,32 @@ pub struct VadArgs {
     /// A Silero VAD GGUF to use instead of the built-in model (v6.2).
     #[arg(long, value_name = "FILE")]
     pub vad_model: Option<PathBuf>,
-    /// Threads for the compute backend.
-    #[arg(short, long, default_value_t = 1)]
-    pub threads: usize,
+    /// Threads for the compute backend (default: available cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
     /// Say on stderr when audio is resampled for the model.
     #[arg(short, long)]
     pub verbose: bool,
+    /// No per-file lines or summary on standard error.
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 /// Runs `parakeet vad` over `inputs` (each file with the directory argument it was found
-/// under). Returns the exit code: 0, or 1 when some inputs failed.
-pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> {
+/// under; `non_audio` files were passed over in the directories). Returns the exit code by
+/// [`Outcome`]'s rule.
+pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)], non_audio: usize) -> Result<u8> {
     let params = args.speech.params()?;
-    if args.probabilities && args.format != VadFormat::Json {
+    let mut formats: Vec<VadFormat> = Vec::new();
+    for f in &args.formats {
+        if !formats.contains(f) {
+            formats.push(*f);
+        }
+    }
+    if args.probabilities && !formats.contains(&VadFormat::Json) {
         bail!(Options, "--probabilities needs -f json");
     }
-    let (threads, warning) = Threads::resolve(Some(args.threads))?;
+    let (threads, warning) = Threads::resolve(args.threads)?;
     if let Some(w) = warning {
         eprintln!("warning: {w}");
     }
@@ -201,42 +219,50 @@ pub fn run(args: &VadArgs, inputs: &[(PathBuf, Option<PathBuf>)]) -> Result<u8> 
                 .iter()
                 .map(|(p, root)| (p.as_path(), root.as_deref()))
                 .collect();
-            output::plan_outputs(&planned, Some(dir), &[args.format])?
+            output::plan_outputs(&planned, Some(dir), &formats)?
         }
         None => vec![Vec::new(); inputs.len()],
     };
+    let started = std::time::Instant::now();
     let model = VadModel::load(args.vad_model.as_deref())?;
-    let mut vad = Vad::new(model, threads.get())?;
+    let mut vad = Vad::new(model, threads)?;
     let several = inputs.len() > 1;
-    let mut failed = 0;
+    let mut outcome = Outcome::default();
+    let mut audio_seconds = 0.0;
     let stdout = std::io::stdout();
     for ((path, _), outputs) in inputs.iter().zip(&outputs) {
-        let shown = if path.as_os_str() == "-" {
-            "<stdin>".to_string()
-        } else {
-            path.display().to_string()
-        };
         let result = detect_file(&mut vad, path, &params, args.verbose).and_then(|d| {
-            let text = render(args, &d, path, several && args.output_dir.is_none());
-            match outputs.first() {
-                Some((_, file)) => output::write_planned(file, path, text.as_bytes()),
-                None => {
-                    let mut out = stdout.lock();
-                    out.write_all(text.as_bytes())
-                        .and_then(|()| out.flush())
-                        .context("standard output")
+            audio_seconds += seconds(d.n_samples, d.rate.hz());
+            let named = several && args.output_dir.is_none();
+            if outputs.is_empty() {
+                let mut out = stdout.lock();
+                for f in &formats {
+                    out.write_all(render(*f, args.probabilities, &d, path, named).as_bytes())
+                        .context("standard output")?;
+                }
+                return out.flush().context("standard output");
+            }
+            for (f, file) in outputs {
+                let text = render(*f, args.probabilities, &d, path, false);
+                output::write_planned(file, path, text.as_bytes())?;
+                if !args.quiet {
+                    eprintln!(
+                        "{}: {} speech segments -> {}",
+                        shown(path),
+                        d.segments.len(),
+                        file.display()
+                    );
                 }
             }
+            Ok(())
         });
-        if let Err(e) = result {
-            if e.is_broken_pipe() {
-                return Err(e);
-            }
-            eprintln!("error: {shown}: {e:#}");
-            failed += 1;
-        }
+        outcome.record(path, result)?;
     }
-    Ok(if failed > 0 { 1 } else { 0 })
+    if several && !args.quiet {
+        let wall = started.elapsed().as_secs_f64();
+        eprintln!("{}", outcome.summary(non_audio, audio_seconds, wall));
+    }
+    Ok(outcome.code(inputs.len()))
 }
 
 /// Decodes `path` and finds its speech (see [`detect`]), saying so when it was resampled.
@@ -270,15 +296,22 @@ fn srt_time(s: f64) -> String {
     output::timestamp(output::to_ms(s), ',')
 }
 
-/// The file's rendering; `named` puts the input's name in (several inputs on one stream).
-fn render(args: &VadArgs, d: &Detection, path: &Path, named: bool) -> String {
+/// The file's rendering in `format` (with `probabilities` in JSON); `named` puts the input's
+/// name in (several inputs on one stream).
+fn render(
+    format: VadFormat,
+    probabilities: bool,
+    d: &Detection,
+    path: &Path,
+    named: bool,
+) -> String {
     let shown = if path.as_os_str() == "-" {
         "-".to_string()
     } else {
         path.display().to_string()
     };
     let mut out = String::new();
-    match args.format {
+    match format {
         VadFormat::Text => {
             if named {
                 let _ = writeln!(out, "# {shown}");
@@ -310,7 +343,7 @@ fn render(args: &VadArgs, d: &Detection, path: &Path, named: bool) -> String {
                 "sample_rate": d.rate.hz(),
                 "duration": seconds(d.n_samples, d.rate.hz()),
             });
-            if args.probabilities {
+            if probabilities {
                 v["probabilities"] = serde_json::json!(d.probabilities);
             }
             if named {

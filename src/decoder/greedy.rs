@@ -36,6 +36,9 @@ pub struct GreedyTransducer<'m> {
     /// When set, every step's confidence is recorded into `steps`.
     confidence: Option<ConfidenceConfig>,
     steps: Vec<ScoredStep>,
+    /// Told the fraction of the frames decoded, about every percent (a long file's decoder
+    /// runs for minutes).
+    progress: Option<Box<dyn FnMut(f64) + 'm>>,
 }
 
 impl<'m> GreedyTransducer<'m> {
@@ -46,7 +49,13 @@ impl<'m> GreedyTransducer<'m> {
             max_symbols: model.hparams().max_symbols,
             confidence: None,
             steps: Vec::new(),
+            progress: None,
         })
+    }
+
+    /// Tell `progress` how far each decode is, as a fraction of its frames (`None`: stop).
+    pub fn set_progress(&mut self, progress: Option<Box<dyn FnMut(f64) + 'm>>) {
+        self.progress = progress;
     }
 
     /// Record each step's confidence by `cfg` from the next decode on (`None`: stop).
@@ -139,9 +148,18 @@ impl<'m> GreedyTransducer<'m> {
             .map(|(t, &s)| BoostCursor::at(t, s));
         // Logits already evaluated (with the last emission's prediction) for a frame.
         let mut ready: Option<(usize, Vec<f32>)> = None;
+        let progress = &mut self.progress;
+        let report_every = frames.div_ceil(100).max(1);
+        let mut next_report = 0;
         // NeMo's frame loop: up to max_symbols labels per visit of a frame; TDT moves by the
         // predicted duration, RNN-T by one frame after a blank.
         while hyp.frame < frames {
+            if let Some(p) = progress.as_mut()
+                && hyp.frame >= next_report
+            {
+                p(hyp.frame as f64 / frames as f64);
+                next_report = hyp.frame + report_every;
+            }
             let mut symbols = 0;
             // The last evaluation left the frame where it was (TDT: a duration of 0).
             let mut stayed;

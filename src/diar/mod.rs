@@ -20,7 +20,7 @@ use crate::bail;
 use crate::error::Result;
 
 use crate::audio::mel::{Features, MelConfig, log_mel};
-use crate::backend::{Backend, Graph, Stats, Tensor};
+use crate::backend::{Backend, Graph, Stats, Tensor, Threads};
 use crate::encoder::EncoderState;
 use crate::encoder::{AttentionChoice, FeatureImage, Outputs, encode, last_linear};
 use crate::hparams::{ModelType, SortformerParams};
@@ -109,14 +109,14 @@ impl Diarizer {
     }
 
     /// A diarizer over `model`, which must be a Sortformer.
-    pub fn new(model: Arc<Model>, threads: usize) -> Result<Diarizer> {
+    pub fn new(model: Arc<Model>, threads: Threads) -> Result<Diarizer> {
         Diarizer::check(&model)?;
         let Some(params) = model.hparams().sortformer.clone() else {
             bail!(Internal, "internal: a Sortformer without its parameters");
         };
         debug_assert_eq!(model.hparams().model_type, ModelType::Sortformer);
         let mel = model.hparams().preprocessor.mel_config();
-        let mut backend = Backend::new(model.device(), threads)?;
+        let mut backend = Backend::new(model.device(), threads.get())?;
         backend.set_lowering(model.lowering());
         backend.set_device_weight_bytes(model.device_weight_bytes());
         Ok(Diarizer {
@@ -129,7 +129,7 @@ impl Diarizer {
     }
 
     /// Loads the GGUF at `path` and opens a diarizer on it.
-    pub fn load(path: &Path, threads: usize) -> Result<Diarizer> {
+    pub fn load(path: &Path, threads: Threads) -> Result<Diarizer> {
         Diarizer::new(Arc::new(Model::load(path)?), threads)
     }
 

@@ -16,12 +16,12 @@ pub mod realtime;
 mod ui;
 
 use crate::decoder::boosting::BaseTree;
-use crate::decoding_flags::{BoostArgs, ConfidenceArgs};
+use crate::decoding_flags::{BeamArgs, BoostArgs, ConfidenceArgs};
 use crate::diar::Diarizer;
 use crate::error::{Blame, Context, Error, Result};
 use crate::model::Model;
 use crate::session::options::{boosting_error, boosting_trie};
-use crate::session::pipeline::{Input, Limits, load_samples_for, transcribe_samples};
+use crate::session::pipeline::{Input, Limits, load_samples, transcribe_samples};
 use crate::session::{DecodeOptions, DecodeRequest, Session, SpeechRequest, Threads};
 use crate::stream::open::{LiveOptions, open_live};
 use axum::body::{Body, Bytes};
@@ -111,6 +111,9 @@ pub struct ServeArgs {
     /// The device every worker computes on (the server's, not a request's).
     #[command(flatten)]
     pub device: crate::session::DeviceArg,
+    /// Every request's beam search (verbose_json's words then carry no confidence).
+    #[command(flatten)]
+    pub beam: BeamArgs,
     /// A Sortformer diarization model (.gguf, .nemo or hub id): answers
     /// `response_format=diarized_json` and gives verbose_json's words their speakers.
     #[arg(long, value_name = "MODEL")]
@@ -169,7 +172,7 @@ struct Worker {
 fn count(min: usize, max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone {
     move |s: &str| match s.trim().parse::<usize>() {
         Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(format!("{s:?} is not a whole number from {min} to {max}")),
+        _ => Err(format!("must be a whole number from {min} to {max}")),
     }
 }
 
@@ -259,7 +262,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     };
     let access =
         Arc::new(auth::Access::new(key, &args.allow_origin, public).map_err(Error::Options)?);
-    let confidence = args.confidence.resolve(true)?;
+    let beam = args.beam.request()?;
+    // Confidence comes from greedy decoding's steps: a beam search has none to show.
+    let confidence = args.confidence.resolve(beam.is_none())?;
     let boost_phrases = args.boost.phrases()?;
     let threads = match args.threads {
         Some(n) => {
@@ -282,6 +287,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     )?);
     let request = DecodeRequest {
         confidence,
+        beam,
         ..DecodeRequest::default()
     };
     let mut options = DecodeOptions::new(&model, &request)?;
@@ -331,7 +337,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
                 Ok(Worker {
                     session: Session::new(model.clone(), threads)?,
                     diarizer: match &diar_model {
-                        Some(m) => Some(Diarizer::new(m.clone(), threads.get())?),
+                        Some(m) => Some(Diarizer::new(m.clone(), threads)?),
                         None => None,
                     },
                 })
@@ -368,10 +374,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     };
     let live_factory: realtime::TranscriberFactory = {
         let model = model.clone();
-        let options = LiveOptions {
-            threads,
-            ..LiveOptions::default()
-        };
+        let options = LiveOptions::defaults(&model, threads)?;
         // A remote client learns no server path: the model is named by its public name.
         Arc::new(move || {
             open_live(&model, &options).map_err(|e| {
@@ -803,8 +806,7 @@ async fn transcribe_request(st: &AppState, req: Request) -> Result<Response, Api
                 max_seconds: Some(max_seconds),
             };
             // The pipeline's two steps, so that the upload is freed before the transcription.
-            let samples =
-                load_samples_for(input, limits, &options).map_err(|e| api_error(e, None))?;
+            let samples = load_samples(input, limits).map_err(|e| api_error(e, None))?;
             drop(file);
             let diarizer = diarizer.as_mut().filter(|_| diarize);
             transcribe_samples(session, diarizer, samples, &options, &file_name)
@@ -947,6 +949,9 @@ async fn read_body(mut body: Body, st: &AppState) -> Result<Bytes, ApiError> {
     Ok(Bytes::from(buf))
 }
 
+/// The form's fields that take one value (`boost` and `timestamp_granularities[]` repeat).
+const SINGLE_FIELDS: &[&str] = &["file", "response_format", "stream", "vad", "language"];
+
 async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
     let bad = |e: axum::extract::multipart::MultipartError| {
         ApiError::bad_request(
@@ -962,8 +967,21 @@ async fn read_fields(mut multipart: Multipart) -> Result<Fields, ApiError> {
     let mut stream = false;
     let mut vad = false;
     let mut language = None;
+    let mut seen: Vec<&'static str> = Vec::new();
     while let Some(field) = multipart.next_field().await.map_err(bad)? {
         let name = field.name().unwrap_or_default().to_string();
+        // A field that takes one value, given twice (`stream=true` and `stream=false`), is a
+        // conflict no reading of the form settles.
+        if let Some(&single) = SINGLE_FIELDS.iter().find(|f| **f == name) {
+            if seen.contains(&single) {
+                return Err(ApiError::bad_request(
+                    format!("the `{single}` field is given more than once: send it once"),
+                    Some(single),
+                    Some("duplicate_field"),
+                ));
+            }
+            seen.push(single);
+        }
         match name.as_str() {
             "file" => {
                 let file_name = field.file_name().unwrap_or("upload").to_string();

@@ -395,6 +395,16 @@ impl Connection {
     async fn handle(&mut self, text: &str) -> Result<(), Closed> {
         let event: Value = match serde_json::from_str(text) {
             Ok(v @ Value::Object(_)) => v,
+            // serde_json stops at 128 levels, which no event of the API comes near.
+            Err(e) if e.to_string().starts_with("recursion limit exceeded") => {
+                return self
+                    .error(
+                        "invalid_json",
+                        "the message is nested too deeply (more than 128 levels of arrays and objects)",
+                        None,
+                    )
+                    .await;
+            }
             _ => {
                 return self
                     .error("invalid_json", "the message is not a JSON object", None)

@@ -48,6 +48,7 @@ pub enum DecoderChoice {
     Ctc,
 }
 
+pub use crate::backend::Threads;
 pub use crate::decoder::beam::{MAX_BEAM_SIZE, MAX_MAES_BEAM_SIZE};
 
 /// The finite ranges of the phrase-boosting weights. The boost is `alpha` times a bonus of
@@ -60,49 +61,6 @@ pub const BOOST_CONTEXT_SCORE_RANGE: RangeInclusive<f32> = 0.0..=10.0;
 pub const BOOST_DEPTH_SCALING_RANGE: RangeInclusive<f32> = 0.0..=10.0;
 pub const BOOST_UNK_SCORE_RANGE: RangeInclusive<f32> = -10.0..=10.0;
 pub const BOOST_SCORE_PER_PHRASE_RANGE: RangeInclusive<f32> = 0.0..=100.0;
-
-/// Compute threads: at least one and at most the available cores (threads beyond the cores
-/// only fight over them; 10,000 of them never finish a 2 s clip, or fail to start at all).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Threads(NonZeroUsize);
-
-impl Threads {
-    /// `n` threads: 0 is refused; more than the cores are the cores.
-    pub fn new(n: usize) -> Result<Threads> {
-        let n = NonZeroUsize::new(n)
-            .ok_or_else(|| Error::Options("--threads 0: at least 1 thread is needed".into()))?;
-        Ok(Threads(n.min(cores())))
-    }
-
-    /// The front ends' policy: `None` is every core; 0 is refused; more than the cores is
-    /// the cores, with a warning to show once.
-    pub fn resolve(requested: Option<usize>) -> Result<(Threads, Option<String>)> {
-        let cores = cores();
-        match requested {
-            None => Ok((Threads(cores), None)),
-            Some(n) if n > cores.get() => Ok((
-                Threads(cores),
-                Some(format!(
-                    "--threads {n} is more than the {cores} available cores; using {cores}"
-                )),
-            )),
-            Some(n) => Ok((Threads::new(n)?, None)),
-        }
-    }
-
-    /// All available cores.
-    pub fn all() -> Threads {
-        Threads(cores())
-    }
-
-    pub fn get(self) -> usize {
-        self.0.get()
-    }
-}
-
-fn cores() -> NonZeroUsize {
-    std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
-}
 
 /// A request for a beam search, as given.
 #[derive(Clone, Debug, PartialEq)]
@@ -287,7 +245,17 @@ pub struct DecodeOptions {
     boosting: Option<Arc<BoostingTree>>,
     beam: Option<BeamPlan>,
     speech: Option<SpeechPlan>,
+    /// This call's choices that leave its result as it is (as whisper.cpp's per-call params
+    /// carry its progress callback): how far it is, told to a terminal; node timing for
+    /// `--profile`; a test's layer time slice.
+    progress: Option<Progress>,
+    op_timing: bool,
+    layer_slice: Option<usize>,
 }
+
+/// Told the stage of the utterance being transcribed ("vad", "features", "encoder",
+/// "decoder") and how far it is (0 to 1).
+pub type Progress = Arc<dyn Fn(&'static str, f64) + Send + Sync>;
 
 impl std::fmt::Debug for DecodeOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -301,6 +269,8 @@ impl std::fmt::Debug for DecodeOptions {
             )
             .field("beam", &self.beam)
             .field("speech", &self.speech.as_ref().map(|s| &s.params))
+            .field("progress", &self.progress.is_some())
+            .field("op_timing", &self.op_timing)
             .finish()
     }
 }
@@ -338,6 +308,9 @@ impl DecodeOptions {
             boosting,
             beam,
             speech,
+            progress: None,
+            op_timing: false,
+            layer_slice: None,
         })
     }
 
@@ -376,6 +349,44 @@ impl DecodeOptions {
             confidence: None,
             ..self.clone()
         }
+    }
+
+    /// These options telling `progress` how far each call is (`None`: nobody).
+    pub fn with_progress(&self, progress: Option<Progress>) -> DecodeOptions {
+        DecodeOptions {
+            progress,
+            ..self.clone()
+        }
+    }
+
+    /// These options timing every graph node by kind (`--profile`; `Session::stats`).
+    pub fn with_op_timing(&self, on: bool) -> DecodeOptions {
+        DecodeOptions {
+            op_timing: on,
+            ..self.clone()
+        }
+    }
+
+    /// Test hook: whole-file encoder layers under local attention run in time slices of
+    /// `frames` frames (a multiple of 32) on inputs longer than that, as long files do.
+    #[doc(hidden)]
+    pub fn with_layer_slice(&self, frames: usize) -> DecodeOptions {
+        DecodeOptions {
+            layer_slice: Some(frames),
+            ..self.clone()
+        }
+    }
+
+    pub fn progress(&self) -> Option<&Progress> {
+        self.progress.as_ref()
+    }
+
+    pub fn op_timing(&self) -> bool {
+        self.op_timing
+    }
+
+    pub fn layer_slice(&self) -> Option<usize> {
+        self.layer_slice
     }
 
     pub fn head(&self) -> Head {
@@ -552,22 +563,4 @@ pub fn boosting_trie(model: &Model, cfg: &BoostingConfig) -> Result<PhraseTrie> 
 /// one.
 pub fn boosting_error(e: Error) -> Error {
     e.context("phrase boosting")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn threads_refuse_zero_and_cap_at_the_cores() {
-        let cores = cores().get();
-        assert!(matches!(Threads::new(0), Err(Error::Options(m)) if m.contains("--threads 0")));
-        assert_eq!(Threads::new(1).unwrap().get(), 1);
-        assert_eq!(Threads::new(cores + 1).unwrap().get(), cores);
-        let (t, warning) = Threads::resolve(Some(10_000)).unwrap();
-        assert_eq!(t.get(), cores);
-        assert!(warning.unwrap().contains("--threads 10000"));
-        assert_eq!(Threads::resolve(None).unwrap(), (Threads::all(), None));
-        assert!(Threads::resolve(Some(0)).is_err());
-    }
 }

@@ -49,24 +49,11 @@ pub struct Limits {
     pub max_seconds: Option<f64>,
 }
 
-/// An input's samples at the model's rate (16 kHz mono), checked: undecodable or empty audio
-/// is [`Error::Audio`], audio over `limits` [`Error::AudioTooLong`], a missing file
-/// [`Error::Io`].
+/// An input's samples at the model's rate (16 kHz mono), checked: undecodable audio is
+/// [`Error::Audio`], audio with no samples [`Error::NoSamples`] (with or without speech
+/// detection: a file that holds nothing is a broken input either way), audio over `limits`
+/// [`Error::AudioTooLong`], a missing file [`Error::Io`].
 pub fn load_samples(input: Input<'_>, limits: Limits) -> Result<Vec<f32>> {
-    load(input, limits, false)
-}
-
-/// [`load_samples`] for a transcription by `opts`: when only speech is transcribed, audio
-/// with no samples at all has none, so it is no samples rather than an error.
-pub fn load_samples_for(
-    input: Input<'_>,
-    limits: Limits,
-    opts: &DecodeOptions,
-) -> Result<Vec<f32>> {
-    load(input, limits, opts.speech().is_some())
-}
-
-fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
     let shown = input.name();
     let decoded = match input {
         Input::Path(path) => audio::load_audio(path),
@@ -74,11 +61,7 @@ fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
         Input::Samples { audio, .. } => Ok(audio),
         Input::Stdin => audio::read_stdin(),
     };
-    let decoded = match decoded {
-        Ok(decoded) => decoded,
-        Err(e) if empty_ok && audio::NoSamples::find(&e).is_some() => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
+    let decoded = decoded?;
     if let Some(max) = limits.max_seconds
         && decoded.duration_s > max
     {
@@ -90,7 +73,7 @@ fn load(input: Input<'_>, limits: Limits, empty_ok: bool) -> Result<Vec<f32>> {
     audio::resample_to_16k(decoded).map_err(|e| Error::Audio(format!("{shown}: resampling: {e:#}")))
 }
 
-/// Transcribes one input by `opts`: [`load_samples_for`], then [`transcribe_samples`]. Every
+/// Transcribes one input by `opts`: [`load_samples`], then [`transcribe_samples`]. Every
 /// error names the input.
 pub fn transcribe_input(
     session: &mut Session,
@@ -100,7 +83,7 @@ pub fn transcribe_input(
     limits: Limits,
 ) -> Result<Transcript> {
     let shown = input.name();
-    let samples = load_samples_for(input, limits, opts)?;
+    let samples = load_samples(input, limits)?;
     transcribe_samples(session, diarizer, samples, opts, &shown)
 }
 

@@ -3,7 +3,7 @@
 //! speech cut), each segment is transcribed on its own as an utterance, and the pieces are
 //! joined in the input's time. Silence is never encoded.
 
-use super::{DecodeOptions, Head, Session, SpeechPlan};
+use super::{DecodeOptions, Head, Session, SpeechPlan, Threads};
 use crate::error::{Error, Result};
 use crate::transcript::{Alternative, SpeechSpan, StageTimes, Transcript};
 use crate::vad::{SampleRate, SpeechSegment, Vad, speech_segments};
@@ -20,12 +20,12 @@ impl Session {
         speech: &SpeechPlan,
     ) -> Result<Transcript> {
         let t0 = Instant::now();
-        self.report("vad", 0.0);
+        super::report(opts, "vad", 0.0);
         let segments = self.find_speech(&samples, speech)?;
         let vad_time = t0.elapsed();
         let hop = self.mel_config().hop_length.max(1);
         let total: usize = segments.iter().map(|s| s.end - s.start).sum();
-        let outer = self.progress.clone();
+        let outer = opts.progress().cloned();
         let mut parts = Vec::with_capacity(segments.len());
         let mut done = 0usize;
         for seg in &segments {
@@ -35,15 +35,18 @@ impl Session {
                 parts.push((*seg, None));
                 continue;
             }
-            if let Some(p) = &outer {
+            // Each segment's progress as a part of all the speech's.
+            let segment_opts = outer.as_ref().map(|p| {
                 let p = p.clone();
                 let (before, len, total) = (done as f64, len as f64, total.max(1) as f64);
-                self.progress = Some(Arc::new(move |stage, f| {
-                    p(stage, (before + f * len) / total)
-                }));
-            }
-            let piece = self.transcribe_whole(samples[seg.start..seg.end].to_vec(), opts);
-            self.progress = outer.clone();
+                let progress: super::Progress =
+                    Arc::new(move |stage, f| p(stage, (before + f * len) / total));
+                opts.with_progress(Some(progress))
+            });
+            let piece = self.transcribe_whole(
+                samples[seg.start..seg.end].to_vec(),
+                segment_opts.as_ref().unwrap_or(opts),
+            );
             parts.push((*seg, Some(piece?)));
             done += len;
         }
@@ -63,7 +66,7 @@ impl Session {
         // The session's VAD runner, made anew only for another model.
         let mut vad = match self.vad.take() {
             Some(v) if Arc::ptr_eq(v.model(), speech.model()) => v,
-            _ => Vad::new(speech.model().clone(), self.threads())?,
+            _ => Vad::new(speech.model().clone(), Threads::new(self.threads())?)?,
         };
         let probs = vad.probabilities(samples, rate);
         self.vad = Some(vad);

@@ -928,7 +928,14 @@ impl BufferedStream {
         let confidences = self
             .confidence
             .map(|c| (&d.confidences[from..to], c.aggregation));
-        let words = self.grouping.words(tokenizer, ids, times, confidences);
+        let mut words = self.grouping.words(tokenizer, ids, times, confidences);
+        if is_final {
+            // A final's text cuts each run of marks to its last, as NeMo prints a segment; its
+            // words say the same (NeMo's own word offsets keep the whole run).
+            for w in &mut words {
+                w.text = self.grouping.tidy_final(&w.text);
+            }
+        }
         let tokens = ids
             .iter()
             .zip(times)

@@ -8,16 +8,16 @@ use super::{
     DEFAULT_MAX_UTTERANCE_SECONDS, LiveTranscriber,
 };
 use crate::bail;
-use crate::decoder::boosting::BoostingTree;
-use crate::decoder::confidence::ConfidenceConfig;
+use crate::encoder::AttentionChoice;
 use crate::error::Result;
 use crate::model::Model;
-use crate::session::{DecoderChoice, Session, Threads};
+use crate::session::{DecodeOptions, DecoderChoice, Head, Session, Threads};
 use std::sync::Arc;
 
-/// What a front end asks of a live transcriber.
+/// The live choices a front end was given, beside its decoding request: as given;
+/// [`LiveOptions::new`] checks them.
 #[derive(Clone, Debug)]
-pub struct LiveOptions {
+pub struct LiveRequest {
     /// One of the model's lookaheads, `[left, right]` in encoder frames (`--att-context L,R`);
     /// `None`: NeMo's default for the model. Cache-aware models only.
     pub att_context: Option<[usize; 2]>,
@@ -26,33 +26,34 @@ pub struct LiveOptions {
     pub chunk_secs: Option<f64>,
     pub left_secs: Option<f64>,
     pub right_secs: Option<f64>,
-    /// Which head decodes (`--decoder`).
-    pub decoder: DecoderChoice,
     /// Compute threads.
     pub threads: Threads,
     /// Utterances longer than this without an end of utterance are cut at a word start
-    /// (`--max-utterance-seconds`; `None`: never).
-    pub max_utterance_seconds: Option<f64>,
-    /// Phrases this stream prefers (`--boost`), and each word's confidence (`--confidence`):
-    /// buffered streaming's transducer.
-    pub boost: Option<Arc<BoostingTree>>,
-    pub confidence: Option<ConfidenceConfig>,
+    /// (`--max-utterance-seconds`; 0: never).
+    pub max_utterance_seconds: f64,
 }
 
-impl Default for LiveOptions {
+impl Default for LiveRequest {
     fn default() -> Self {
-        LiveOptions {
+        LiveRequest {
             att_context: None,
             chunk_secs: None,
             left_secs: None,
             right_secs: None,
-            decoder: DecoderChoice::default(),
             threads: Threads::all(),
-            max_utterance_seconds: Some(DEFAULT_MAX_UTTERANCE_SECONDS),
-            boost: None,
-            confidence: None,
+            max_utterance_seconds: DEFAULT_MAX_UTTERANCE_SECONDS,
         }
     }
+}
+
+/// What a live transcriber runs by: a request's decoding, checked against the model by
+/// [`DecodeOptions::new`] as for a file (the head, boosting, confidence), and the live
+/// choices, checked with it once ([`LiveOptions::new`]) by every front end alike.
+#[derive(Clone, Debug)]
+pub struct LiveOptions {
+    decoding: DecodeOptions,
+    live: LiveRequest,
+    kind: LiveKind,
 }
 
 /// How a model streams.
@@ -91,31 +92,51 @@ impl LiveKind {
 }
 
 impl LiveOptions {
-    /// The buffered pipeline's settings these options ask for (NeMo's defaults where unset).
-    pub fn buffered(&self) -> BufferedConfig {
-        let d = BufferedConfig::default();
-        BufferedConfig {
-            chunk_secs: self.chunk_secs.unwrap_or(d.chunk_secs),
-            left_secs: self.left_secs.unwrap_or(d.left_secs),
-            right_secs: self.right_secs.unwrap_or(d.right_secs),
-            decoder: self.decoder,
-            record_steps: false,
-        }
-    }
-
-    /// Refuses the other kind's settings, naming the model's kind.
-    fn check(&self, model: &Model, kind: LiveKind) -> Result<()> {
+    /// `decoding` (checked for `model`) with the live choices `live`, checked: what live
+    /// transcription cannot do (a beam search, a fixed attention, speech detection as a
+    /// decoding option: a stream ends its turns with `VadTurns` instead), the other kind's
+    /// settings (naming the model's kind), the utterance limit's range.
+    pub fn new(model: &Model, decoding: DecodeOptions, live: LiveRequest) -> Result<LiveOptions> {
+        let kind = LiveKind::of(model);
         let shown = model.shown();
+        if decoding.beam().is_some() {
+            bail!(
+                Options,
+                "--beam: live transcription decodes greedily (a beam search is for files)"
+            );
+        }
+        if decoding.attention() != AttentionChoice::Auto {
+            bail!(
+                Options,
+                "--att-context: live transcription takes the model's own attention (a \
+                 cache-aware model's lookahead is chosen by L,R)"
+            );
+        }
+        if decoding.speech().is_some() {
+            bail!(
+                Options,
+                "speech detection as a decoding option is for files; a stream ends its \
+                 utterances with Silero VAD by --vad"
+            );
+        }
+        let cut = live.max_utterance_seconds;
+        if !(cut.is_finite() && cut >= 0.0) {
+            bail!(
+                Options,
+                "--max-utterance-seconds {cut}: must be 0 (never cut) or a positive number of \
+                 seconds"
+            );
+        }
         let buffered_flags = [
-            ("--chunk-secs", self.chunk_secs),
-            ("--left-secs", self.left_secs),
-            ("--right-secs", self.right_secs),
+            ("--chunk-secs", live.chunk_secs),
+            ("--left-secs", live.left_secs),
+            ("--right-secs", live.right_secs),
         ];
         match kind {
             LiveKind::CacheAware => {
                 let decoding_flags = [
-                    ("--boost", self.boost.is_some()),
-                    ("--confidence", self.confidence.is_some()),
+                    ("--boost", decoding.boosting().is_some()),
+                    ("--confidence", decoding.confidence().is_some()),
                 ];
                 if let Some((flag, _)) = decoding_flags.iter().find(|(_, on)| *on) {
                     bail!(
@@ -134,7 +155,7 @@ impl LiveOptions {
                 }
             }
             LiveKind::Buffered => {
-                if let Some([l, r]) = self.att_context {
+                if let Some([l, r]) = live.att_context {
                     bail!(
                         Options,
                         "{shown} is an offline model (attention {}), not a cache-aware one: \
@@ -145,39 +166,97 @@ impl LiveOptions {
                 }
             }
         }
-        Ok(())
+        Ok(LiveOptions {
+            decoding,
+            live,
+            kind,
+        })
+    }
+
+    /// The model's own greedy decoding with the default live choices on `threads`.
+    pub fn defaults(model: &Model, threads: Threads) -> Result<LiveOptions> {
+        let live = LiveRequest {
+            threads,
+            ..LiveRequest::default()
+        };
+        LiveOptions::new(model, DecodeOptions::greedy(model)?, live)
+    }
+
+    /// The decoding, as checked.
+    pub fn decoding(&self) -> &DecodeOptions {
+        &self.decoding
+    }
+
+    /// The live choices, as checked.
+    pub fn live(&self) -> &LiveRequest {
+        &self.live
+    }
+
+    /// How the model these options were checked for streams.
+    pub fn kind(&self) -> LiveKind {
+        self.kind
+    }
+
+    /// The head that decodes, as the streams' configurations name it.
+    fn decoder(&self) -> DecoderChoice {
+        match self.decoding.head() {
+            Head::Ctc => DecoderChoice::Ctc,
+            Head::Tdt | Head::Rnnt => DecoderChoice::Tdt,
+        }
+    }
+
+    /// The utterance limit (`None`: never cut).
+    fn max_utterance_seconds(&self) -> Option<f64> {
+        Some(self.live.max_utterance_seconds).filter(|s| *s > 0.0)
+    }
+
+    /// The buffered pipeline's settings these options ask for (NeMo's defaults where unset).
+    pub fn buffered(&self) -> BufferedConfig {
+        let d = BufferedConfig::default();
+        BufferedConfig {
+            chunk_secs: self.live.chunk_secs.unwrap_or(d.chunk_secs),
+            left_secs: self.live.left_secs.unwrap_or(d.left_secs),
+            right_secs: self.live.right_secs.unwrap_or(d.right_secs),
+            decoder: self.decoder(),
+            record_steps: false,
+        }
     }
 }
 
 /// A live transcriber over `model` (each call a new stream with its own state; the model is
-/// shared): cache-aware streaming for a cache-aware model, buffered streaming for the others.
-/// Fails, naming the model and its kind, on the other kind's settings or bad sizes.
+/// shared) by `options`, checked for this model: cache-aware streaming for a cache-aware
+/// model, buffered streaming for the others. Fails on bad buffer sizes.
 pub fn open_live(
     model: &Arc<Model>,
     options: &LiveOptions,
 ) -> Result<Box<dyn LiveTranscriber + Send>> {
-    let kind = LiveKind::of(model);
-    options.check(model, kind)?;
-    let session = Session::new(model.clone(), options.threads)?;
-    match kind {
+    if LiveKind::of(model) != options.kind {
+        bail!(
+            Internal,
+            "live options checked for another kind of model than {}",
+            model.shown()
+        );
+    }
+    let session = Session::new(model.clone(), options.live.threads)?;
+    match options.kind {
         LiveKind::CacheAware => {
-            let att_context = options.att_context.map(|[l, r]| [l as i64, r as i64]);
+            let att_context = options.live.att_context.map(|[l, r]| [l as i64, r as i64]);
             let mut stream = CacheAwareStream::new(
                 session,
                 CacheAwareConfig {
                     att_context,
-                    decoder: options.decoder,
+                    decoder: options.decoder(),
                     record_chunks: false,
                 },
             )?;
-            stream.set_max_utterance_seconds(options.max_utterance_seconds);
+            stream.set_max_utterance_seconds(options.max_utterance_seconds());
             Ok(Box::new(stream))
         }
         LiveKind::Buffered => {
             let mut stream = BufferedStream::new(session, options.buffered())?;
-            stream.set_max_utterance_seconds(options.max_utterance_seconds);
-            stream.set_boost(options.boost.clone())?;
-            stream.set_confidence(options.confidence);
+            stream.set_max_utterance_seconds(options.max_utterance_seconds());
+            stream.set_boost(options.decoding.boosting().cloned())?;
+            stream.set_confidence(options.decoding.confidence().copied());
             Ok(Box::new(stream))
         }
     }

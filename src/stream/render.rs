@@ -9,8 +9,10 @@ use std::io::{self, Write};
 /// `--format` of the `stream` command.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum EventFormat {
-    /// Finished utterances one a line (on a terminal, the current one is redrawn as it grows).
+    /// Finished utterances one a line (on a terminal, the current one is redrawn as it grows);
+    /// `text` is another name for it.
     #[default]
+    #[value(name = "txt", alias = "text")]
     Text,
     /// One JSON object a line: {"type": "partial"|"final", "text", "start", "end", "words"};
     /// a word is {"word", "start", "end"}, as in `transcribe`'s JSON and OpenAI's (with

@@ -12,8 +12,10 @@
 //! `transcribe --vad` cuts them). Tokens keep their encoder frames counted from the turn's start.
 
 use super::{LiveTranscriber, StreamEvent, Utterance};
+use crate::backend::Threads;
 use crate::bail;
 use crate::error::Result;
+use crate::vad::segments::MAX_PARAM_MS as MAX_MS;
 use crate::vad::{SampleRate, Vad, VadEvent, VadIterator, VadModel, VadState};
 use std::sync::Arc;
 
@@ -55,10 +57,10 @@ impl TurnParams {
             (what[1], self.min_silence_ms),
             (what[2], self.speech_pad_ms),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
+            if !(0.0..=MAX_MS).contains(&v) {
                 bail!(
                     Options,
-                    "{name} {v}: must be a number of milliseconds, not negative"
+                    "{name} {v}: must be a number of milliseconds from 0 to {MAX_MS} (an hour)"
                 );
             }
         }
@@ -126,7 +128,7 @@ impl VadTurns {
         };
         Ok(VadTurns {
             inner,
-            vad: Vad::new(model, 1)?,
+            vad: Vad::new(model, Threads::ONE)?,
             state: VadState::new(rate),
             iter: Self::iterator(&params, hz),
             params,

@@ -1,7 +1,7 @@
 //! The Silero VAD network: weights from a GGUF (the built-in one or a file), state carried
 //! between windows as the package carries it, and probabilities for a whole signal.
 
-use crate::backend::{Backend, HostWeights, Weight};
+use crate::backend::{Backend, HostWeights, Threads, Weight};
 use crate::error::{Context, Result};
 use crate::gguf::header::{TensorSpan, check_header};
 use crate::kernels::FusedOps;
@@ -312,10 +312,10 @@ pub struct Vad {
 }
 
 impl Vad {
-    pub fn new(model: Arc<VadModel>, threads: usize) -> Result<Vad> {
+    pub fn new(model: Arc<VadModel>, threads: Threads) -> Result<Vad> {
         Ok(Vad {
             model,
-            backend: Backend::cpu(threads)?,
+            backend: Backend::cpu(threads.get())?,
         })
     }
 

@@ -78,9 +78,15 @@ impl SpeechParams {
                 );
             }
         }
+        if self.max_speech_s.is_nan() || self.max_speech_s < 0.0 {
+            bail!(
+                Options,
+                "max-speech-s {}: must not be negative",
+                self.max_speech_s
+            );
+        }
         for (name, v) in [
             ("min-speech-ms", self.min_speech_ms),
-            ("max-speech-s", self.max_speech_s),
             ("min-silence-ms", self.min_silence_ms),
             ("speech-pad-ms", self.speech_pad_ms),
             (
@@ -88,8 +94,11 @@ impl SpeechParams {
                 self.min_silence_at_max_speech_ms,
             ),
         ] {
-            if v.is_nan() || v < 0.0 {
-                bail!(Options, "{name} {v}: must not be negative");
+            if !(0.0..=MAX_PARAM_MS).contains(&v) {
+                bail!(
+                    Options,
+                    "{name} {v}: must be a number of milliseconds from 0 to {MAX_PARAM_MS} (an hour)"
+                );
             }
         }
         if self.max_speech_s == 0.0 {
@@ -98,6 +107,10 @@ impl SpeechParams {
         Ok(())
     }
 }
+
+/// The largest duration a speech-detection parameter in milliseconds takes: an hour is far
+/// beyond any use, and keeps every count of samples derived from it far from overflowing.
+pub const MAX_PARAM_MS: f64 = 3_600_000.0;
 
 /// A speech segment, in samples of the signal the probabilities came from: `[start, end)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

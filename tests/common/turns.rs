@@ -21,7 +21,7 @@ pub fn two_turns() -> Vec<f32> {
 pub fn iterator_turns(samples: &[f32], params: &TurnParams) -> Vec<(usize, usize)> {
     let rate = SampleRate::Hz16000;
     let w = rate.window();
-    let mut vad = Vad::new(VadModel::builtin().unwrap(), 1).unwrap();
+    let mut vad = Vad::new(VadModel::builtin().unwrap(), threads(1)).unwrap();
     let mut state = VadState::new(rate);
     let whole = samples.len() / w * w;
     let probs = vad.process(&mut state, &samples[..whole]).unwrap();
@@ -45,10 +45,7 @@ pub fn iterator_turns(samples: &[f32], params: &TurnParams) -> Vec<(usize, usize
 }
 
 pub fn live(model: &Arc<Model>) -> Box<dyn LiveTranscriber + Send> {
-    let options = LiveOptions {
-        threads: threads(1),
-        ..LiveOptions::default()
-    };
+    let options = LiveOptions::defaults(model, threads(1)).unwrap();
     open_live(model, &options).unwrap()
 }
 

@@ -316,9 +316,9 @@ fn stdin_and_unreadable_entries() {
     let written = std::fs::read_to_string(out_dir.join("stdin.txt")).unwrap();
     assert_eq!(written.trim_end(), nemo_text("tiny_tdt_2s"));
     assert!(!out_dir.join("-.txt").exists());
-    // Empty standard input fails as an input, like an empty file.
+    // Empty standard input fails as an input, like an empty file: the user's (2).
     let out = piped(&["transcribe", "-", "-m", m, "-q"], b"");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("<stdin>"),
         "{}",

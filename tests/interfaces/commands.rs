@@ -23,22 +23,22 @@ fn jfk() -> PathBuf {
 }
 
 #[test]
-fn failed_inputs_exit_1_in_every_command() {
+fn a_single_missing_input_exits_2_in_every_command() {
     let cache = scratch_dir("commands", "failed");
     let missing = cache.join("missing.wav");
     let missing = missing.to_str().unwrap();
     let sortformer = nemo("tiny_sortformer");
-    // Every input failing is still "inputs failed" (1), as transcribe and vad say it; 2 is
-    // for usage and model errors.
+    // The one input given is the user's error (2), as a flag or a model is; a batch where
+    // some inputs failed exits 1 (tests/interfaces/grammar.rs).
     let (code, out, err) = run(
         &["diarize", missing, "-m", sortformer.to_str().unwrap()],
         &cache,
     );
-    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(code, Some(2), "{err}");
     assert!(out.is_empty(), "{out}");
     assert!(err.contains("missing.wav"), "{err}");
     let (code, _, err) = run(&["vad", missing], &cache);
-    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(code, Some(2), "{err}");
 }
 
 #[test]

@@ -17,15 +17,24 @@ fn clip() -> PathBuf {
     reference("").join("speech_10s.wav")
 }
 
-/// NeMo's lines for `model` on speech_10s: `section` (offline, streaming) and parameter set.
+/// NeMo's lines for `model` on speech_10s: `section` (offline, streaming) and parameter set,
+/// in time order (NeMo lists them speaker by speaker; we list turns as they come: by start,
+/// then end, then speaker).
 fn nemo_lines(model: &str, section: &str, set: &str) -> Vec<String> {
     let path = fixtures().join(format!("diar/{model}_diar/speech_10s/result.json"));
-    json(&path)[section]["postprocessing"][set]["lines"]
+    let mut lines: Vec<String> = json(&path)[section]["postprocessing"][set]["lines"]
         .as_array()
         .unwrap()
         .iter()
         .map(|l| l.as_str().unwrap().to_string())
-        .collect()
+        .collect();
+    let key = |l: &String| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let n = |s: &str| s.parse::<f64>().unwrap();
+        (n(f[0]), n(f[1]), f[2].to_string())
+    };
+    lines.sort_by(|a, b| key(a).partial_cmp(&key(b)).unwrap());
+    lines
 }
 
 fn lines(out: &Output) -> Vec<String> {
@@ -111,7 +120,17 @@ fn writes_rttm_and_json_files() {
     let v = json(&dir.join("speech_10s.diar.json"));
     let segs = v["segments"].as_array().unwrap();
     assert_eq!(segs.len(), want.len());
-    assert_eq!(segs[0]["speaker"], "speaker_0");
+    // The JSON's turns are the lines', their times NeMo's values as written (`1.44`, never the
+    // f32's widening `1.440000057220459`).
+    let raw = std::fs::read_to_string(dir.join("speech_10s.diar.json")).unwrap();
+    for (seg, nemo) in segs.iter().zip(&want) {
+        let n: Vec<&str> = nemo.split(' ').collect();
+        assert_eq!(seg["speaker"], n[2], "{nemo}");
+        for (t, want) in [(&seg["start"], n[0]), (&seg["end"], n[1])] {
+            assert_eq!(t.as_f64(), Some(want.parse::<f64>().unwrap()), "{nemo}");
+        }
+    }
+    assert!(!raw.contains("00000"), "float noise in {raw}");
     assert_eq!(v["frame_shift"].as_f64().unwrap(), 0.08);
     let probs = v["probabilities"].as_array().unwrap();
     let (_, nemo) = npy(&fixtures().join("diar/tiny_sortformer_diar/speech_10s/preds.npy"));
@@ -256,14 +275,14 @@ fn bad_input_is_one_clear_error() {
         "{}",
         text(&out.stderr)
     );
-    // Audio too short for one frame: a failed input, nothing written.
+    // Audio too short for one frame: the user's input (2), nothing written.
     let short = dir.join("short.wav");
     write_wav(&short, &[0.1; 100]);
     let out = diarize(
         &[short.to_str().unwrap(), "-m", sortformer, "-f", "rttm"],
         &cache,
     );
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("too short"),
         "{}",

@@ -6,7 +6,6 @@ use crate::common::*;
 use parakeet::convert::OutType;
 use parakeet::model::Model;
 use parakeet::server::realtime::TranscriberFactory;
-use parakeet::session::DecoderChoice;
 use parakeet::stream::open::{LiveOptions, open_live};
 use serde_json::Value;
 use std::sync::Arc;
@@ -126,12 +125,7 @@ fn a_long_utterance_is_cut_at_word_starts_into_finals_that_join_to_nemos_text() 
 #[test]
 fn the_websocket_gives_nemos_streaming_text() {
     let model = Arc::new(Model::load(&gguf(MODEL, OutType::F32)).unwrap());
-    let options = LiveOptions {
-        att_context: None,
-        decoder: DecoderChoice::Auto,
-        threads: threads(1),
-        ..LiveOptions::default()
-    };
+    let options = LiveOptions::defaults(&model, threads(1)).unwrap();
     let factory: TranscriberFactory = Arc::new(move || open_live(&model, &options));
     let (deltas, completed) = crate::realtime::transcribe_clip(MODEL, factory);
     let (_, nemo_final) = nemo_texts("rnnt");

@@ -7,6 +7,7 @@ mod cli;
 mod commands;
 mod device;
 mod diarize;
+mod grammar;
 mod hub;
 mod live_double;
 mod live_nemo;

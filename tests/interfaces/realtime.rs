@@ -349,6 +349,13 @@ fn garbage_gets_error_events_and_the_connection_stays_usable() {
     at_16k(&mut ws);
     ws.send(Message::Text("not json".into())).unwrap();
     assert_eq!(error_code(&mut ws).0, "invalid_json");
+    // An object 50,000 deep is refused for its depth, not called something it is not.
+    let deep = "{\"a\":".repeat(50_000) + "1" + &"}".repeat(50_000);
+    ws.send(Message::Text(deep.into())).unwrap();
+    let (code, e) = error_code(&mut ws);
+    assert_eq!(code, "invalid_json");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.contains("nested too deeply"), "{message}");
     send(
         &mut ws,
         json!({"type": "input_audio_buffer.append", "audio": "!!!"}),

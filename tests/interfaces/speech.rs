@@ -36,7 +36,7 @@ fn pairs(v: &serde_json::Value, a: &str, b: &str) -> Vec<(f64, f64)> {
 }
 
 /// A 16 kHz WAV with no samples at all.
-fn zero_samples(dir: &Path) -> PathBuf {
+pub(crate) fn zero_samples(dir: &Path) -> PathBuf {
     let path = dir.join("zero.wav");
     let spec = hound::WavSpec {
         channels: 1,
@@ -127,26 +127,25 @@ fn json_speech_is_the_package_s_and_words_and_cues_stay_inside() {
 }
 
 #[test]
-fn silence_and_empty_audio_are_an_empty_transcript() {
+fn silence_is_an_empty_transcript_and_empty_audio_an_error() {
     let dir = scratch_dir("speech-cli", "empty");
     let cache = dir.join("cache");
     let zero = zero_samples(&dir);
     let silence = audio("silence_5s.wav");
-    for input in [zero.to_str().unwrap(), &silence] {
-        let (code, out, err) = transcribe(&["--vad", input], &cache);
-        assert_eq!((code, out.as_str()), (0, "\n"), "{input}: {err}");
-        let o = dir.join("json");
-        let (code, _, err) = transcribe(
-            &["--vad", "-f", "json", "-o", o.to_str().unwrap(), input],
-            &cache,
-        );
-        assert_eq!(code, 0, "{err}");
-        let name = Path::new(input).with_extension("json");
-        let v = json(&o.join(name.file_name().unwrap()));
-        assert_eq!(v["text"], "");
-        assert_eq!(v["speech"], serde_json::json!([]));
-        assert_eq!(v["words"], serde_json::json!([]));
-    }
+    let input = silence.as_str();
+    let (code, out, err) = transcribe(&["--vad", input], &cache);
+    assert_eq!((code, out.as_str()), (0, "\n"), "{input}: {err}");
+    let o = dir.join("json");
+    let (code, _, err) = transcribe(
+        &["--vad", "-f", "json", "-o", o.to_str().unwrap(), input],
+        &cache,
+    );
+    assert_eq!(code, 0, "{err}");
+    let name = Path::new(input).with_extension("json");
+    let v = json(&o.join(name.file_name().unwrap()));
+    assert_eq!(v["text"], "");
+    assert_eq!(v["speech"], serde_json::json!([]));
+    assert_eq!(v["words"], serde_json::json!([]));
     // `parakeet vad` too: no segments, exit 0.
     let (code, out, err) = run(&["vad", zero.to_str().unwrap()], &cache);
     assert_eq!((code, out.as_str()), (0, ""), "{err}");
@@ -161,10 +160,13 @@ fn silence_and_empty_audio_are_an_empty_transcript() {
             &serde_json::json!(16000)
         )
     );
-    // Without --vad, empty audio stays an error.
-    let (code, _, err) = transcribe(&[zero.to_str().unwrap()], &cache);
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("no audio samples"), "{err}");
+    // Empty audio is an error to transcribe, with --vad or without (the user's: 2).
+    for vad in [&[][..], &["--vad"][..]] {
+        let args = [vad, &[zero.to_str().unwrap()]].concat();
+        let (code, _, err) = transcribe(&args, &cache);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("no audio samples"), "{err}");
+    }
 }
 
 #[test]

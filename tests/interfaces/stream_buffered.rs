@@ -209,10 +209,7 @@ fn bad_buffer_sizes_and_the_other_kinds_flags_are_one_clear_error() {
 #[test]
 fn the_websocket_streams_an_offline_model_with_nemos_final() {
     let model = Arc::new(Model::load(&gguf("tiny_tdt", OutType::F32)).unwrap());
-    let options = LiveOptions {
-        threads: threads(1),
-        ..LiveOptions::default()
-    };
+    let options = LiveOptions::defaults(&model, threads(1)).unwrap();
     let factory: TranscriberFactory = Arc::new(move || open_live(&model, &options));
     let (_, completed) = crate::realtime::transcribe_clip("tiny_tdt", factory);
     let nemo = nemo_finals("tiny_tdt_buffered_rnnt_c4.8_l1.6_r1.6");

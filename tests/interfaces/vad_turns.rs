@@ -167,12 +167,28 @@ mod realtime {
                 json!({"type": "server_vad", "silence_duration_ms": "long"}),
                 "silence_duration_ms",
             ),
+            // Beyond an hour: refused, never wrapped into a small count of samples.
+            (
+                json!({"type": "server_vad", "prefix_padding_ms": 18446744073709551615_u64}),
+                "prefix_padding_ms",
+            ),
+            (
+                json!({"type": "server_vad", "silence_duration_ms": 3600001}),
+                "silence_duration_ms",
+            ),
             (json!({"type": "semantic_vad"}), "type"),
             (json!({"type": "loud_noises"}), "type"),
         ] {
             let e = update(&mut ws, vad_update(td.clone()));
             assert_eq!(e["type"], "error", "{td}: {e}");
             assert_eq!(e["error"]["code"], "invalid_value", "{td}: {e}");
+            if td
+                .get(param)
+                .is_some_and(|v| v.as_f64().is_some_and(|x| x > 3.6e6))
+            {
+                let message = e["error"]["message"].as_str().unwrap();
+                assert!(message.contains("from 0 to 3600000"), "{td}: {e}");
+            }
             assert_eq!(
                 e["error"]["param"],
                 format!("session.audio.input.turn_detection.{param}"),

@@ -525,3 +525,29 @@ fn unsupported_or_inconsistent_configs_are_rejected_naming_the_key() {
     let path = with_config_edit("tiny_tdt", dir.path(), "xscaling: false", "xscaling: false");
     convert::convert(&path, &out, OutType::F32).unwrap();
 }
+
+/// docs/GGUF.md's metadata table is the schema's key list (`hparams::keys::ALL`, and the
+/// layouts' own keys), in the order the converter writes them: neither can gain, lose or
+/// rename a key without the other.
+#[test]
+fn the_gguf_doc_lists_every_metadata_key_and_no_other() {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/GGUF.md"))
+        .unwrap();
+    let table = doc.split("## Metadata").nth(1).expect("a Metadata section");
+    let documented: Vec<&str> = table
+        .lines()
+        .take_while(|l| !l.starts_with("## "))
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`').map(|(key, _)| key))
+        .collect();
+    let mut schema: Vec<&str> = parakeet::hparams::keys::ALL.to_vec();
+    // The layouts' keys sit after the file type, where the table lists them.
+    let at = schema
+        .iter()
+        .position(|k| *k == parakeet::hparams::keys::FILE_TYPE)
+        .unwrap();
+    schema.splice(at + 1..at + 1, [Q8_0X8_KEY, Q4_0X8_KEY]);
+    assert_eq!(documented, schema, "docs/GGUF.md's metadata table");
+    // The panel16 layout's key has a section of its own.
+    assert!(doc.contains(&format!("`{}`", parakeet::layout::PANEL16_KEY)));
+}

@@ -368,3 +368,42 @@ fn batched_steps_match_single_steps() {
         "fused vs joint step",
     );
 }
+
+/// A call's progress is its own (whisper.cpp's per-call params): each stage in order, the
+/// decoder's fraction advancing over the frames to the end (a long file's bar must move), and
+/// the transcript the same as without it. Node timing is per call too.
+#[test]
+fn progress_is_told_per_call_and_the_decoder_advances() {
+    use parakeet::session::DecodeOptions;
+    use std::sync::{Arc, Mutex};
+    let mut session = Session::load(&gguf("tiny_tdt", OutType::F32), threads(2)).unwrap();
+    let plain = DecodeOptions::greedy(session.model()).unwrap();
+    let samples = clip_samples("speech_10s.wav");
+    let want = session.transcribe(samples.clone(), &plain).unwrap();
+    let told: Arc<Mutex<Vec<(&'static str, f64)>>> = Arc::default();
+    let sink = told.clone();
+    let opts = plain.with_progress(Some(Arc::new(move |stage, done| {
+        sink.lock().unwrap().push((stage, done))
+    })));
+    let got = session
+        .transcribe(samples, &opts.with_op_timing(true))
+        .unwrap();
+    assert_eq!(got.tokens, want.tokens);
+    assert!(!session.stats().op_times.is_empty(), "no node timed");
+    let told = told.lock().unwrap();
+    let stages: Vec<&str> = told.iter().map(|s| s.0).fold(Vec::new(), |mut v, s| {
+        if v.last() != Some(&s) {
+            v.push(s);
+        }
+        v
+    });
+    assert_eq!(stages, ["features", "encoder", "decoder"], "{told:?}");
+    let decoder: Vec<f64> = told
+        .iter()
+        .filter(|s| s.0 == "decoder")
+        .map(|s| s.1)
+        .collect();
+    assert!(decoder.windows(2).all(|w| w[0] <= w[1]), "{decoder:?}");
+    assert!(decoder.len() > 10, "{decoder:?}");
+    assert!(*decoder.last().unwrap() > 0.9, "{decoder:?}");
+}

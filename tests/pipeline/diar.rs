@@ -3,7 +3,7 @@
 //! the offline model (peak-normalised waveform, 80 mels) and the streaming one with full context
 //! (128 mels, no normalisation); NeMo's segments for every published post-processing set.
 
-use crate::common::{diarizer_on, fixtures, gguf, json, max_abs_err, npy, rel_err};
+use crate::common::{diarizer_on, fixtures, gguf, json, max_abs_err, npy, rel_err, threads};
 use parakeet::backend::Lowering;
 use parakeet::convert::OutType;
 use parakeet::diar::Diarizer;
@@ -132,7 +132,7 @@ fn quantized_sortformers_stay_close_to_nemo() {
     ] {
         let mut worst = 0.0f64;
         for model in MODELS {
-            let mut diarizer = Diarizer::load(&gguf(model, ty), 2).unwrap();
+            let mut diarizer = Diarizer::load(&gguf(model, ty), threads(2)).unwrap();
             let w = diarizer.model().sortformer().unwrap();
             let l = &w.layers[0];
             for weight in [
@@ -200,7 +200,7 @@ fn postprocessing_gives_nemo_lines_for_every_parameter_set() {
 fn our_probabilities_give_nemo_segments() {
     let mut compared = 0;
     for model in MODELS {
-        let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), 2).unwrap();
+        let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), threads(2)).unwrap();
         for clip in CLIPS {
             let dir = reference_dir(model, clip);
             let result = json(&dir.join("result.json"));
@@ -360,7 +360,7 @@ fn streaming_chunks(lowering: Lowering) {
 #[test]
 fn streaming_with_published_sizes_matches_nemo() {
     let model = "tiny_sortformer_stream";
-    let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), 2).unwrap();
+    let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), threads(2)).unwrap();
     let settings = diarizer.params().streaming.inference_defaults();
     for clip in CLIPS {
         let dir = reference_dir(model, clip);
@@ -380,7 +380,7 @@ fn streaming_with_published_sizes_matches_nemo() {
 #[test]
 fn streaming_piece_by_piece_equals_the_whole_file() {
     let model = "tiny_sortformer_stream";
-    let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), 2).unwrap();
+    let mut diarizer = Diarizer::load(&gguf(model, OutType::F32), threads(2)).unwrap();
     let own = diarizer.params().streaming;
     for settings in [own, own.inference_defaults()] {
         for clip in CLIPS {
@@ -432,7 +432,7 @@ fn streaming_piece_by_piece_equals_the_whole_file() {
 /// An offline Sortformer (peak-scaled waveform) cannot stream.
 #[test]
 fn offline_sortformer_refuses_to_stream() {
-    let diarizer = Diarizer::load(&gguf("tiny_sortformer", OutType::F32), 2).unwrap();
+    let diarizer = Diarizer::load(&gguf("tiny_sortformer", OutType::F32), threads(2)).unwrap();
     let settings = diarizer.params().streaming.inference_defaults();
     let err = diarizer.start_stream(&settings).err().unwrap().to_string();
     assert!(err.contains("offline Sortformer"), "{err}");
@@ -442,7 +442,7 @@ fn offline_sortformer_refuses_to_stream() {
 /// limit and the streaming model; one just inside it is not refused for its length.
 #[test]
 fn offline_pass_refuses_a_recording_past_its_limit() {
-    let mut diarizer = Diarizer::load(&gguf("tiny_sortformer", OutType::F32), 2).unwrap();
+    let mut diarizer = Diarizer::load(&gguf("tiny_sortformer", OutType::F32), threads(2)).unwrap();
     let limit = (parakeet::diar::MAX_OFFLINE_SECONDS * 16000.0) as usize;
     let err = diarizer
         .diarize_offline(&vec![0.0; limit + 16000])

@@ -476,7 +476,7 @@ fn the_half_silence_recording_keeps_all_the_speech() {
     let half = half_silence(&samples, &package);
     let extra = samples.len() / (package.len() - 1);
     let model = parakeet::vad::VadModel::load(None).unwrap();
-    let mut vad = parakeet::vad::Vad::new(model, 2).unwrap();
+    let mut vad = parakeet::vad::Vad::new(model, threads(2)).unwrap();
     let rate = parakeet::vad::SampleRate::from_hz(RATE as u32).unwrap();
     let probs = vad.probabilities(&half, rate).unwrap();
     let params = SpeechParams::default();

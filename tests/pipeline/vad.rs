@@ -73,7 +73,7 @@ fn segments(v: &serde_json::Value) -> Vec<SpeechSegment> {
 }
 
 fn vad() -> Vad {
-    Vad::new(VadModel::builtin().unwrap(), 1).unwrap()
+    Vad::new(VadModel::builtin().unwrap(), crate::common::threads(1)).unwrap()
 }
 
 #[test]
