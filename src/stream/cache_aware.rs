@@ -403,15 +403,17 @@ impl CacheAwareStream {
         self.markers = ids;
     }
 
-    /// The stream's token times: up to the frames streamed so far.
+    /// The stream's token times: up to the frames streamed so far, and never past the audio
+    /// heard (the last chunk's frames run past it).
     fn clock(&self) -> TokenClock {
         let model = self.session.model();
         let frame_seconds = model.hparams().geometry().frame_seconds();
+        let heard = self.mel.received() as f64 / f64::from(self.session.sample_rate());
         TokenClock {
             frame_seconds,
             tdt_durations: matches!(self.head, HeadState::Transducer(_))
                 && model.hparams().model_type.is_tdt(),
-            audio_seconds: self.frames_done as f64 * frame_seconds,
+            audio_seconds: (self.frames_done as f64 * frame_seconds).min(heard),
         }
     }
 
@@ -488,8 +490,15 @@ impl LiveTranscriber for CacheAwareStream {
     }
 
     fn finish(&mut self) -> Result<Vec<StreamEvent>> {
+        let received = self.mel.received();
+        if received > 0
+            && let Err(e) = self.session.check_long_enough(received)
+        {
+            self.reset();
+            return Err(e);
+        }
         let mut events = Vec::new();
-        if self.mel.received() > 0 {
+        if received > 0 {
             let rest = self.mel.finish();
             self.features.extend(rest);
             // NeMo's buffer holds the preprocessor's output including its frame past the
