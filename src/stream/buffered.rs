@@ -334,8 +334,11 @@ pub struct BufferedStream {
     ring: Vec<f32>,
     /// Samples received and not yet a whole chunk.
     pending: Vec<f32>,
-    /// Samples accepted since the start of the stream: no time is reported past them.
+    /// Samples accepted since the start of the stream, and how many of them the steps so far
+    /// have decoded (through the last step's chunk): no time is reported past those, so that
+    /// the times do not depend on how the audio was cut into pieces.
     received: usize,
+    decoded: usize,
     /// Steps run since the start of the stream.
     steps: usize,
     decoding: Decoding,
@@ -435,6 +438,7 @@ impl BufferedStream {
             ring: Vec::new(),
             pending: Vec::new(),
             received: 0,
+            decoded: 0,
             steps: 0,
             decoding: Decoding::default(),
             reported: 0,
@@ -574,6 +578,7 @@ impl BufferedStream {
         let keep = self.ring.len() - s.buffer_samples;
         self.ring.drain(..keep);
         let window = BufferWindow::of_step(&s, k, valid);
+        self.decoded = k * s.chunk_samples + valid;
         let (left_padding, audio) = (window.left_padding, window.len);
         let buffer: Vec<f32> = self.ring[left_padding..left_padding + audio].to_vec();
         let w = self.width;
@@ -967,7 +972,7 @@ impl BufferedStream {
             words,
             tokens,
         };
-        Some(utterance.within(self.received as f64 / f64::from(self.sample_rate())))
+        Some(utterance.within(self.decoded as f64 / f64::from(self.sample_rate())))
     }
 
     /// Back to the start of a stream (time 0, empty buffer and state).
@@ -976,6 +981,7 @@ impl BufferedStream {
         self.ring.resize(self.sizes.buffer_samples, 0.0);
         self.pending.clear();
         self.received = 0;
+        self.decoded = 0;
         self.mel.reset();
         self.steps = 0;
         self.reported = 0;

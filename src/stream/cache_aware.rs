@@ -73,6 +73,8 @@ pub struct CacheAwareStream {
     head: HeadState,
     /// Encoder frames streamed so far (the stream's clock).
     frames_done: usize,
+    /// Samples of the whole input, once it has ended (`finish`).
+    ended: Option<usize>,
     /// The utterance being spoken.
     tokens: Vec<Token>,
     /// The model's end-of-utterance and end-of-backchannel pieces (`<EOU>`, `<EOB>`).
@@ -192,6 +194,7 @@ impl CacheAwareStream {
             step: 0,
             head,
             frames_done: 0,
+            ended: None,
             tokens: Vec::new(),
             markers,
             max_utterance_seconds: Some(DEFAULT_MAX_UTTERANCE_SECONDS),
@@ -403,17 +406,20 @@ impl CacheAwareStream {
         self.markers = ids;
     }
 
-    /// The stream's token times: up to the frames streamed so far, and never past the audio
-    /// heard (the last chunk's frames run past it).
+    /// The stream's token times: up to the frames streamed so far and, once the input has
+    /// ended, never past the audio (the last chunk's frames run past it).
     fn clock(&self) -> TokenClock {
         let model = self.session.model();
         let frame_seconds = model.hparams().geometry().frame_seconds();
-        let heard = self.mel.received() as f64 / f64::from(self.session.sample_rate());
+        let streamed = self.frames_done as f64 * frame_seconds;
+        let audio = self.ended.map_or(streamed, |samples| {
+            samples as f64 / f64::from(self.session.sample_rate())
+        });
         TokenClock {
             frame_seconds,
             tdt_durations: matches!(self.head, HeadState::Transducer(_))
                 && model.hparams().model_type.is_tdt(),
-            audio_seconds: (self.frames_done as f64 * frame_seconds).min(heard),
+            audio_seconds: streamed.min(audio),
         }
     }
 
@@ -449,6 +455,7 @@ impl CacheAwareStream {
         self.step = 0;
         self.restart_model_state();
         self.frames_done = 0;
+        self.ended = None;
         self.tokens.clear();
     }
 }
@@ -497,6 +504,7 @@ impl LiveTranscriber for CacheAwareStream {
             self.reset();
             return Err(e);
         }
+        self.ended = Some(received);
         let mut events = Vec::new();
         if received > 0 {
             let rest = self.mel.finish();

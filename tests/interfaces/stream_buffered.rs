@@ -287,8 +287,8 @@ fn stream_times_stay_inside_the_audio() {
 }
 
 /// Audio too short for one feature frame gets `transcribe`'s error from `stream` (the same
-/// words), from a file and from a pipe, on both kinds of model, and no event; the exit code is
-/// the user's (2), as for every bad input of `stream`.
+/// words, after the input's name), from a file and from a pipe, on both kinds of model, and no
+/// event; the exit code is the user's (2), as for every bad input of `stream`.
 #[test]
 fn stream_refuses_audio_too_short_as_transcribe_does() {
     let dir = scratch_dir("stream_buffered", "too_short");
@@ -313,14 +313,14 @@ fn stream_refuses_audio_too_short_as_transcribe_does() {
         .to_owned();
     let bytes = std::fs::read(wav).unwrap();
     for model in ["tiny_tdt", "tiny_ctc", "tiny_stream_rnnt"] {
-        for out in [
-            stream_cmd(model, &[wav], None),
-            stream_cmd(model, &["-"], Some(&bytes)),
+        for (name, out) in [
+            (wav, stream_cmd(model, &[wav], None)),
+            ("<stdin>", stream_cmd(model, &["-"], Some(&bytes))),
         ] {
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{model}: {stderr}");
             assert!(
-                stderr.contains(&format!("audio too short{reason}")),
+                stderr.contains(&format!("{name}: audio too short{reason}")),
                 "{model}: {stderr} against transcribe's {said}"
             );
             assert!(

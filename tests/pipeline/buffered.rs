@@ -48,7 +48,8 @@ fn pairs(v: &Value) -> Vec<(usize, usize)> {
 }
 
 /// One buffered run of `samples` fed in pieces of `piece` samples: the steps, the events and,
-/// for each event, the seconds of audio the stream had been given when it came.
+/// for each event, the seconds of audio its step had decoded (through the step's chunk, or to
+/// the end of the input for the last), past which no time may lie.
 fn run(
     session: Session,
     config: BufferedConfig,
@@ -56,18 +57,22 @@ fn run(
     piece: usize,
 ) -> (Vec<StepRecord>, Vec<StreamEvent>, Vec<f64>) {
     let mut stream = BufferedStream::new(session, config).unwrap();
-    let (mut events, mut heard) = (Vec::new(), Vec::new());
+    let chunk = stream.sizes().chunk_samples;
+    let (mut records, mut events, mut heard) = (Vec::new(), Vec::new(), Vec::new());
     let mut given = 0;
     for p in samples.chunks(piece) {
         given += p.len();
         let got = stream.accept(p).unwrap();
-        heard.extend(got.iter().map(|_| seconds(&samples[..given])));
+        records.extend(stream.take_records());
+        let decoded = (records.len() * chunk).min(given);
+        heard.extend(got.iter().map(|_| seconds(&samples[..decoded])));
         events.extend(got);
     }
     let got = stream.finish().unwrap();
+    records.extend(stream.take_records());
     heard.extend(got.iter().map(|_| seconds(samples)));
     events.extend(got);
-    (stream.take_records(), events, heard)
+    (records, events, heard)
 }
 
 fn finals(events: &[StreamEvent]) -> Vec<&Utterance> {
@@ -84,10 +89,10 @@ fn finals(events: &[StreamEvent]) -> Vec<&Utterance> {
 /// the chunk and right-context passes; CTC: every frame's label, the last buffer's frames past
 /// the audio included), the end of utterance, the committed window, the overlap check, the
 /// committed tokens and their rewritten timestamps; then the finals' texts and times (within
-/// one encoder frame) and their words. NeMo's times past the audio given so far (`heard`, per
-/// event: its last buffer decodes the padding, its word ends snap forward, and its timestamp
-/// rewriting can move tokens later) are ours clamped to it, and no time of any event (partials
-/// too) lies past it.
+/// one encoder frame) and their words. NeMo's times past the audio its step had decoded
+/// (`heard`, per event: its last buffer decodes the padding, its word ends snap forward, and
+/// its timestamp rewriting can move tokens later) are ours clamped to it, and no time of any
+/// event (partials too) lies past it.
 fn compare(
     name: &str,
     nemo: &Value,
