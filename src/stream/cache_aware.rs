@@ -73,7 +73,9 @@ pub struct CacheAwareStream {
     head: HeadState,
     /// Encoder frames streamed so far (the stream's clock).
     frames_done: usize,
-    /// Samples of the whole input, once it has ended (`finish`).
+    /// Samples the features streamed so far needed, and of the whole input once it has ended
+    /// (`finish`): no time is reported past them.
+    used: usize,
     ended: Option<usize>,
     /// The utterance being spoken.
     tokens: Vec<Token>,
@@ -194,6 +196,7 @@ impl CacheAwareStream {
             step: 0,
             head,
             frames_done: 0,
+            used: 0,
             ended: None,
             tokens: Vec::new(),
             markers,
@@ -302,6 +305,7 @@ impl CacheAwareStream {
             });
         }
         self.frames_done += frames;
+        self.used = self.used.max(self.mel.samples_needed(self.next + new));
         self.next += shift;
         self.step += 1;
         self.emit(new_tokens, events);
@@ -406,15 +410,14 @@ impl CacheAwareStream {
         self.markers = ids;
     }
 
-    /// The stream's token times: up to the frames streamed so far and, once the input has
-    /// ended, never past the audio (the last chunk's frames run past it).
+    /// The stream's token times: up to the frames streamed so far, and never past the audio
+    /// their features needed (the input's end once it has ended: the last chunk's frames run
+    /// past it); the bound does not depend on how the audio was cut into pieces.
     fn clock(&self) -> TokenClock {
         let model = self.session.model();
         let frame_seconds = model.hparams().geometry().frame_seconds();
         let streamed = self.frames_done as f64 * frame_seconds;
-        let audio = self.ended.map_or(streamed, |samples| {
-            samples as f64 / f64::from(self.session.sample_rate())
-        });
+        let audio = self.ended.unwrap_or(self.used) as f64 / f64::from(self.session.sample_rate());
         TokenClock {
             frame_seconds,
             tdt_durations: matches!(self.head, HeadState::Transducer(_))
@@ -455,6 +458,7 @@ impl CacheAwareStream {
         self.step = 0;
         self.restart_model_state();
         self.frames_done = 0;
+        self.used = 0;
         self.ended = None;
         self.tokens.clear();
     }
