@@ -53,6 +53,7 @@ def main():
             fixture = {
                 "source": f"{model_dir.name}/{result.parent.name}/result.json",
                 "chunk_left_right_secs": r["chunk_left_right_secs"],
+                "audio_samples": r["audio"]["samples"],
                 "steps": [step_of(s, head) for s in r["steps"]],
                 "final": r["final"],
                 "words": [

@@ -275,6 +275,15 @@ impl Session {
     }
 
     /// The front end's settings (the model's `preprocessor`).
+    /// The one "too short" rule, for a whole file and a stream alike: `samples` samples give
+    /// no feature frame (fewer than a hop, 10 ms), so there is nothing to transcribe.
+    pub fn check_long_enough(&self, samples: usize) -> Result<()> {
+        if self.mel_config().n_frames(samples) == 0 {
+            return Err(too_short(samples, self.sample_rate()));
+        }
+        Ok(())
+    }
+
     pub fn mel_config(&self) -> &MelConfig {
         &self.mel
     }
@@ -571,10 +580,8 @@ impl Session {
         let outputs = opts.head().outputs();
         let t0 = Instant::now();
         report(opts, "features", 0.0);
+        self.check_long_enough(samples.len())?;
         let features = self.features(&samples);
-        if features.n_frames == 0 {
-            return Err(too_short(samples.len(), self.sample_rate()));
-        }
         drop(samples);
         let attention = self.attention_for(features.n_frames, opts.attention());
         let chunk = FeatureImage::from(&features);

@@ -86,12 +86,22 @@ def test_an_offline_model_streams_by_buffers_with_nemos_finals(models, model, se
     ours = finals(run(stream, PCM))
     theirs = nemo["final"]["segments"]
     assert [f["text"] for f in ours] == [s["text"].strip() for s in theirs]
+    # NeMo's times can lie past the audio its step had decoded (its last buffer decodes the
+    # padding, its timestamp rewriting moves tokens later); ours are clamped there: to the end
+    # of the step's chunk, or of the audio (the Rust tests check which step).
+    chunk = SETTINGS[setting].get("chunk_secs", 4.8)
+    end = len(PCM) / RATE
+
+    def near(a, b):
+        at_a_step_end = abs(a - end) < 1e-6 or abs(a / chunk - round(a / chunk)) < 1e-6
+        return within_a_frame(a, b) or (a < b and at_a_step_end)
+
     for f, s in zip(ours, theirs):
-        assert within_a_frame(f["start"], s["start"]) and within_a_frame(f["end"], s["end"]), (f, s)
+        assert near(f["start"], s["start"]) and near(f["end"], s["end"]), (f, s)
     words = [w for f in ours for w in f["words"]]
     assert [w["word"] for w in words] == [w["text"].strip() for w in nemo["words"]]
     for w, n in zip(words, nemo["words"]):
-        assert within_a_frame(w["start"], n["start"]) and within_a_frame(w["end"], n["end"]), (w, n)
+        assert near(w["start"], n["start"]) and near(w["end"], n["end"]), (w, n)
 
 
 @pytest.mark.parametrize("model", ["tiny_ctc", "tiny_tdt_ctc"])
@@ -99,11 +109,9 @@ def test_ctc_heads_stream_with_nemos_ctc_finals(models, model):
     nemo = json.loads((FIXTURES / "buffered" / f"{model}_buffered_ctc_c4.8_l1.6_r1.6.json").read_text())
     theirs = [s["text"].strip() for s in nemo["final"]["segments"]]
     ours = [f["text"] for f in finals(run(models(model).stream(decoder="ctc"), PCM))]
-    # NeMo's CTC adds tokens from frames past the audio on its last request; everything before
-    # is the same.
-    assert len(ours) == len(theirs) > 1
-    assert ours[:-1] == theirs[:-1]
-    assert theirs[-1].startswith(ours[-1])
+    # To the end: NeMo's CTC decodes its last buffer's frames past the audio too.
+    assert len(ours) > 1
+    assert ours == theirs
 
 
 def test_a_cache_aware_model_gives_nemos_streaming_texts(models):

@@ -368,6 +368,16 @@ impl StreamingMel {
         out
     }
 
+    /// Samples the first `frames` frames need before [`push`](Self::push) gives them.
+    pub fn samples_needed(&self, frames: usize) -> usize {
+        let Some(last) = frames.checked_sub(1) else {
+            return 0;
+        };
+        let span = self.stft.window.len() as isize;
+        let reach = (self.stft.first_sample(last) + span).max(0) as usize;
+        (frames * self.stft.hop).max(reach)
+    }
+
     /// The input ended: the remaining frames (NeMo's `n_samples / hop` in all).
     pub fn finish(&mut self) -> Vec<f32> {
         let mut out = Vec::new();

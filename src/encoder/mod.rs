@@ -219,6 +219,11 @@ pub fn encode(
         );
     }
     let frames = subsampled - drop;
+    // A padded whole file: `total` frames, of which the first `frames` are the audio's.
+    let total = match (&state.stream, state.padded_to) {
+        (None, Some(t)) => t.max(frames),
+        _ => frames,
+    };
     let past = cache.map_or(0, |c| c.params.last_channel_cache_size);
     let first_valid = cache.map_or(0, |c| past - c.channel_len);
     let window = key_window(attention, frames, past, first_valid);
@@ -257,11 +262,25 @@ pub fn encode(
     let mut head_ids = HeadIds::default();
     let mut cache_ids: Vec<(CaptureId, CaptureId)> = Vec::new();
     let computed =
-        backend.compute_sized(graph_nodes(t_feat, frames, hp.n_layers, layer_slice), |g| {
+        backend.compute_sized(graph_nodes(t_feat, total, hp.n_layers, layer_slice), |g| {
             let x = g.input_f32_owned(chunk.data, &[hp.feat_in, t_feat, 1, 1]);
             let mut x = pre_encode_sliced(g, &model.encoder().pre_encode, x, subsampled, hp);
             if drop > 0 {
                 x = g.rows(x, drop, frames);
+            }
+            if total > frames {
+                // NeMo's masked subsampling zeroes the padding's conv outputs, so its frames
+                // are the output linear's bias.
+                let out = &model.encoder().pre_encode.out;
+                let mut pad = g.input_f32_owned(
+                    vec![0.0; hp.d_model * (total - frames)],
+                    &[hp.d_model, total - frames],
+                );
+                if let Some(b) = &out.bias {
+                    let b = g.weight(b);
+                    pad = g.add(pad, b);
+                }
+                x = g.concat(x, pad, 1);
             }
             if capture_layers {
                 g.capture("enc_pre_encode", x);
@@ -282,7 +301,7 @@ pub fn encode(
                     g,
                     hp,
                     layer,
-                    x,
+                    (x, frames),
                     (positions, window),
                     taps,
                     layer_cache,
@@ -334,7 +353,7 @@ pub fn encode(
         c.chunks += 1;
     }
     if let Outputs::All { .. } = outputs {
-        return collect(frames, hp.d_model, computed, head_ids);
+        return collect(total, hp.d_model, computed, head_ids);
     }
     let head = Some(computed.output);
     let (joint_enc, ctc_logits) = match outputs {
@@ -342,7 +361,7 @@ pub fn encode(
         _ => (None, head),
     };
     Ok(Encoded {
-        frames,
+        frames: total,
         d_model: hp.d_model,
         joint_enc,
         ctc_logits,
@@ -753,15 +772,17 @@ fn conformer_layer<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     l: &ConformerLayer,
-    x: Tensor<'g>,
+    (x, valid): (Tensor<'g>, usize),
     (pos, window): (LayerPositions<'g>, KeyWindow),
     taps: bool,
     cache: Option<LayerCache<'g>>,
     slice: usize,
 ) -> (Tensor<'g>, Option<NextCache<'g>>) {
     let (d, t, a) = (hp.d_model, x.ne(1), &l.self_attn);
+    let padded = valid < t;
     let local = window.past == 0 && window.chunk.is_none() && window.left + window.right < t;
-    let sliced = local
+    let sliced = !padded
+        && local
         && !hp.causal_conv()
         && !taps
         && cache.is_none()
@@ -857,6 +878,13 @@ fn conformer_layer<'g>(
     let mut x2 = Rows::new(g, d, t, x1, sliced);
     for &(start, len) in &slices {
         let (x1s, n, kv, w) = match sliced {
+            // NeMo's pad mask: the audio's queries see the audio's keys only; the padding's
+            // rows are masked whole, so their attention is zero (`linear_out`'s bias).
+            false if padded => {
+                let n = attention_input.expect("one slice");
+                let n = g.rows(n, 0, valid);
+                (x1, n, (g.rows(k, 0, valid), g.rows(v, 0, valid)), window)
+            }
             false => (x1, attention_input.expect("one slice"), (k, v), window),
             true => {
                 let x1s = g.rows(x1, start, len);
@@ -872,7 +900,7 @@ fn conformer_layer<'g>(
             }
         };
         let x2s = residual(g, (x1s, n), "self_attn", 1.0, &|g, n, r| {
-            attend(g, hp, a, n, (kv.0, kv.1, p), w, &after, r)
+            attend(g, hp, a, (n, x1s.ne(1)), (kv.0, kv.1, p), w, &after, r)
         });
         x2.push(g, x2s);
     }
@@ -889,7 +917,7 @@ fn conformer_layer<'g>(
         let n = norm(g, around, (&l.norm_conv, "norm_conv"));
         let x2s = rows(g, x2, start, len);
         let x3 = residual(g, (x2s, n), "conv", 1.0, &|g, n, r| {
-            let (y, next) = conv_module(g, hp, &l.conv, n, cache);
+            let (y, next) = conv_module(g, hp, &l.conv, (n, valid), cache);
             next_time.set(next);
             let y = rows(g, y, start - first, len);
             last_linear(g, y, &l.conv.pointwise_conv2, r)
@@ -944,13 +972,14 @@ impl<'g> Rows<'g> {
 
 /// The attention proper and its output projection: the queries of `x` (`[d, T]`, the
 /// normalised frames) over the keys and values `k`, `v` (`[d, keys]`) the window gives them,
-/// with the projected positional rows `p` (`[d, rows]`), then `linear_out` with the residual.
+/// with the projected positional rows `p` (`[d, rows]`), then `linear_out` with the residual
+/// over `out_rows` rows (rows past the queries' are masked ones: zero attention).
 #[allow(clippy::too_many_arguments)]
 fn attend<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     a: &RelPositionAttention,
-    x: Tensor<'g>,
+    (x, out_rows): (Tensor<'g>, usize),
     (k, v, p): (Tensor<'g>, Tensor<'g>, Tensor<'g>),
     window: KeyWindow,
     after: &[Tensor<'g>],
@@ -966,7 +995,10 @@ fn attend<'g>(
     let u = g.weight(&a.pos_bias_u);
     let vb = g.weight(&a.pos_bias_v);
     let o = g.rel_pos_attention(q, k, v, p, u, vb, window, after);
-    let o = g.reshape(o, &[d, t]);
+    let mut o = g.reshape(o, &[d, t]);
+    if out_rows > t {
+        o = g.pad_zeros(o, [(0, 0), (0, out_rows - t), (0, 0), (0, 0)]);
+    }
     last_linear(g, o, &a.linear_out, residual)
 }
 
@@ -974,15 +1006,16 @@ fn attend<'g>(
 /// with `conv_norm_type: layer_norm`, the LayerNorm between the depthwise conv and the Swish.
 /// A causal depthwise conv continues from a stream's last `kernel - 1` conv inputs (zeros
 /// otherwise), and with a cache appends this chunk's inputs to it and returns the next
-/// `cache_last_time` (for recording).
+/// `cache_last_time` (for recording). Rows of `x` from `valid` on are padding, whose conv
+/// inputs NeMo's pad mask zeroes.
 fn conv_module<'g>(
     g: &mut Graph<'g>,
     hp: &EncoderParams,
     c: &ConvModule,
-    x: Tensor<'g>,
+    (x, valid): (Tensor<'g>, usize),
     cache: Option<LayerCache<'g>>,
 ) -> (Tensor<'g>, Option<Tensor<'g>>) {
-    let y = per_frame(g, x, None, &|g, x, _| {
+    let mut y = per_frame(g, x, None, &|g, x, _| {
         let y = g.linear(
             x,
             &c.pointwise_conv1.weight,
@@ -990,6 +1023,11 @@ fn conv_module<'g>(
         );
         g.glu(y)
     });
+    let t = y.ne(1);
+    if valid < t {
+        let audio = g.rows(y, 0, valid);
+        y = g.pad_zeros(audio, [(0, 0), (0, t - valid), (0, 0), (0, 0)]);
+    }
     let k = g.weight(&c.depthwise_conv_folded);
     let b = g.weight(&c.depthwise_bias_folded);
     let silu_in_conv = c.batch_norm_layer_norm.is_none();
@@ -1093,7 +1131,17 @@ pub fn encode_embeddings(
         let table = g.input_f32_owned(table, &[hp.d_model, pos_rows]);
         for layer in &model.encoder().layers {
             let positions = (LayerPositions::Table(table), window);
-            x = conformer_layer(g, hp, layer, x, positions, false, None, LAYER_SLICE).0;
+            x = conformer_layer(
+                g,
+                hp,
+                layer,
+                (x, frames),
+                positions,
+                false,
+                None,
+                LAYER_SLICE,
+            )
+            .0;
         }
         Ok(x)
     })?;

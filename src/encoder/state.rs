@@ -34,6 +34,8 @@ pub struct EncoderState {
     pub(super) cache_room: Option<usize>,
     /// Frames per time slice of a whole file's layers ([`EncoderState::set_layer_slice`]).
     pub(super) layer_slice: Option<usize>,
+    /// Encoder frames of the padded input a whole file stands in ([`EncoderState::padded`]).
+    pub(super) padded_to: Option<usize>,
 }
 
 /// A stream's progress and, when recorded ([`EncoderState::record_caches`]), NeMo's caches.
@@ -192,6 +194,18 @@ impl EncoderState {
     /// The state at the start of a stream (or of a whole file).
     pub fn new() -> EncoderState {
         EncoderState::default()
+    }
+
+    /// A whole-file state for audio that NeMo encodes inside a longer, zero-padded input
+    /// (a buffered stream's last buffer): the output has `frames` encoder frames, those past
+    /// the audio's own computed as NeMo's masked encoder computes them (subsampling output
+    /// masked to zero, attention rows and keys masked, depthwise-conv inputs masked); the
+    /// audio's frames are what an unpadded pass gives.
+    pub fn padded(frames: usize) -> EncoderState {
+        EncoderState {
+            padded_to: Some(frames),
+            ..EncoderState::default()
+        }
     }
 
     /// The state at the start of a cache-aware stream with `params` (one of the model's

@@ -33,7 +33,7 @@ use crate::audio::resample::StreamResampler;
 use crate::error::{Error, Result};
 use crate::server::conn::{ConnSlot, Drain};
 use crate::stream::StreamEvent;
-use crate::stream::turns::{TurnEvent, TurnParams, Turns};
+use crate::stream::turns::{TurnEvent, TurnParams, Turns, under_a_frame};
 use crate::vad::VadModel;
 use axum::Router;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -356,7 +356,7 @@ impl Connection {
     async fn shut_down(&mut self) -> Closed {
         if self.buffered > 0 && self.transcriber.is_some() {
             let events = match self.end_stream().await {
-                Ok(events) => events,
+                Ok((events, _)) => events,
                 Err(closed) => return closed,
             };
             match self.forward(events).await {
@@ -602,7 +602,19 @@ impl Connection {
                 )
                 .await;
         }
-        let events = self.end_stream().await?;
+        let (events, short) = self.end_stream().await?;
+        if short {
+            // The transcriber refused the stream as `transcribe` refuses such a file; the
+            // audio is dropped and the connection stays usable.
+            return self
+                .error(
+                    "input_audio_buffer_commit_empty",
+                    "the input audio buffer holds less than one 10 ms feature frame: audio too \
+                     short, nothing to transcribe",
+                    client_id,
+                )
+                .await;
+        }
         // The commit is answered by an item even when the model heard no words in it.
         if self.forward(events).await? == 0 {
             self.complete_open().await?;
@@ -620,23 +632,34 @@ impl Connection {
     }
 
     /// Flushes the resampler and finishes the transcriber's stream (the next audio starts a
-    /// new one); returns the events that came of it.
-    async fn end_stream(&mut self) -> Result<Vec<TurnEvent>, Closed> {
+    /// new one); returns the events that came of it, and whether the stream was refused as
+    /// shorter than one feature frame (turns ended by hand: the stream is the buffer's audio).
+    async fn end_stream(&mut self) -> Result<(Vec<TurnEvent>, bool), Closed> {
         self.buffered = 0;
         let mut rest = Vec::new();
         self.resampler()
             .finish(&mut rest)
             .map_err(|_| "resampler failed")?;
         self.fed += rest.len() as u64;
+        let samples = (self.fed - self.stream_origin) as usize;
+        let short = self.turn_params().is_none()
+            && samples > 0
+            && self
+                .transcriber
+                .as_ref()
+                .is_some_and(|t| under_a_frame(samples, t.sample_rate()));
         let events = self
             .compute(move |t| {
                 let mut events = t.accept(&rest)?;
-                events.extend(t.finish()?);
+                match t.finish() {
+                    Err(_) if short => {}
+                    r => events.extend(r?),
+                }
                 Ok(events)
             })
             .await?;
         self.stream_origin = self.fed;
-        Ok(events)
+        Ok((events, short))
     }
 
     /// Runs `work` on the transcriber on a blocking thread (the model's compute must not hold

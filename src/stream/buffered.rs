@@ -11,11 +11,15 @@
 //! cuts the committed tokens into utterances. Every quirk of NeMo's pipelines that changes a
 //! token or a time is copied, so that the tokens and their times are NeMo's, step by step.
 //!
-//! Where the output is not NeMo's, on purpose or not yet:
-//! - CTC's last request: NeMo's window runs to the buffer's end, over encoder frames past the
-//!   valid length that its masked encoder computed from zeroed features; their argmax adds
-//!   spurious tokens to the last final (`khl` on the tiny hybrid). Those frames are not
-//!   computed here, so the last final lacks them; every other token is NeMo's.
+//! CTC's last request decodes to the buffer's end, over encoder frames past the audio that
+//! NeMo's masked encoder computes from the padding (its subsampling output masked to zero, the
+//! padding's attention rows and keys masked, its depthwise-conv inputs zeroed): their argmax
+//! adds tokens to the last final, as in NeMo, and they are computed here the same way.
+//!
+//! Where the output is not NeMo's, on purpose:
+//! - Times: none lies past the end of the audio heard. NeMo's pipelines stamp the padding's
+//!   tokens (and, after `merge_timesteps` shifts a list that starts before the stream, any
+//!   token) up to seconds after it; the text is NeMo's, the times are clamped to the audio.
 //! - Punctuation (models whose vocabulary has it, e.g. parakeet-tdt-0.6b-v2 and v3): a mark's
 //!   time moved onto the piece before it, texts without a space before a mark (finals with a
 //!   run of marks cut to its last), segment and word times around marks, a lone `.`, `,` or
@@ -252,8 +256,9 @@ pub struct StepRecord {
     pub committed: Vec<usize>,
     pub committed_timesteps: Vec<f64>,
     pub committed_confidences: Vec<f64>,
-    /// The head's rows of the buffer after the roll, `[encoded_len][width]` (transducer:
-    /// `joint.enc` of the encoder output; CTC: the logits).
+    /// The head's rows of the buffer after the roll, `[frames][width]` (transducer:
+    /// `joint.enc` of the encoder output, `encoded_len` frames; CTC: the logits, the last
+    /// buffer's to its end).
     pub rows: Vec<f32>,
     /// The finished utterance's text, when the step ended one, and the partial text, when
     /// the step reported one.
@@ -329,6 +334,11 @@ pub struct BufferedStream {
     ring: Vec<f32>,
     /// Samples received and not yet a whole chunk.
     pending: Vec<f32>,
+    /// Samples accepted since the start of the stream, and how many of them the steps so far
+    /// have decoded (through the last step's chunk): no time is reported past those, so that
+    /// the times do not depend on how the audio was cut into pieces.
+    received: usize,
+    decoded: usize,
     /// Steps run since the start of the stream.
     steps: usize,
     decoding: Decoding,
@@ -427,6 +437,8 @@ impl BufferedStream {
             mel,
             ring: Vec::new(),
             pending: Vec::new(),
+            received: 0,
+            decoded: 0,
             steps: 0,
             decoding: Decoding::default(),
             reported: 0,
@@ -449,7 +461,7 @@ impl BufferedStream {
             Some(rows) => rows,
             None => {
                 let zeros = vec![0.0; sizes.buffer_samples];
-                let rows = Arc::new(stream.encode_buffer(&zeros, None)?);
+                let rows = Arc::new(stream.encode_buffer(&zeros, None, None)?.0);
                 if let Ok(mut cache) = ZERO_ROWS.lock() {
                     cache.insert(key, rows.clone());
                 }
@@ -487,11 +499,18 @@ impl BufferedStream {
     }
 
     /// The head's rows `[frames][width]` of the audio `samples` (a buffer's audio, from its
-    /// first sample, which is the stream's sample `start`; `None`: not the stream's):
-    /// NeMo's mel of the buffer, normalised per feature over its valid frames in float32 as
-    /// torch sums, then the encoder over those frames. Frames after the valid ones are masked
-    /// in NeMo's encoder and never reach a frame before them, so they are not computed.
-    fn encode_buffer(&mut self, samples: &[f32], start: Option<usize>) -> Result<Vec<f32>> {
+    /// first sample, which is the stream's sample `start`; `None`: not the stream's), and
+    /// how many of them are the audio's: NeMo's mel of the buffer, normalised per feature
+    /// over its valid frames in float32 as torch sums, then the encoder over those frames.
+    /// Frames after the valid ones are masked in NeMo's encoder and never reach a frame
+    /// before them, so they are computed only when `padded_to` asks for that many frames in
+    /// all (CTC's last buffer, whose window runs over them).
+    fn encode_buffer(
+        &mut self,
+        samples: &[f32],
+        start: Option<usize>,
+        padded_to: Option<usize>,
+    ) -> Result<(Vec<f32>, usize)> {
         let s = self.sizes;
         let t0 = Instant::now();
         let whole;
@@ -508,7 +527,7 @@ impl BufferedStream {
         };
         let valid = features.n_frames.min(s.feature_frames);
         if valid == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         let m = self.n_mels;
         let mut data = vec![0f32; valid * m];
@@ -524,9 +543,14 @@ impl BufferedStream {
         let chunk = FeatureImage::from_frames(data, m)?;
         let t1 = Instant::now();
         let attention = self.session.attention_for(valid, AttentionChoice::Auto);
-        let enc =
-            self.session
-                .encode_chunk(&mut EncoderState::new(), chunk, attention, self.outputs)?;
+        let mut state = match padded_to {
+            Some(frames) => EncoderState::padded(frames),
+            None => EncoderState::new(),
+        };
+        let audio_frames = self.session.model().hparams().geometry().encoded_len(valid);
+        let enc = self
+            .session
+            .encode_chunk(&mut state, chunk, attention, self.outputs)?;
         self.times.features = t1 - t0;
         self.times.encoder = t1.elapsed();
         let rows = match self.head {
@@ -539,7 +563,7 @@ impl BufferedStream {
                 "internal: the encoder pass lacks the decoder's head"
             );
         };
-        Ok(rows)
+        Ok((rows, audio_frames))
     }
 
     /// Runs request `self.steps` over `chunk` (exactly `S_f` samples, of which `valid` are
@@ -554,18 +578,21 @@ impl BufferedStream {
         let keep = self.ring.len() - s.buffer_samples;
         self.ring.drain(..keep);
         let window = BufferWindow::of_step(&s, k, valid);
+        self.decoded = k * s.chunk_samples + valid;
         let (left_padding, audio) = (window.left_padding, window.len);
         let buffer: Vec<f32> = self.ring[left_padding..left_padding + audio].to_vec();
-        let own = self.encode_buffer(&buffer, Some(window.start))?;
+        let w = self.width;
+        let lpad = ((left_padding / s.hop) / s.subsampling).min(self.zero_rows.len() / w);
+        // CTC decodes the last buffer to its end, over the frames past the audio that NeMo's
+        // masked encoder computes from the zero padding.
+        let padded_to = (is_last && self.head == Head::Ctc).then(|| s.buffer_frames - lpad);
+        let (own, audio_frames) = self.encode_buffer(&buffer, Some(window.start), padded_to)?;
         // NeMo's roll: the zero buffer's frames for the time before the stream, then the
         // audio's own encoding.
-        let lpad = (left_padding / s.hop) / s.subsampling;
-        let w = self.width;
-        let lpad = lpad.min(self.zero_rows.len() / w);
         let mut rows = Vec::with_capacity(lpad * w + own.len());
         rows.extend_from_slice(&self.zero_rows[..lpad * w]);
         rows.extend_from_slice(&own);
-        let encoded_len = rows.len() / w;
+        let encoded_len = lpad + audio_frames;
         let t = Instant::now();
         let mut record = StepRecord {
             is_last,
@@ -945,13 +972,14 @@ impl BufferedStream {
                 duration: 0,
             })
             .collect();
-        Some(Utterance {
+        let utterance = Utterance {
             text,
             start: round9(start * fs),
             end: round9(end * fs),
             words,
             tokens,
-        })
+        };
+        Some(utterance.within(self.decoded as f64 / f64::from(self.sample_rate())))
     }
 
     /// Back to the start of a stream (time 0, empty buffer and state).
@@ -959,6 +987,8 @@ impl BufferedStream {
         self.ring.clear();
         self.ring.resize(self.sizes.buffer_samples, 0.0);
         self.pending.clear();
+        self.received = 0;
+        self.decoded = 0;
         self.mel.reset();
         self.steps = 0;
         self.reported = 0;
@@ -1248,6 +1278,7 @@ impl LiveTranscriber for BufferedStream {
     fn accept(&mut self, samples: &[f32]) -> Result<Vec<StreamEvent>> {
         let mut events = Vec::new();
         let size = self.sizes.chunk_samples;
+        self.received += samples.len();
         let mut rest = samples;
         while !rest.is_empty() {
             // A full request waits for the next sample: only then is it known not to be the
@@ -1264,6 +1295,12 @@ impl LiveTranscriber for BufferedStream {
     }
 
     fn finish(&mut self) -> Result<Vec<StreamEvent>> {
+        if self.received > 0
+            && let Err(e) = self.session.check_long_enough(self.received)
+        {
+            self.reset();
+            return Err(e);
+        }
         let mut events = Vec::new();
         if !self.pending.is_empty() {
             // The last request: zero-padded to a whole chunk (a full one where the input ends

@@ -73,6 +73,10 @@ pub struct CacheAwareStream {
     head: HeadState,
     /// Encoder frames streamed so far (the stream's clock).
     frames_done: usize,
+    /// Samples the features streamed so far needed, and of the whole input once it has ended
+    /// (`finish`): no time is reported past them.
+    used: usize,
+    ended: Option<usize>,
     /// The utterance being spoken.
     tokens: Vec<Token>,
     /// The model's end-of-utterance and end-of-backchannel pieces (`<EOU>`, `<EOB>`).
@@ -192,6 +196,8 @@ impl CacheAwareStream {
             step: 0,
             head,
             frames_done: 0,
+            used: 0,
+            ended: None,
             tokens: Vec::new(),
             markers,
             max_utterance_seconds: Some(DEFAULT_MAX_UTTERANCE_SECONDS),
@@ -299,6 +305,7 @@ impl CacheAwareStream {
             });
         }
         self.frames_done += frames;
+        self.used = self.used.max(self.mel.samples_needed(self.next + new));
         self.next += shift;
         self.step += 1;
         self.emit(new_tokens, events);
@@ -403,15 +410,19 @@ impl CacheAwareStream {
         self.markers = ids;
     }
 
-    /// The stream's token times: up to the frames streamed so far.
+    /// The stream's token times: up to the frames streamed so far, and never past the audio
+    /// their features needed (the input's end once it has ended: the last chunk's frames run
+    /// past it); the bound does not depend on how the audio was cut into pieces.
     fn clock(&self) -> TokenClock {
         let model = self.session.model();
         let frame_seconds = model.hparams().geometry().frame_seconds();
+        let streamed = self.frames_done as f64 * frame_seconds;
+        let audio = self.ended.unwrap_or(self.used) as f64 / f64::from(self.session.sample_rate());
         TokenClock {
             frame_seconds,
             tdt_durations: matches!(self.head, HeadState::Transducer(_))
                 && model.hparams().model_type.is_tdt(),
-            audio_seconds: self.frames_done as f64 * frame_seconds,
+            audio_seconds: streamed.min(audio),
         }
     }
 
@@ -447,6 +458,8 @@ impl CacheAwareStream {
         self.step = 0;
         self.restart_model_state();
         self.frames_done = 0;
+        self.used = 0;
+        self.ended = None;
         self.tokens.clear();
     }
 }
@@ -488,8 +501,16 @@ impl LiveTranscriber for CacheAwareStream {
     }
 
     fn finish(&mut self) -> Result<Vec<StreamEvent>> {
+        let received = self.mel.received();
+        if received > 0
+            && let Err(e) = self.session.check_long_enough(received)
+        {
+            self.reset();
+            return Err(e);
+        }
+        self.ended = Some(received);
         let mut events = Vec::new();
-        if self.mel.received() > 0 {
+        if received > 0 {
             let rest = self.mel.finish();
             self.features.extend(rest);
             // NeMo's buffer holds the preprocessor's output including its frame past the

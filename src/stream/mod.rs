@@ -32,6 +32,23 @@ pub struct Utterance {
     pub tokens: Vec<Token>,
 }
 
+impl Utterance {
+    /// The utterance with no time past `seconds`, the length of the audio heard: a stream's
+    /// last buffer decodes the padding after the audio (NeMo's buffered pipelines decode it,
+    /// and their timestamp rewriting can move tokens later), whose words keep their text but
+    /// end where the audio does.
+    pub fn within(mut self, seconds: f64) -> Utterance {
+        let clamp = |t: &mut f64| *t = t.min(seconds);
+        clamp(&mut self.start);
+        clamp(&mut self.end);
+        for w in &mut self.words {
+            clamp(&mut w.start);
+            clamp(&mut w.end);
+        }
+        self
+    }
+}
+
 /// What a live transcriber reports after a piece of audio.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StreamEvent {

@@ -90,7 +90,11 @@ pub fn pump<T: LiveTranscriber + ?Sized>(
         }
     };
     let read = feeder.samples_read();
-    for event in &feeder.finish(transcriber)? {
+    // The input's end is where a stream too short to transcribe is refused: say which input.
+    let last = feeder
+        .finish(transcriber)
+        .map_err(|e| e.context(source.name()))?;
+    for event in &last {
         on_event(event)?;
     }
     if let Some(e) = failure {

@@ -283,7 +283,12 @@ impl VadTurns {
         let end = turn.end.unwrap_or(turn.fed).min(available);
         self.feed(end, out)?;
         out.push(TurnEvent::SpeechStopped(end));
-        let events = self.inner.finish()?;
+        let events = match self.inner.finish() {
+            // A turn cut short by the input's end can be shorter than a feature frame: the
+            // transcriber refuses it (and resets), and it has no words to give.
+            Err(_) if under_a_frame(end - turn.start, self.inner.sample_rate()) => Vec::new(),
+            r => r?,
+        };
         self.forward(events, Some(end), out);
         self.turn = None;
         self.last_end = end;
@@ -360,6 +365,12 @@ impl LiveTranscriber for VadTurns {
     fn finish(&mut self) -> Result<Vec<StreamEvent>> {
         Ok(transcripts(self.finish_turns()?))
     }
+}
+
+/// Whether `samples` at `rate` are shorter than one 10 ms feature frame, which a transcriber
+/// refuses as too short ([`crate::session::Session::check_long_enough`]).
+pub fn under_a_frame(samples: usize, rate: u32) -> bool {
+    samples * 100 < rate as usize
 }
 
 fn transcripts(events: Vec<TurnEvent>) -> Vec<StreamEvent> {

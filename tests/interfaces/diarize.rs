@@ -296,7 +296,7 @@ fn bad_input_is_one_clear_error() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
-fn write_wav(path: &Path, samples: &[f32]) {
+pub(crate) fn write_wav(path: &Path, samples: &[f32]) {
     let spec = hound::WavSpec {
         channels: 1,
         sample_rate: 16000,

@@ -65,6 +65,11 @@ pub(crate) fn send_clip(ws: &mut Client) {
 /// Streams the 10 s clip (s16le at 16 kHz, in 0.2 s appends) through a real model's factory
 /// and commits: the concatenated deltas and the completed transcript.
 pub(crate) fn transcribe_clip(model_name: &str, factory: TranscriberFactory) -> (String, String) {
+    transcribe_clip_at(start_real(model_name, factory))
+}
+
+/// A realtime endpoint over a real model's factory (timeouts for a debug build).
+pub(crate) fn start_real(model_name: &str, factory: TranscriberFactory) -> SocketAddr {
     let config = RealtimeConfig {
         model_name: model_name.into(),
         idle_timeout: Duration::from_secs(20),
@@ -73,7 +78,7 @@ pub(crate) fn transcribe_clip(model_name: &str, factory: TranscriberFactory) -> 
         max_streams: 2,
         drain: Drain::new().1,
     };
-    transcribe_clip_at(start(config, factory))
+    start(config, factory)
 }
 
 /// [`transcribe_clip`] through the realtime endpoint of a server at `addr`.
@@ -82,8 +87,13 @@ pub(crate) fn transcribe_clip_at(addr: SocketAddr) -> (String, String) {
     if let MaybeTlsStream::Plain(s) = ws.get_mut() {
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     }
-    send_clip(&mut ws);
-    send(&mut ws, json!({"type": "input_audio_buffer.commit"}));
+    commit_clip(&mut ws)
+}
+
+/// Appends the 10 s clip and commits it: the concatenated deltas and the completed transcript.
+pub(crate) fn commit_clip(ws: &mut Client) -> (String, String) {
+    send_clip(ws);
+    send(ws, json!({"type": "input_audio_buffer.commit"}));
     let mut deltas = String::new();
     loop {
         let Ok(Message::Text(t)) = ws.read() else {
@@ -109,7 +119,7 @@ fn doubles(eou_after: Option<usize>, alive: &Arc<AtomicUsize>) -> TranscriberFac
     Arc::new(move || Ok(Box::new(CountingTranscriber::new(1600, eou_after).counted(&alive)) as _))
 }
 
-fn connect(addr: SocketAddr) -> Client {
+pub(crate) fn connect(addr: SocketAddr) -> Client {
     let (mut ws, _) = tungstenite::connect(format!("ws://{addr}/v1/realtime")).unwrap();
     if let MaybeTlsStream::Plain(s) = ws.get_mut() {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -117,7 +127,7 @@ fn connect(addr: SocketAddr) -> Client {
     ws
 }
 
-fn send(ws: &mut Client, event: Value) {
+pub(crate) fn send(ws: &mut Client, event: Value) {
     ws.send(Message::Text(event.to_string().into())).unwrap();
 }
 
@@ -133,7 +143,7 @@ fn next(ws: &mut Client) -> Option<Value> {
 }
 
 /// Reads events up to and including one of type `last`, dropping their `event_id`s.
-fn until(ws: &mut Client, last: &str) -> Vec<Value> {
+pub(crate) fn until(ws: &mut Client, last: &str) -> Vec<Value> {
     let mut seen = Vec::new();
     while let Some(mut e) = next(ws) {
         assert!(e["event_id"].as_str().unwrap().starts_with("event_"));
@@ -147,7 +157,7 @@ fn until(ws: &mut Client, last: &str) -> Vec<Value> {
     panic!("the server closed before {last}: {seen:?}");
 }
 
-fn append(ws: &mut Client, samples: usize) {
+pub(crate) fn append(ws: &mut Client, samples: usize) {
     let pcm: Vec<u8> = (0..samples)
         .flat_map(|i| ((i % 200) as i16).to_le_bytes())
         .collect();
@@ -174,7 +184,7 @@ fn connect_beta(addr: SocketAddr) -> Client {
     ws
 }
 
-fn at_16k(ws: &mut Client) {
+pub(crate) fn at_16k(ws: &mut Client) {
     let created = until(ws, "session.created");
     assert_eq!(created[0]["session"]["type"], "transcription");
     assert_eq!(

@@ -47,20 +47,32 @@ fn pairs(v: &Value) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// One buffered run of `samples` fed in pieces of `piece` samples.
+/// One buffered run of `samples` fed in pieces of `piece` samples: the steps, the events and,
+/// for each event, the seconds of audio its step had decoded (through the step's chunk, or to
+/// the end of the input for the last), past which no time may lie.
 fn run(
     session: Session,
     config: BufferedConfig,
     samples: &[f32],
     piece: usize,
-) -> (Vec<StepRecord>, Vec<StreamEvent>) {
+) -> (Vec<StepRecord>, Vec<StreamEvent>, Vec<f64>) {
     let mut stream = BufferedStream::new(session, config).unwrap();
-    let mut events = Vec::new();
+    let chunk = stream.sizes().chunk_samples;
+    let (mut records, mut events, mut heard) = (Vec::new(), Vec::new(), Vec::new());
+    let mut given = 0;
     for p in samples.chunks(piece) {
-        events.extend(stream.accept(p).unwrap());
+        given += p.len();
+        let got = stream.accept(p).unwrap();
+        records.extend(stream.take_records());
+        let decoded = (records.len() * chunk).min(given);
+        heard.extend(got.iter().map(|_| seconds(&samples[..decoded])));
+        events.extend(got);
     }
-    events.extend(stream.finish().unwrap());
-    (stream.take_records(), events)
+    let got = stream.finish().unwrap();
+    records.extend(stream.take_records());
+    heard.extend(got.iter().map(|_| seconds(samples)));
+    events.extend(got);
+    (records, events, heard)
 }
 
 fn finals(events: &[StreamEvent]) -> Vec<&Utterance> {
@@ -74,23 +86,23 @@ fn finals(events: &[StreamEvent]) -> Vec<&Utterance> {
 }
 
 /// Compares a run with NeMo's: every step's decoder passes (transducer: tokens and frames of
-/// the chunk and right-context passes; CTC: every frame's label), the end of utterance, the
-/// committed window, the overlap check, the committed tokens and their rewritten timestamps;
-/// then the finals' texts and times (within one encoder frame) and their words.
+/// the chunk and right-context passes; CTC: every frame's label, the last buffer's frames past
+/// the audio included), the end of utterance, the committed window, the overlap check, the
+/// committed tokens and their rewritten timestamps; then the finals' texts and times (within
+/// one encoder frame) and their words. NeMo's times past the audio its step had decoded
+/// (`heard`, per event: its last buffer decodes the padding, its word ends snap forward, and
+/// its timestamp rewriting can move tokens later) are ours clamped to it, and no time of any
+/// event (partials too) lies past it.
 fn compare(
     name: &str,
     nemo: &Value,
     records: &[StepRecord],
     events: &[StreamEvent],
-    pieces: &[String],
+    heard: &[f64],
 ) {
     let ctc = !nemo["steps"][0]["labels"].is_null();
     let steps = nemo["steps"].as_array().unwrap();
     assert_eq!(records.len(), steps.len(), "{name}: steps");
-    // CTC's last request: NeMo's window runs past the valid frames into frames its masked
-    // encoder computed from zeroed features; those are not computed here, so the tokens NeMo
-    // takes from them are missing from ours (only there).
-    let mut tail: Vec<usize> = Vec::new();
     for (i, (ours, theirs)) in records.iter().zip(steps).enumerate() {
         let at = format!("{name} step {i}");
         assert_eq!(ours.is_last, theirs["is_last"].as_bool().unwrap(), "{at}");
@@ -105,18 +117,7 @@ fn compare(
             "{at}: encoded length"
         );
         if ctc {
-            let labels = ints(&theirs["labels"]);
-            assert_eq!(ours.labels[..], labels[..ours.labels.len()], "{at}: labels");
-            if ours.is_last {
-                let mut previous = usize::MAX;
-                let end = ours.start_end.1 as usize;
-                for (t, &l) in labels.iter().enumerate().take(end) {
-                    if t >= ours.labels.len() && l != previous && l != pieces.len() {
-                        tail.push(l);
-                    }
-                    previous = l;
-                }
-            }
+            assert_eq!(ours.labels, ints(&theirs["labels"]), "{at}: labels");
         } else {
             assert_eq!(
                 ours.chunk_tokens,
@@ -141,11 +142,8 @@ fn compare(
             theirs["overlap_skipped"].as_u64().unwrap(),
             "{at}: overlap"
         );
-        let mut committed = ints(&theirs["committed"]);
-        let mut ts = secs(&theirs["committed_ts"]);
-        let missing = if ours.is_last { tail.len() } else { 0 };
-        committed.truncate(committed.len() - missing);
-        ts.truncate(ts.len() - missing);
+        let committed = ints(&theirs["committed"]);
+        let ts = secs(&theirs["committed_ts"]);
         assert_eq!(ours.committed, committed, "{at}: committed");
         assert_eq!(ours.committed_timesteps.len(), ts.len(), "{at}: timestamps");
         for (a, b) in ours.committed_timesteps.iter().zip(&ts) {
@@ -157,40 +155,41 @@ fn compare(
             .unwrap()
             .first()
             .map(|g| g["text"].as_str().unwrap().trim().to_owned());
-        if missing == 0 {
-            assert_eq!(ours.final_text, final_text, "{at}: final text");
-        }
+        assert_eq!(ours.final_text, final_text, "{at}: final text");
     }
-    let tail_text: String = tail.iter().map(|&id| pieces[id].as_str()).collect();
-    let tail_text = tail_text.replace('\u{2581}', " ");
-    let ours = finals(events);
+    let near = |what: &str, a: f64, b: &Value, heard: f64| {
+        let b = b.as_f64().unwrap().min(heard);
+        assert!(
+            (a - b).abs() <= 0.08 + 1e-9,
+            "{name}: {what} time {a} against NeMo's {b} (clamped to the {heard} s heard)"
+        );
+    };
+    let ours: Vec<(&Utterance, f64)> = events
+        .iter()
+        .zip(heard)
+        .filter_map(|(e, &h)| match e {
+            StreamEvent::Final(u) => Some((u, h)),
+            _ => None,
+        })
+        .collect();
     let theirs = nemo["final"]["segments"].as_array().unwrap();
     assert_eq!(ours.len(), theirs.len(), "{name}: finals");
-    for (i, (u, g)) in ours.iter().zip(theirs).enumerate() {
-        let text = g["text"].as_str().unwrap().trim();
-        if i + 1 == ours.len() && !tail.is_empty() {
-            assert_eq!(format!("{}{tail_text}", u.text), text, "{name}: last final");
-            continue;
-        }
-        assert_eq!(u.text, text, "{name}: final text");
-        for (a, b) in [(u.start, &g["start"]), (u.end, &g["end"])] {
-            let b = b.as_f64().unwrap();
-            assert!(
-                (a - b).abs() <= 0.08 + 1e-9,
-                "{name}: final time {a} against {b}"
-            );
-        }
+    for ((u, h), g) in ours.iter().zip(theirs) {
+        assert_eq!(
+            u.text,
+            g["text"].as_str().unwrap().trim(),
+            "{name}: final text"
+        );
+        near("final", u.start, &g["start"], *h);
+        near("final", u.end, &g["end"], *h);
     }
-    let words: Vec<_> = ours.iter().flat_map(|u| u.words.iter()).collect();
+    let words: Vec<_> = ours
+        .iter()
+        .flat_map(|(u, h)| u.words.iter().map(move |w| (w, *h)))
+        .collect();
     let nemo_words = nemo["words"].as_array().unwrap();
-    // The tail's tokens change the last word (or add words).
-    let comparable = if tail.is_empty() {
-        assert_eq!(words.len(), nemo_words.len(), "{name}: words");
-        words.len()
-    } else {
-        words.len().saturating_sub(1)
-    };
-    for u in &ours {
+    assert_eq!(words.len(), nemo_words.len(), "{name}: words");
+    for (u, _) in &ours {
         let squeezed = |s: &str| s.split_whitespace().collect::<String>();
         let joined: String = u.words.iter().map(|w| squeezed(&w.text)).collect();
         assert_eq!(
@@ -199,17 +198,30 @@ fn compare(
             "{name}: a final's words and its text"
         );
     }
-    for (w, n) in words.iter().zip(nemo_words).take(comparable) {
+    for ((w, h), n) in words.iter().zip(nemo_words) {
         // NeMo's word offsets keep a run of marks its printed text cuts to the last; ours
         // follow the text.
         let nemo_word = cut_mark_runs(n["text"].as_str().unwrap().trim());
         assert_eq!(w.text, nemo_word, "{name}: word");
-        for (a, b) in [(w.start, &n["start"]), (w.end, &n["end"])] {
-            let b = b.as_f64().unwrap();
+        near(&w.text, w.start, &n["start"], *h);
+        near(&w.text, w.end, &n["end"], *h);
+    }
+    assert_within(name, events, heard);
+}
+
+/// No time of any event (utterances and their words, partials and finals) past the seconds
+/// of audio heard when it came.
+fn assert_within(name: &str, events: &[StreamEvent], heard: &[f64]) {
+    assert_eq!(events.len(), heard.len());
+    for (e, &seconds) in events.iter().zip(heard) {
+        let (StreamEvent::Partial(u) | StreamEvent::Final(u)) = e;
+        let times = [u.start, u.end]
+            .into_iter()
+            .chain(u.words.iter().flat_map(|w| [w.start, w.end]));
+        for t in times {
             assert!(
-                (a - b).abs() <= 0.08 + 1e-9,
-                "{name}: word {} time {a} against {b}",
-                w.text
+                (0.0..=seconds).contains(&t),
+                "{name}: a time at {t} s after {seconds} s of audio: {u:?}"
             );
         }
     }
@@ -249,11 +261,58 @@ fn check_case(model: &str, head: &str, decoder: DecoderChoice, suffix: &str, cli
         let name = format!("{model}_buffered{suffix}_{head}_{setting}");
         let (nemo, config) = reference(&name, decoder);
         let session = Session::load(&path, threads(2)).unwrap();
-        let pieces = session.model().tokenizer().pieces().to_vec();
         // Pieces of an odd size, so that chunks are cut across pieces.
-        let (records, events) = run(session, config, &samples, 3331);
-        compare(&name, &nemo, &records, &events, &pieces);
+        let (records, events, heard) = run(session, config, &samples, 3331);
+        compare(&name, &nemo, &records, &events, &heard);
     }
+}
+
+fn seconds(samples: &[f32]) -> f64 {
+    samples.len() as f64 / 16000.0
+}
+
+/// The clips of the end-of-stream references (`scripts/buffered_end_references.py` cuts the
+/// same samples from the same file): a stream that ends inside a word, in digital silence,
+/// before one chunk is full, and exactly at a chunk's end; with the settings each was run at.
+fn end_clips() -> Vec<(&'static str, Vec<f32>, &'static [&'static str])> {
+    let clip = clip_samples("speech_10s.wav");
+    let both: &[&str] = &["c4.8_l1.6_r1.6", "c0.8_l1.6_r0.8"];
+    let mut silence = clip[..47360].to_vec();
+    silence.resize(47360 + 24000, 0.0);
+    vec![
+        ("cut_word", clip[..88000].to_vec(), both),
+        ("cut_silence", silence, both),
+        ("cut_short", clip[..9920].to_vec(), both),
+        ("cut_chunk4.8", clip[..76800].to_vec(), &["c4.8_l1.6_r1.6"]),
+        ("cut_chunk0.8", clip[..12800].to_vec(), &["c0.8_l1.6_r0.8"]),
+    ]
+}
+
+/// The end of a stream as NeMo 3.0's pipelines end it, step by step, for every model and head
+/// (CTC's last buffer decoded to its end, over the frames NeMo's masked encoder computes past
+/// the audio), with no time past the end of the audio.
+#[test]
+fn buffered_stream_ends_match_nemo_step_by_step() {
+    let mut compared = 0;
+    for (model, head, decoder) in CASES {
+        let path = gguf(model, OutType::F32);
+        for (clip, samples, settings) in end_clips() {
+            for setting in settings {
+                let name = format!("{model}_buffered_{clip}_{head}_{setting}");
+                let (nemo, config) = reference(&name, decoder);
+                assert_eq!(
+                    nemo["audio_samples"].as_u64(),
+                    Some(samples.len() as u64),
+                    "{name}: the clip NeMo ran"
+                );
+                let session = Session::load(&path, threads(2)).unwrap();
+                let (records, events, heard) = run(session, config, &samples, 3331);
+                compare(&name, &nemo, &records, &events, &heard);
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 5 * 8);
 }
 
 #[test]
@@ -303,6 +362,15 @@ fn buffered_cases_cover_every_reference() {
         assert!(dir.join(&name).exists(), "{name}");
         covered += 1;
     }
+    for (model, head, _) in CASES {
+        for (clip, _, settings) in end_clips() {
+            for setting in settings {
+                let name = format!("{model}_buffered_{clip}_{head}_{setting}.json");
+                assert!(dir.join(&name).exists(), "{name}");
+                covered += 1;
+            }
+        }
+    }
     let references = std::fs::read_dir(&dir)
         .unwrap()
         .filter(|e| {
@@ -342,9 +410,8 @@ fn buffered_punctuation_matches_nemo_step_by_step() {
             assert!(words.iter().any(|w| w.contains(mark)), "{name}: no {mark}");
         }
         let session = Session::load(&path, threads(2)).unwrap();
-        let pieces = session.model().tokenizer().pieces().to_vec();
-        let (records, events) = run(session, config, &samples, 3331);
-        compare(&name, &nemo, &records, &events, &pieces);
+        let (records, events, heard) = run(session, config, &samples, 3331);
+        compare(&name, &nemo, &records, &events, &heard);
         let steps = nemo["steps"].as_array().unwrap();
         let mut before = "";
         let mut partials = 0;
@@ -486,9 +553,8 @@ fn buffered_boosting_and_confidence_carry_across_chunks() {
 }
 
 /// CTC token confidence as NeMo's buffered CTC pipeline measures it (each token on the frame it
-/// starts at; `confidence:` entropy, Tsallis, alpha 0.5, exp, averaged over a segment): the
-/// finals' `conf` of the references that have a final before the last request (the last one
-/// holds NeMo's tokens from frames past the audio).
+/// starts at; `confidence:` entropy, Tsallis, alpha 0.5, exp, averaged over a segment): every
+/// final's `conf`, the last one's tokens from frames past the audio included.
 #[test]
 fn buffered_ctc_confidence_matches_nemos_segments() {
     let confidence = ConfidenceConfig {
@@ -519,7 +585,7 @@ fn buffered_ctc_confidence_matches_nemos_segments() {
             let mut open: Vec<f64> = Vec::new();
             for r in stream.take_records() {
                 open.extend_from_slice(&r.committed_confidences);
-                if r.eou && !r.is_last {
+                if r.eou {
                     if !open.is_empty() {
                         segments.push(std::mem::take(&mut open));
                     }
@@ -527,6 +593,7 @@ fn buffered_ctc_confidence_matches_nemos_segments() {
                 }
             }
             let theirs = nemo["final"]["segments"].as_array().unwrap();
+            assert_eq!(segments.len(), theirs.len(), "{name}: segments");
             for (ours, g) in segments.iter().zip(theirs) {
                 let mean = ours.iter().sum::<f64>() / ours.len() as f64;
                 let conf = g["conf"].as_f64().unwrap();
@@ -556,7 +623,7 @@ fn audio_ending_on_a_chunk_border_is_decoded_to_its_end() {
         let name = format!("{model}_buffered_{head}_c4.8_l1.6_r1.6");
         let (nemo, config) = reference(&name, decoder);
         let session = Session::load(&gguf(model, OutType::F32), threads(2)).unwrap();
-        let (records, events) = run(session, config, cut, 3331);
+        let (records, events, _) = run(session, config, cut, 3331);
         assert_eq!(records.len(), 2, "{name}");
         assert!(!records[0].is_last && records[1].is_last, "{name}");
         assert_eq!(records[1].valid_samples, 8 * 16000, "{name}");
@@ -678,5 +745,86 @@ fn a_long_utterance_keeps_a_bounded_token_list() {
             finals(&cut_events) > 3 * finals(&whole_events).max(1),
             "{model}: the limit cut nothing"
         );
+    }
+}
+
+/// The events of one live stream (both kinds, through `open_live`) over `samples` in pieces
+/// of 3331 samples, each with the seconds of audio given when it came.
+fn live_events(
+    stream: &mut dyn LiveTranscriber,
+    samples: &[f32],
+) -> parakeet::error::Result<Vec<(StreamEvent, f64)>> {
+    let mut out = Vec::new();
+    let mut given = 0;
+    for p in samples.chunks(3331) {
+        given += p.len();
+        let at = seconds(&samples[..given]);
+        out.extend(stream.accept(p)?.into_iter().map(|e| (e, at)));
+    }
+    let at = seconds(samples);
+    out.extend(stream.finish()?.into_iter().map(|e| (e, at)));
+    Ok(out)
+}
+
+/// No time of a live stream's events lies past the audio given: the cases where NeMo's
+/// buffered pipeline (decoding the last buffer's padding, rewriting timestamps) and the
+/// cache-aware stream's last chunk put words after it: 1.0 s of speech and of silence, 10 s,
+/// 62.1 s and 3.12 s, on buffered streaming's transducer and CTC and on a cache-aware model.
+/// Audio too short for one feature frame is refused with `transcribe`'s error, and the stream
+/// goes on as a new one.
+#[test]
+fn live_times_stay_inside_the_audio_and_too_short_is_refused() {
+    use parakeet::model::Model;
+    use parakeet::stream::open::{LiveOptions, open_live};
+    let clip = clip_samples("speech_10s.wav");
+    let speech = |n: usize| -> Vec<f32> { clip.iter().cycle().take(n).copied().collect() };
+    for model in [
+        "tiny_tdt",
+        "tiny_ctc",
+        "tiny_stream_rnnt",
+        "tiny_stream_tdt_ctc",
+    ] {
+        let path = gguf(model, OutType::F32);
+        let m = Arc::new(Model::load(&path).unwrap());
+        let options = LiveOptions::defaults(&m, threads(2)).unwrap();
+        let mut stream = open_live(&m, &options).unwrap();
+        let mut cases = vec![
+            ("speech 1.0 s", speech(16000)),
+            ("silence 1.0 s", vec![0.0; 16000]),
+            ("speech 10 s", speech(160_000)),
+            ("speech 3.12 s", speech(49920)),
+        ];
+        if model == "tiny_tdt" || model == "tiny_stream_rnnt" {
+            cases.push(("speech 62.1 s", speech(993_600)));
+        }
+        let mut events = 0;
+        for (what, samples) in &cases {
+            for (e, heard) in live_events(stream.as_mut(), samples).unwrap() {
+                let (StreamEvent::Partial(u) | StreamEvent::Final(u)) = &e;
+                let times = [u.start, u.end]
+                    .into_iter()
+                    .chain(u.words.iter().flat_map(|w| [w.start, w.end]));
+                for t in times {
+                    assert!(
+                        (0.0..=heard).contains(&t),
+                        "{model} {what}: {t} s after {heard} s: {u:?}"
+                    );
+                }
+                events += 1;
+            }
+        }
+        assert!(events > 0, "{model}: no event");
+        // One sample: transcribe's error, then the stream starts afresh.
+        let mut session = Session::load(&path, threads(1)).unwrap();
+        let greedy = DecodeOptions::greedy(session.model()).unwrap();
+        let offline = session.transcribe(vec![0.25], &greedy).unwrap_err();
+        let live = live_events(stream.as_mut(), &[0.25]).unwrap_err();
+        assert_eq!(live.to_string(), offline.to_string(), "{model}");
+        assert!(live.to_string().contains("too short"), "{live}");
+        let again = live_events(stream.as_mut(), &speech(16000)).unwrap();
+        for (e, heard) in again {
+            let (StreamEvent::Partial(u) | StreamEvent::Final(u)) = &e;
+            assert!(u.end <= heard, "{model}: after the refusal: {u:?}");
+        }
     }
 }
