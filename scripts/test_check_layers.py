@@ -81,9 +81,9 @@ class CheckLayers(unittest.TestCase):
         self.assertIn("1 layering violation(s)", out.getvalue())
 
     def test_the_uses_list_follows_the_code(self):
-        # A legal new arrow (server -> kernels) leaves the doc's list behind: refused, then
+        # A legal new arrow (server -> layout) leaves the doc's list behind: refused, then
         # rewritten by --write, after which the check passes.
-        self.tree.append("src/server/mod.rs", "use crate::kernels::cpu::Isa as _Isa;")
+        self.tree.append("src/server/mod.rs", "use crate::layout::Layout as _Layout;")
         self.assertEqual(self.tree.check(), [])
         with contextlib.redirect_stdout(io.StringIO()) as out:
             self.assertEqual(check_layers.main(["--root", str(self.tree.dir)]), 1)
@@ -92,7 +92,7 @@ class CheckLayers(unittest.TestCase):
             self.assertEqual(check_layers.main(["--root", str(self.tree.dir), "--write"]), 0)
         doc = (self.tree.dir / "docs" / "ARCHITECTURE.md").read_text()
         server = next(l for l in doc.splitlines() if l.split()[1:2] == ["server"])
-        self.assertIn("kernels", server)
+        self.assertIn("layout", server)
         with contextlib.redirect_stdout(io.StringIO()):
             self.assertEqual(check_layers.main(["--root", str(self.tree.dir)]), 0)
 

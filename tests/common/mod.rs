@@ -219,7 +219,11 @@ pub fn diarizer_on(
     };
     let model = parakeet::model::Model::load_with(path, &path.display().to_string(), &options)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    parakeet::diar::Diarizer::new(std::sync::Arc::new(model), parakeet::session::Threads::new(threads).unwrap()).unwrap()
+    parakeet::diar::Diarizer::new(
+        std::sync::Arc::new(model),
+        parakeet::session::Threads::new(threads).unwrap(),
+    )
+    .unwrap()
 }
 
 /// `n` compute threads (at most the cores).

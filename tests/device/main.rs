@@ -7,7 +7,6 @@
 //! on a CUDA GPU). Without it each test prints that it is skipped and returns.
 
 #[path = "../common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use common::Lcg;
