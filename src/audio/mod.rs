@@ -43,17 +43,29 @@ pub fn device_name(path: &Path) -> Option<String> {
     const FIXED: &[&str] = &["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"];
     let name = path.file_name()?.to_str()?;
     // Windows also drops trailing spaces before the extension and a stream suffix (`:x`).
-    let stem = name.split(['.', ':']).next()?.trim_end_matches(' ').to_ascii_uppercase();
+    let stem = name
+        .split(['.', ':'])
+        .next()?
+        .trim_end_matches(' ')
+        .to_ascii_uppercase();
     let numbered = |prefix: &str| {
-        stem.strip_prefix(prefix)
-            .is_some_and(|n| matches!(n, "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "¹" | "²" | "³"))
+        stem.strip_prefix(prefix).is_some_and(|n| {
+            matches!(
+                n,
+                "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "¹" | "²" | "³"
+            )
+        })
     };
     (FIXED.contains(&stem.as_str()) || numbered("COM") || numbered("LPT")).then_some(stem)
 }
 
 /// [`device_name`] where the system is Windows; None elsewhere (`aux.wav` is a file on Linux).
 pub fn windows_device(path: &Path) -> Option<String> {
-    if cfg!(windows) { device_name(path) } else { None }
+    if cfg!(windows) {
+        device_name(path)
+    } else {
+        None
+    }
 }
 
 /// Decodes an audio file and mixes it down to mono (at its own sample rate).
