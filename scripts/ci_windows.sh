@@ -54,12 +54,15 @@ fi
 x86_64-w64-mingw32-gcc-posix -O2 -shared -s -o "$wine_dir/bcryptprimitives.dll" \
   scripts/wine/bcryptprimitives.c -ladvapi32
 cp "$wine_dir/bcryptprimitives.dll" "$WINEPREFIX/drive_c/windows/system32/"
+# One Wine server for every run (each exe start then takes a fraction of a second, not seconds).
+/usr/lib/wine/wineserver -p </dev/null >/dev/null 2>&1 &
 echo "windows: Wine prefix ready at $((SECONDS)) s"
 
 work=$(mktemp -d)
 cleanup() {
   chattr -i "$work/readonly" 2>/dev/null || true
   [ -n "${server_pids:-}" ] && kill $server_pids 2>/dev/null || true
+  /usr/lib/wine/wineserver -k 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
