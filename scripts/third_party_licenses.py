@@ -54,6 +54,17 @@ print("The GCC runtime libraries linked into release archives (libgomp, libstdc+
 print("the GPL-3.0 with the GCC Runtime Library Exception 3.1, which allows distributing them")
 print("inside a program under any licence.")
 print()
+if "windows" in target:
+    # The mingw-w64 runtime (its C start-up code, winpthreads under libgomp) is linked into the
+    # Windows exe; Debian's copyright file of the package that ships it lists every licence.
+    print(RULE)
+    print("The mingw-w64 runtime linked into the Windows exe (C start-up code and winpthreads;")
+    print("ZPL-2.1 and permissive licences, each file's below):")
+    mingw = Path("/usr/share/doc/mingw-w64-x86-64-dev/copyright")
+    if mingw.is_file():
+        print()
+        print(mingw.read_text(errors="replace").strip())
+    print()
 print(RULE)
 print("Silero VAD v6.2 (MIT), its weights built into the binary (assets/silero_vad_v6.2.gguf, made")
 print("from the silero-vad package's model by scripts/silero_vad_gguf.py):")

@@ -9,13 +9,25 @@ use crate::{bail, err};
 use std::path::{Path, PathBuf};
 
 /// Our cache of converted models: `$PARAKEET_CACHE`, else `$XDG_CACHE_HOME/parakeet`, else
-/// `~/.cache/parakeet`.
+/// `~/.cache/parakeet`; on Windows `$PARAKEET_CACHE`, else `%LOCALAPPDATA%\parakeet` (where
+/// Windows programs keep their caches), else the temp folder.
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("PARAKEET_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("parakeet")))
-        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/parakeet")))
+    let var = |name: &str| std::env::var_os(name).map(PathBuf::from);
+    var("PARAKEET_CACHE")
+        .or_else(|| platform_cache_dir(var))
         .unwrap_or_else(|| std::env::temp_dir().join("parakeet"))
+}
+
+#[cfg(not(windows))]
+fn platform_cache_dir(var: impl Fn(&str) -> Option<PathBuf>) -> Option<PathBuf> {
+    var("XDG_CACHE_HOME")
+        .map(|d| d.join("parakeet"))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/parakeet")))
+}
+
+#[cfg(windows)]
+fn platform_cache_dir(var: impl Fn(&str) -> Option<PathBuf>) -> Option<PathBuf> {
+    var("LOCALAPPDATA").map(|d| d.join("parakeet"))
 }
 
 /// Extensions of model files: an argument ending in one is a path, never a hub id.

@@ -242,6 +242,15 @@ pub fn format_timestamps_line(words: &[Word]) -> String {
 /// A FIFO or device at `path` (`/dev/null`, `/dev/stdout`) is written directly: renaming over it
 /// would replace it with a regular file.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
+    // Windows: a device name (`aux.txt` beside `aux.wav`, `nul.json`) would send the text to
+    // a device or nowhere, or fail at the rename.
+    if let Some(device) = crate::audio::windows_device(path) {
+        bail!(
+            Options,
+            "refusing to write {}: {device} is a Windows device name; choose another output name",
+            path.display()
+        );
+    }
     if is_special_file(path) {
         return OpenOptions::new()
             .write(true)
@@ -918,11 +927,9 @@ pub fn remove_unfinished_temps_then<T>(then: impl FnOnce() -> T) -> T {
 
 /// Removes the temp files in `dir` that processes no longer running left behind (killed
 /// mid-write, or by SIGKILL); another running writer's files stay. Returns how many went.
-/// Only where `/proc` tells which processes run (Linux); elsewhere nothing is removed.
+/// Only where the system tells which processes run (Linux, Windows); elsewhere nothing is
+/// removed.
 pub fn remove_stale_temps(dir: &Path) -> usize {
-    if !Path::new("/proc/self").exists() {
-        return 0;
-    }
     let Ok(entries) = fs::read_dir(dir) else {
         return 0;
     };
@@ -938,7 +945,7 @@ pub fn remove_stale_temps(dir: &Path) -> usize {
         else {
             continue;
         };
-        let running = Path::new("/proc").join(pid.to_string()).exists();
+        let running = crate::backend::process_running(pid);
         if !running
             && entry.file_type().is_ok_and(|t| t.is_file())
             && fs::remove_file(entry.path()).is_ok()

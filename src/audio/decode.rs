@@ -153,6 +153,13 @@ impl Audio {
 /// cannot seek, and a WAV from a streaming writer has no length in its header: both are read
 /// into memory first and decoded like standard input.
 pub fn decode_file(path: &Path) -> Result<Audio> {
+    if let Some(device) = super::windows_device(path) {
+        bail!(
+            Audio,
+            "cannot decode audio file {}: {device} is a Windows device name, not a file",
+            path.display()
+        );
+    }
     let decode = || {
         let mut file = File::open(path)?;
         let regular = file.metadata()?.is_file();

@@ -34,6 +34,39 @@ pub fn is_audio_path(path: &Path) -> bool {
         .is_some_and(|e| AUDIO_EXTENSIONS.iter().any(|a| a.eq_ignore_ascii_case(e)))
 }
 
+/// The Windows device that a path's file name stands for (`CON`, `nul`, `aux.wav`: Windows
+/// takes the name before the first dot, whatever the folder and extension), upper-cased; None
+/// for an ordinary name. Only Windows reads paths so, so only there does it matter
+/// ([`windows_device`]).
+pub fn device_name(path: &Path) -> Option<String> {
+    const FIXED: &[&str] = &["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"];
+    let name = path.file_name()?.to_str()?;
+    // Windows also drops trailing spaces before the extension and a stream suffix (`:x`).
+    let stem = name
+        .split(['.', ':'])
+        .next()?
+        .trim_end_matches(' ')
+        .to_ascii_uppercase();
+    let numbered = |prefix: &str| {
+        stem.strip_prefix(prefix).is_some_and(|n| {
+            matches!(
+                n,
+                "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "¹" | "²" | "³"
+            )
+        })
+    };
+    (FIXED.contains(&stem.as_str()) || numbered("COM") || numbered("LPT")).then_some(stem)
+}
+
+/// [`device_name`] where the system is Windows; None elsewhere (`aux.wav` is a file on Linux).
+pub fn windows_device(path: &Path) -> Option<String> {
+    if cfg!(windows) {
+        device_name(path)
+    } else {
+        None
+    }
+}
+
 /// Decodes an audio file and mixes it down to mono (at its own sample rate).
 pub fn load_audio(path: &Path) -> Result<Audio> {
     decode::decode_file(path)
@@ -52,4 +85,40 @@ pub fn read_stdin() -> Result<Audio> {
 /// The audio's samples at 16 kHz (moved through unchanged when already at 16 kHz).
 pub fn resample_to_16k(audio: Audio) -> Result<Vec<f32>> {
     resample::resample(audio.samples, audio.sample_rate, TARGET_RATE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_name;
+    use std::path::Path;
+
+    #[test]
+    fn windows_device_names_are_told_from_files() {
+        let dev = |p: &str| device_name(Path::new(p));
+        for (path, device) in [
+            ("CON", "CON"),
+            ("nul", "NUL"),
+            ("aux.wav", "AUX"),
+            ("talks/Aux.WAV", "AUX"),
+            ("talks/com1.txt", "COM1"),
+            ("lpt9.srt", "LPT9"),
+            ("prn .flac", "PRN"),
+            ("con.tar.gz", "CON"),
+            ("conout$", "CONOUT$"),
+        ] {
+            assert_eq!(dev(path).as_deref(), Some(device), "{path}");
+        }
+        for path in [
+            "console.wav",
+            "auxiliary.wav",
+            "com0.wav",
+            "com10.wav",
+            "lpt.wav",
+            "my aux.wav",
+            "nul/talk.wav",
+            "",
+        ] {
+            assert_eq!(dev(path), None, "{path}");
+        }
+    }
 }

@@ -24,7 +24,7 @@ pub(crate) mod weight;
 pub use device::{Device, DeviceRequest, GpuApi};
 pub use dtype::{DType, quantize_rows};
 pub use graph::{Graph, Tensor};
-pub use process::exit_now;
+pub use process::{exit_now, peak_rss_bytes, process_running};
 pub use state::StateTensors;
 pub use threads::Threads;
 pub use weight::{
@@ -574,6 +574,26 @@ impl Backend {
         F: for<'g> FnOnce(&mut Graph<'g>) -> Result<Tensor<'g>>,
     {
         self.compute_sized(GRAPH_NODES, build)
+    }
+
+    /// [`Backend::compute`] for one of many small graphs run back to back (a decoder step:
+    /// tens of microseconds of work each). On Windows it runs on one thread: there libgomp's
+    /// threads meet at every op through kernel semaphores (no spinning, unlike Linux's futex
+    /// barriers), a hand-off that costs more than such a graph's work on two threads saves
+    /// (`scripts/bench_wine.sh`). Elsewhere, and for one thread, it is `compute`. The results
+    /// are the same on any number of threads (each output element is computed by one thread).
+    pub fn compute_step<F>(&mut self, build: F) -> Result<Computed>
+    where
+        F: for<'g> FnOnce(&mut Graph<'g>) -> Result<Tensor<'g>>,
+    {
+        if cfg!(windows) && self.n_threads > 1 {
+            let n = self.n_threads;
+            self.set_threads(1);
+            let out = self.compute(build);
+            self.set_threads(n);
+            return out;
+        }
+        self.compute(build)
     }
 
     /// [`Backend::compute`] for a graph of up to `max_nodes` nodes (an encoder over a long file

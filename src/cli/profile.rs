@@ -5,21 +5,13 @@ use std::time::Duration;
 
 use crate::backend::Stats;
 
-/// The process's peak resident memory (`VmHWM`), where the system reports it.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// The backend's counters (graphs, peak compute buffer, peak RSS) and its node times by kind.
 pub fn print_backend(stats: &Stats) {
     eprintln!(
         "graphs computed {}, peak compute buffer {:.1} MiB, peak RSS {}",
         stats.graphs_computed,
         stats.peak_compute_buffer_bytes as f64 / (1 << 20) as f64,
-        peak_rss_bytes().map_or("n/a".into(), |b| format!(
+        crate::backend::peak_rss_bytes().map_or("n/a".into(), |b| format!(
             "{:.1} MiB",
             b as f64 / (1 << 20) as f64
         ))

@@ -1,5 +1,6 @@
-//! Ctrl-C (SIGINT) and SIGTERM for the commands that end cleanly on them: `transcribe` removes
-//! the output it was writing before it exits, `stream` finishes the utterance in progress.
+//! Ctrl-C (SIGINT) and SIGTERM (on Windows: Ctrl-C, Ctrl-Break, the console closing) for the
+//! commands that end cleanly on them: `transcribe` removes the output it was writing before it
+//! exits, `stream` finishes the utterance in progress.
 
 use crate::error::{Context, Result};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -81,10 +82,47 @@ impl Signals {
     }
 }
 
-#[cfg(not(unix))]
+/// Windows: Ctrl-C, Ctrl-Break, and the console window closing (or the user logging off, the
+/// system shutting down). For the last three Windows ends the process once the handler
+/// returns, and tokio's handler does not return: the process has the few seconds Windows gives
+/// it to remove its temp files and exit, as after SIGTERM.
+#[cfg(windows)]
+struct Signals {
+    interrupt: tokio::signal::windows::CtrlC,
+    brk: tokio::signal::windows::CtrlBreak,
+    close: tokio::signal::windows::CtrlClose,
+    logoff: tokio::signal::windows::CtrlLogoff,
+    shutdown: tokio::signal::windows::CtrlShutdown,
+}
+
+#[cfg(windows)]
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        use tokio::signal::windows;
+        Ok(Signals {
+            interrupt: windows::ctrl_c()?,
+            brk: windows::ctrl_break()?,
+            close: windows::ctrl_close()?,
+            logoff: windows::ctrl_logoff()?,
+            shutdown: windows::ctrl_shutdown()?,
+        })
+    }
+
+    async fn next(&mut self) -> u8 {
+        tokio::select! {
+            _ = self.interrupt.recv() => SIGINT_EXIT,
+            _ = self.brk.recv() => SIGINT_EXIT,
+            _ = self.close.recv() => SIGTERM_EXIT,
+            _ = self.logoff.recv() => SIGTERM_EXIT,
+            _ = self.shutdown.recv() => SIGTERM_EXIT,
+        }
+    }
+}
+
+#[cfg(not(any(unix, windows)))]
 struct Signals;
 
-#[cfg(not(unix))]
+#[cfg(not(any(unix, windows)))]
 impl Signals {
     fn new() -> std::io::Result<Signals> {
         Ok(Signals)

@@ -243,7 +243,7 @@ impl<'m> Nets<'m> {
         let mut fresh_gates: Vec<(usize, CaptureId)> = Vec::new();
         let mut logits_id = None;
         let mut extra_id = None;
-        let mut out = backend.compute(|g| {
+        let mut out = backend.compute_step(|g| {
             // Tokens whose input product this graph computes, each once.
             let mut made: Vec<(usize, Tensor)> = Vec::new();
             let mut x = None;
@@ -372,7 +372,7 @@ impl<'m> Nets<'m> {
                 "joint: encoder and prediction rows of different widths"
             );
         }
-        let out = backend.compute(|g| {
+        let out = backend.compute_step(|g| {
             let pred: Vec<f32> = inputs.iter().flat_map(|i| i.pred_out).copied().collect();
             let p = g.input_f32_owned(pred, &[width, n]);
             let enc: Vec<&[f32]> = inputs.iter().map(|i| i.enc).collect();

@@ -214,7 +214,25 @@ fn request_tile_data() -> bool {
     }
 }
 
-#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+/// Windows enables the tile state for every process where it supports AMX (no request):
+/// XCR0's bits 17 and 18 (XTILECFG, XTILEDATA) say whether it did.
+#[cfg(all(target_arch = "x86_64", windows))]
+fn request_tile_data() -> bool {
+    #[target_feature(enable = "xsave")]
+    fn xcr0() -> u64 {
+        // SAFETY: XGETBV with ECX = 0 is valid wherever the OS enabled XSAVE, which this
+        // function's target feature (checked by the caller) means.
+        unsafe { std::arch::x86_64::_xgetbv(0) }
+    }
+    if !is_x86_feature_detected!("xsave") {
+        return false;
+    }
+    // SAFETY: XSAVE is enabled (checked just above).
+    let xcr0 = unsafe { xcr0() };
+    xcr0 >> 17 & 3 == 3
+}
+
+#[cfg(all(target_arch = "x86_64", not(any(target_os = "linux", windows))))]
 fn request_tile_data() -> bool {
     false
 }

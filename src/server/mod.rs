@@ -508,7 +508,22 @@ async fn shutdown_signal() {
             Err(_) => std::future::pending::<()>().await,
         }
     };
-    #[cfg(not(unix))]
+    // Windows: Ctrl-Break and the console closing (tokio's handler keeps the process alive
+    // for the few seconds Windows allows, while the requests in flight finish).
+    #[cfg(windows)]
+    let terminate = async {
+        use tokio::signal::windows::{ctrl_break, ctrl_close};
+        match (ctrl_break(), ctrl_close()) {
+            (Ok(mut brk), Ok(mut close)) => {
+                tokio::select! {
+                    _ = brk.recv() => {}
+                    _ = close.recv() => {}
+                }
+            }
+            _ => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(any(unix, windows)))]
     let terminate = std::future::pending::<()>();
     tokio::select! {
         () = interrupt => {}
