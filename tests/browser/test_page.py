@@ -226,6 +226,12 @@ def test_timing(driver, server):
     """First paint and the page's weight, on a fresh load (the key kept in the session)."""
     driver.get(server.url + "/")
     wait(driver, "return document.getElementById('server').textContent.startsWith('Model ')", 20, "the page")
+    # The paint entry is recorded when the frame is presented, which on a busy machine can come
+    # after the info request has answered: wait for it rather than read it once.
+    deadline = time.time() + 10
+    while time.time() < deadline and not driver.execute_script(
+            "return performance.getEntriesByType('paint').length > 0"):
+        time.sleep(0.05)
     m = driver.execute_script("""
         const nav = performance.getEntriesByType('navigation')[0];
         const paint = performance.getEntriesByType('paint');
@@ -236,9 +242,10 @@ def test_timing(driver, server):
         const others = res.map(r => r.name).filter(n => !n.startsWith(location.origin));
         return {fcp: fcp ? fcp.startTime : null, bytes, decoded, others, files: res.length + 1};
     """)
-    print(f"     first contentful paint {m['fcp']:.1f} ms; page weight {m['bytes']} bytes in {m['files']} files "
+    fcp = "none recorded" if m["fcp"] is None else f"{m['fcp']:.1f} ms"
+    print(f"     first contentful paint {fcp}; page weight {m['bytes']} bytes in {m['files']} files "
           f"(including /ui/info)")
-    check(m["fcp"] is not None and m["fcp"] < FIRST_PAINT_MS, f"first paint under {FIRST_PAINT_MS} ms ({m['fcp']:.1f})")
+    check(m["fcp"] is not None and m["fcp"] < FIRST_PAINT_MS, f"first paint under {FIRST_PAINT_MS} ms ({fcp})")
     check(m["bytes"] < PAGE_BYTES, f"the page's whole weight under {PAGE_BYTES} bytes ({m['bytes']})")
     check(not m["others"], f"nothing is loaded from elsewhere ({m['others']})")
     return m
