@@ -44,7 +44,7 @@ echo "windows: exe built in $((SECONDS - t0)) s"
 # One file, nothing beside it: only Windows' own DLLs imported (api-ms-win-* are API sets that
 # Windows 8 and later resolve itself).
 dlls=$(x86_64-w64-mingw32-objdump -p "$exe" | sed -n 's/^\s*DLL Name: //p' | tr 'A-Z' 'a-z' | sort -u)
-foreign=$(grep -vxE 'kernel32\.dll|msvcrt\.dll|ntdll\.dll|advapi32\.dll|bcrypt\.dll|bcryptprimitives\.dll|ws2_32\.dll|userenv\.dll|ole32\.dll|oleaut32\.dll|user32\.dll|shell32\.dll|secur32\.dll|crypt32\.dll|ncrypt\.dll|iphlpapi\.dll|api-ms-win-[a-z0-9-]*\.dll|propsys\.dll|winmm\.dll|avrt\.dll|mmdevapi\.dll|combase\.dll' <<<"$dlls" || true)
+foreign=$(grep -vxE 'kernel32\.dll|msvcrt\.dll|ntdll\.dll|advapi32\.dll|bcrypt\.dll|bcryptprimitives\.dll|ws2_32\.dll|userenv\.dll|ole32\.dll|oleaut32\.dll|user32\.dll|shell32\.dll|secur32\.dll|crypt32\.dll|ncrypt\.dll|iphlpapi\.dll|api-ms-win-[a-z0-9-]*\.dll|propsys\.dll|winmm\.dll|avrt\.dll|mmdevapi\.dll|combase\.dll|psapi\.dll|rpcrt4\.dll' <<<"$dlls" || true)
 
 wine_dir=$(realpath -m "$target_dir/wine")
 export WINEPREFIX=$wine_dir/prefix WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml="
