@@ -66,9 +66,6 @@ pub fn conv1d_depthwise<'g>(
     }
 }
 
-/// The node of [`conv1d_depthwise`]: source 0 x (f32 [C, T]), source 1 the kernel (f32
-/// [K, C]), an optional source 2 the bias (f32 [C]), the result f32 [C, T]; each thread
-/// computes its own time steps.
 /// [`conv1d_depthwise`] in ggml's built-in ops: `x` padded by half the kernel on each side,
 /// then ggml's depthwise 2-D convolution on its channels-contiguous layout (a 1-row image of
 /// `T + K - 1` columns, the kernel re-laid channels fastest), the bias and the SiLU as nodes.
@@ -98,6 +95,9 @@ fn depthwise_builtin<'g>(
     if silu { g.silu(y) } else { y }
 }
 
+/// The node of [`conv1d_depthwise`]: source 0 x (f32 [C, T]), source 1 the kernel (f32
+/// [K, C]), an optional source 2 the bias (f32 [C]), the result f32 [C, T]; each thread
+/// computes its own time steps.
 struct DepthwiseConv {
     /// SiLU after the bias.
     silu: bool,

@@ -217,13 +217,7 @@ pub(super) fn linear<'g>(
         return add_scaled_residual(g, y, fused.residual);
     }
     let y = matmul(g, w, x);
-    let y = match b {
-        Some(b) => {
-            let b = g.weight(b);
-            g.add(y, b)
-        }
-        None => y,
-    };
+    let y = add_bias(g, y, b);
     add_scaled_residual(g, y, fused.residual)
 }
 
@@ -239,15 +233,20 @@ fn linear_builtin<'g>(
     let x = if fused.silu_input { g.silu(x) } else { x };
     let w = g.weight(w);
     let y = g.mul_mat(w, x);
-    let y = match b {
+    let y = add_bias(g, y, b);
+    let y = if fused.relu { g.relu(y) } else { y };
+    add_scaled_residual(g, y, fused.residual)
+}
+
+/// `y + b` as an `add` node (`y` alone without a bias).
+fn add_bias<'g>(g: &mut Graph<'g>, y: Tensor<'g>, b: Option<&Weight>) -> Tensor<'g> {
+    match b {
         Some(b) => {
             let b = g.weight(b);
             g.add(y, b)
         }
         None => y,
-    };
-    let y = if fused.relu { g.relu(y) } else { y };
-    add_scaled_residual(g, y, fused.residual)
+    }
 }
 
 /// `r + scale * y` as `scale` and `add` nodes (`y` alone without a residual).

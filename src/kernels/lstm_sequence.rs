@@ -56,7 +56,6 @@ pub fn lstm_sequence<'g>(
     }
 }
 
-/// The node of [`lstm_sequence`].
 /// The sequence in ggml's built-in ops, one step after another: per step the recurrent
 /// product (`mul_mat`), the gates and the cell ([`super::lstm::cell_builtin`]); the steps' `h`
 /// and the last `c` stacked as the kernel's result.
@@ -84,6 +83,7 @@ fn steps_builtin<'g>(
     g.stack_rows(&parts)
 }
 
+/// The node of [`lstm_sequence`].
 struct LstmSequence;
 
 impl Body for LstmSequence {
